@@ -16,7 +16,7 @@ def teserve_proto_library(name, srcs, deps = [], visibility = None):
         srcs = srcs,
         outs = outs,
         cmd = " ".join([
-            "protoc --proto_path=$$(dirname $(location {first}))/../..".format(first = srcs[0]),
+            "protoc --proto_path=" + native.package_name(),
             "--cpp_out=$(RULEDIR)",
             "--grpc_out=$(RULEDIR)",
             "--plugin=protoc-gen-grpc=$$(command -v grpc_cpp_plugin)",

@@ -1,0 +1,51 @@
+// Cast, amax, per-tensor quantize and dequantize.
+//
+// Contract (every device):
+//   Amax(x)                   max |x| over all elements; NaN if any element is NaN.
+//   QuantizePerTensor(x, o)   x FP32 [rows, cols]. amax = Amax(x) (fused in the same
+//                             pass), q = satfinite_rne(x * scale) in o.format (E4M3 or
+//                             E5M2), the product taken in FP32; scale_inv = 1 / scale.
+//                             Rowwise copy [rows, cols] and/or columnwise copy
+//                             [cols, rows] (the transpose), as requested.
+//   Dequantize(q, copy)       FP32 tensor q * scale_inv of the requested copy, in that
+//                             copy's layout.
+//   ToFloat32 / CastFromFloat32  plain conversions (no scaling; FP8 casts saturate).
+// The CPU versions in kernels/cpu are the numerical reference; CUDA versions
+// (kernels/cuda) must match them bit for bit given the same scale.
+#ifndef TESERVE_KERNELS_CAST_H_
+#define TESERVE_KERNELS_CAST_H_
+
+#include "absl/status/statusor.h"
+#include "core/context.h"
+#include "core/quantized_tensor.h"
+#include "core/tensor.h"
+
+namespace teserve {
+namespace kernels {
+
+enum class Copy { kRowwise, kColumnwise };
+
+struct PerTensorQuantizeOptions {
+  DType format = DType::kFloat8E4M3;
+  float scale = 1.0f;
+  bool rowwise = true;
+  bool columnwise = false;
+};
+
+absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x);
+
+absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tensor& x,
+                                                  const PerTensorQuantizeOptions& options);
+
+absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy);
+
+// FP32 / FP16 / BF16 / FP8 (unscaled) -> new FP32 tensor of the same shape.
+absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x);
+
+// FP32 -> `dtype` (FP32, FP16, BF16, E4M3, E5M2), round-to-nearest-even.
+absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype);
+
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CAST_H_
