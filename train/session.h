@@ -1,0 +1,121 @@
+// Session: a layer stack + quantization recipe + optimizer + step counter, with the
+// saved activations of forwards that await their backward (keyed by handle).
+//
+// Thread-safety: every method locks the session; concurrent calls on one session are
+// serialized, calls on different sessions run in parallel.
+// Failure atomicity: a call that returns an error leaves parameters, gradients,
+// optimizer state, scaling state and live handles as they were (except that Backward
+// with a bad gradient keeps its handle alive so the client can retry).
+#ifndef TESERVE_TRAIN_SESSION_H_
+#define TESERVE_TRAIN_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "teserve/v1/model.pb.h"
+
+namespace teserve {
+namespace train {
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+struct ForwardResult {
+  std::vector<Tensor> outputs;  // FP32
+  uint64_t handle = 0;          // 0 when no activations were saved
+};
+
+struct StepResult {
+  int64_t step = 0;         // steps taken so far (after this one)
+  float grad_norm = 0.0f;   // global L2 norm before clipping
+  bool skipped = false;     // non-finite gradients: nothing was updated
+};
+
+// One quantized GEMM operand (GetQuantizationState).
+struct QuantizerReport {
+  std::string layer;
+  std::string tensor;        // "input", "weight", "grad_output"
+  std::string recipe;        // "delayed", "current"
+  DType format = DType::kFloat8E4M3;
+  std::string scaling_mode;  // "per_tensor"
+  std::string execution;     // "reference" on the CPU backend
+  float amax = 0.0f;         // of the latest quantization
+  float scale = 1.0f;
+  float scale_inv = 1.0f;
+  std::vector<float> amax_history;  // delayed scaling only, newest first
+  int64_t quantize_calls = 0;
+};
+
+struct LayerSummary {
+  std::string name;
+  std::string kind;
+  std::vector<std::string> parameters;
+};
+
+struct SessionSummary {
+  int64_t step = 0;
+  int64_t num_parameters = 0;
+  int64_t live_handles = 0;
+  std::string device;
+  std::string recipe_name;  // "none", "delayed", "current"
+  std::vector<LayerSummary> layers;
+};
+
+class Session {
+ public:
+  // Validates the specs (INVALID_ARGUMENT naming the field, e.g.
+  // "model.layers[1].linear.in_features: expected 64 (output of layer 'norm'), got 32")
+  // and builds the stack with initialized parameters.
+  static absl::StatusOr<std::unique_ptr<Session>> Create(const v1::ModelSpec& model,
+                                                         const v1::RecipeSpec& recipe,
+                                                         const v1::OptimizerSpec& optimizer,
+                                                         const Context& ctx);
+  ~Session();
+
+  // inputs: FP32 CPU tensors (the server converts wire dtypes). Errors name
+  // "inputs[i]" with expected vs got.
+  absl::StatusOr<ForwardResult> Forward(const std::vector<Tensor>& inputs, bool save_for_backward);
+  // NOT_FOUND for an unknown handle or one already consumed (the message says which).
+  absl::StatusOr<std::vector<Tensor>> Backward(uint64_t handle,
+                                               const std::vector<Tensor>& grad_outputs);
+  absl::StatusOr<StepResult> Step();
+  void ZeroGrad();
+
+  // Deep copies. Unknown names: NOT_FOUND naming the parameter.
+  absl::StatusOr<std::vector<NamedTensor>> GetParameters(const std::vector<std::string>& names) const;
+  absl::StatusOr<std::vector<NamedTensor>> GetGradients(const std::vector<std::string>& names) const;
+  // All-or-nothing: validates every name, dtype (FP32) and shape before writing any.
+  absl::Status SetParameters(const std::vector<NamedTensor>& parameters);
+
+  std::vector<QuantizerReport> QuantizationState() const;
+  SessionSummary Summary() const;
+
+  const v1::ModelSpec& model_spec() const { return model_spec_; }
+  const v1::RecipeSpec& recipe_spec() const { return recipe_spec_; }
+  const v1::OptimizerSpec& optimizer_spec() const { return optimizer_spec_; }
+
+ private:
+  struct State;
+  Session(v1::ModelSpec model, v1::RecipeSpec recipe, v1::OptimizerSpec optimizer,
+          std::unique_ptr<State> state);
+
+  const v1::ModelSpec model_spec_;
+  const v1::RecipeSpec recipe_spec_;
+  const v1::OptimizerSpec optimizer_spec_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<State> state_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace train
+}  // namespace teserve
+
+#endif  // TESERVE_TRAIN_SESSION_H_
