@@ -51,7 +51,7 @@ struct QuantizerReport {
   float amax = 0.0f;         // of the latest quantization
   float scale = 1.0f;
   float scale_inv = 1.0f;
-  std::vector<float> amax_history;  // delayed scaling only, newest first
+  std::vector<float> amax_history;  // delayed scaling only, TE's slot order
   int64_t quantize_calls = 0;
 };
 

@@ -1,0 +1,33 @@
+// What the machine offers: GPUs, their compute capability and the versions of the
+// CUDA libraries teserve uses. Safe to call on machines without a GPU or without the
+// CUDA backend compiled in (then gpu_count is 0 and cuda_compiled says why).
+#ifndef TESERVE_KERNELS_DEVICE_INFO_H_
+#define TESERVE_KERNELS_DEVICE_INFO_H_
+
+#include <string>
+
+namespace teserve {
+namespace kernels {
+
+struct DeviceInfo {
+  bool cuda_compiled = false;     // TESERVE_WITH_CUDA
+  int gpu_count = 0;              // 0 when no driver / no device
+  std::string no_gpu_reason;      // why gpu_count is 0 (e.g. the cudaGetDeviceCount error)
+  // Of device 0 when gpu_count > 0:
+  std::string device_name;        // "NVIDIA H200"
+  int cc_major = 0;               // compute capability
+  int cc_minor = 0;
+  std::string cuda_runtime_version;  // "13.0"
+  std::string driver_version;        // "13.0" (CUDA driver API version)
+  std::string cublaslt_version;      // "13.1.0" or empty
+  std::string cudnn_version;         // "9.14.0" or empty when not loadable
+  std::string nccl_version;          // "2.28.3" or empty when not loadable
+};
+
+// Queries once per call; cheap enough for GetServerInfo.
+DeviceInfo QueryDeviceInfo();
+
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_DEVICE_INFO_H_

@@ -1,0 +1,61 @@
+// Linear: y = x W^T + b with W [out_features, in_features] (TE's Linear).
+//
+// Under a quantizing recipe the three GEMMs use quantized operands, each from its own
+// quantizer (DESIGN.md section 4):
+//   fprop  y  = x W^T    x rowwise,  W rowwise           (input, weight quantizers)
+//   dgrad  dx = dy W     dy rowwise, W columnwise        (grad_output quantizer)
+//   wgrad  dW = dy^T x   dy columnwise, x columnwise
+// On the CPU the quantized operands are dequantized and multiplied in FP32, which is
+// numerically the quantized computation. The bias (and its gradient) stay in FP32.
+#ifndef TESERVE_LAYERS_LINEAR_H_
+#define TESERVE_LAYERS_LINEAR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/module.h"
+#include "recipes/recipe.h"
+
+namespace teserve {
+namespace layers {
+
+struct LinearOptions {
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool bias = true;
+  bool return_bias = false;  // return the bias instead of adding it (TE's return_bias)
+  float init_std = 0.023f;   // TE's default init_method: normal(0, 0.023)
+  uint64_t seed = 0;
+};
+
+class Linear : public Module {
+ public:
+  static absl::StatusOr<std::unique_ptr<Linear>> Create(std::string name, const LinearOptions& options,
+                                                        const recipes::Recipe& recipe);
+
+  std::string kind() const override { return "Linear"; }
+  absl::StatusOr<std::vector<Shape>> OutputShapes(const std::vector<Shape>& input_shapes,
+                                                  absl::string_view field) const override;
+  absl::StatusOr<ForwardOutput> Forward(const Context& ctx, const std::vector<Tensor>& inputs,
+                                        const ForwardOptions& options) override;
+  absl::StatusOr<std::vector<Tensor>> Backward(const Context& ctx, SavedActivations& saved,
+                                               const std::vector<Tensor>& grad_outputs) override;
+  std::vector<Parameter*> Parameters() override;
+  std::vector<NamedQuantizer> Quantizers() override;
+
+ private:
+  Linear(std::string name, const LinearOptions& options) : Module(std::move(name)), options_(options) {}
+
+  LinearOptions options_;
+  Parameter weight_;
+  Parameter bias_;  // undefined tensors when options_.bias is false
+  std::unique_ptr<recipes::Quantizer> input_quantizer_;
+  std::unique_ptr<recipes::Quantizer> weight_quantizer_;
+  std::unique_ptr<recipes::Quantizer> grad_output_quantizer_;
+};
+
+}  // namespace layers
+}  // namespace teserve
+
+#endif  // TESERVE_LAYERS_LINEAR_H_

@@ -1,0 +1,114 @@
+#include "layers/normalization.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/normalization.h"
+#include "layers/shape_check.h"
+
+namespace teserve {
+namespace layers {
+namespace {
+
+struct NormSaved : public SavedActivations {
+  Shape input_shape;
+  Tensor x;       // [N, H]
+  Tensor mu;      // [N], LayerNorm only
+  Tensor rsigma;  // [N]
+};
+
+absl::Status Accumulate(const Tensor& delta, Tensor* into) {
+  absl::Span<float> out = into->mutable_floats();
+  absl::Span<const float> in = delta.floats();
+  if (out.size() != in.size()) {
+    return absl::InternalError(absl::StrCat("gradient size ", in.size(), " != parameter size ", out.size()));
+  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] += in[i];
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Normalization>> Normalization::Create(std::string name,
+                                                                     const NormOptions& options) {
+  std::unique_ptr<Normalization> layer(new Normalization(name, options));
+  const Shape shape{options.hidden_size};
+  ASSIGN_OR_RETURN(layer->gamma_.value, Tensor::Zeros(DType::kFloat32, shape));
+  ASSIGN_OR_RETURN(layer->gamma_.grad, Tensor::Zeros(DType::kFloat32, shape));
+  layer->gamma_.name = absl::StrCat(name, ".weight");
+  if (!options.zero_centered_gamma) {
+    absl::Span<float> gamma = layer->gamma_.value.mutable_floats();
+    std::fill(gamma.begin(), gamma.end(), 1.0f);
+  }
+  if (layer->has_beta()) {
+    ASSIGN_OR_RETURN(layer->beta_.value, Tensor::Zeros(DType::kFloat32, shape));
+    ASSIGN_OR_RETURN(layer->beta_.grad, Tensor::Zeros(DType::kFloat32, shape));
+    layer->beta_.name = absl::StrCat(name, ".bias");
+  }
+  return layer;
+}
+
+std::string Normalization::kind() const {
+  return options_.kind == NormKind::kLayerNorm ? "LayerNorm" : "RMSNorm";
+}
+
+absl::StatusOr<std::vector<Shape>> Normalization::OutputShapes(const std::vector<Shape>& input_shapes,
+                                                               absl::string_view field) const {
+  RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
+  RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.hidden_size, absl::StrCat(field, "[0]"),
+                                 absl::StrCat("hidden_size of layer '", name(), "'")));
+  return std::vector<Shape>{input_shapes[0]};
+}
+
+absl::StatusOr<ForwardOutput> Normalization::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
+                                                     const ForwardOptions& options) {
+  ASSIGN_OR_RETURN(Tensor x, inputs[0].As2D());
+  kernels::NormForwardOutputs result;
+  if (has_beta()) {
+    ASSIGN_OR_RETURN(result, kernels::LayerNormForward(ctx, x, gamma_.value, beta_.value, options_.eps,
+                                                       options_.zero_centered_gamma));
+  } else {
+    ASSIGN_OR_RETURN(result, kernels::RmsNormForward(ctx, x, gamma_.value, options_.eps,
+                                                     options_.zero_centered_gamma));
+  }
+  ForwardOutput out;
+  ASSIGN_OR_RETURN(Tensor y, result.y.Reshape(inputs[0].shape()));
+  out.outputs.push_back(std::move(y));
+  if (options.save_for_backward) {
+    auto saved = std::make_unique<NormSaved>();
+    saved->input_shape = inputs[0].shape();
+    saved->x = x;
+    saved->mu = std::move(result.mu);
+    saved->rsigma = std::move(result.rsigma);
+    out.saved = std::move(saved);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Tensor>> Normalization::Backward(const Context& ctx, SavedActivations& saved_base,
+                                                            const std::vector<Tensor>& grad_outputs) {
+  auto& saved = static_cast<NormSaved&>(saved_base);
+  ASSIGN_OR_RETURN(Tensor dy, grad_outputs[0].As2D());
+  kernels::NormBackwardOutputs grads;
+  if (has_beta()) {
+    ASSIGN_OR_RETURN(grads, kernels::LayerNormBackward(ctx, dy, saved.x, saved.mu, saved.rsigma, gamma_.value,
+                                                       options_.zero_centered_gamma));
+    RETURN_IF_ERROR(Accumulate(grads.dbeta, &beta_.grad));
+  } else {
+    ASSIGN_OR_RETURN(grads, kernels::RmsNormBackward(ctx, dy, saved.x, saved.rsigma, gamma_.value,
+                                                     options_.zero_centered_gamma));
+  }
+  RETURN_IF_ERROR(Accumulate(grads.dgamma, &gamma_.grad));
+  ASSIGN_OR_RETURN(Tensor dx, grads.dx.Reshape(saved.input_shape));
+  return std::vector<Tensor>{std::move(dx)};
+}
+
+std::vector<Parameter*> Normalization::Parameters() {
+  std::vector<Parameter*> params{&gamma_};
+  if (has_beta()) params.push_back(&beta_);
+  return params;
+}
+
+}  // namespace layers
+}  // namespace teserve

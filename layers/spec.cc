@@ -1,0 +1,154 @@
+#include "layers/spec.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "layers/init.h"
+#include "layers/linear.h"
+#include "layers/normalization.h"
+
+namespace teserve {
+namespace layers {
+namespace {
+
+// Largest single dimension accepted; keeps every product below int64 overflow.
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+
+absl::Status CheckSize(int64_t value, absl::string_view field) {
+  if (value <= 0 || value > kMaxDim) {
+    return InvalidField(field, absl::StrCat("a size in 1..", kMaxDim), value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositiveFinite(float value, absl::string_view field) {
+  if (!std::isfinite(value) || value <= 0.0f) return InvalidField(field, "a finite value > 0", value);
+  return absl::OkStatus();
+}
+
+// Input width -> output width of one layer, after checking its arguments.
+struct LayerPlan {
+  std::string name;
+  int64_t in_width = 0;
+  int64_t out_width = 0;
+  int64_t num_parameters = 0;
+};
+
+absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_view field) {
+  LayerPlan plan;
+  switch (layer.kind_case()) {
+    case v1::LayerSpec::kLinear: {
+      const v1::LinearSpec& s = layer.linear();
+      const std::string f = absl::StrCat(field, ".linear");
+      RETURN_IF_ERROR(CheckSize(s.in_features(), absl::StrCat(f, ".in_features")));
+      RETURN_IF_ERROR(CheckSize(s.out_features(), absl::StrCat(f, ".out_features")));
+      if (s.has_init_std() && (!std::isfinite(s.init_std()) || s.init_std() < 0.0f)) {
+        return InvalidField(absl::StrCat(f, ".init_std"), "a finite value >= 0", s.init_std());
+      }
+      plan.in_width = s.in_features();
+      plan.out_width = s.out_features();
+      plan.num_parameters = s.in_features() * s.out_features() + (s.has_bias() && !s.bias() ? 0 : s.out_features());
+      return plan;
+    }
+    case v1::LayerSpec::kLayerNorm:
+    case v1::LayerSpec::kRmsNorm: {
+      const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
+      const std::string f = absl::StrCat(field, ln ? ".layer_norm" : ".rms_norm");
+      const int64_t hidden = ln ? layer.layer_norm().hidden_size() : layer.rms_norm().hidden_size();
+      const bool has_eps = ln ? layer.layer_norm().has_eps() : layer.rms_norm().has_eps();
+      const float eps = ln ? layer.layer_norm().eps() : layer.rms_norm().eps();
+      RETURN_IF_ERROR(CheckSize(hidden, absl::StrCat(f, ".hidden_size")));
+      if (has_eps) RETURN_IF_ERROR(CheckPositiveFinite(eps, absl::StrCat(f, ".eps")));
+      plan.in_width = plan.out_width = hidden;
+      plan.num_parameters = hidden * (ln ? 2 : 1);
+      return plan;
+    }
+    case v1::LayerSpec::KIND_NOT_SET:
+      break;
+  }
+  return InvalidField(field, "one of linear, layer_norm, rms_norm", "no layer kind set");
+}
+
+absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
+                                                  uint64_t seed, const recipes::Recipe& recipe) {
+  if (layer.kind_case() == v1::LayerSpec::kLinear) {
+    const v1::LinearSpec& s = layer.linear();
+    LinearOptions options;
+    options.in_features = s.in_features();
+    options.out_features = s.out_features();
+    options.bias = s.has_bias() ? s.bias() : true;
+    options.return_bias = s.return_bias();
+    if (s.has_init_std()) options.init_std = s.init_std();
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<Linear> linear, Linear::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(linear));
+  }
+  const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
+  NormOptions options;
+  options.kind = ln ? NormKind::kLayerNorm : NormKind::kRmsNorm;
+  options.hidden_size = ln ? layer.layer_norm().hidden_size() : layer.rms_norm().hidden_size();
+  const bool has_eps = ln ? layer.layer_norm().has_eps() : layer.rms_norm().has_eps();
+  if (has_eps) options.eps = ln ? layer.layer_norm().eps() : layer.rms_norm().eps();
+  options.zero_centered_gamma =
+      ln ? layer.layer_norm().zero_centered_gamma() : layer.rms_norm().zero_centered_gamma();
+  ASSIGN_OR_RETURN(std::unique_ptr<Normalization> norm, Normalization::Create(name, options));
+  return std::unique_ptr<Module>(std::move(norm));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec, const recipes::Recipe& recipe) {
+  if (spec.layers_size() == 0) return InvalidField("model.layers", "at least one layer", "none");
+
+  std::vector<LayerPlan> plans;
+  absl::flat_hash_set<std::string> names;
+  int64_t total_parameters = 0;
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    const v1::LayerSpec& layer = spec.layers(i);
+    const std::string field = absl::StrCat("model.layers[", i, "]");
+    ASSIGN_OR_RETURN(LayerPlan plan, PlanLayer(layer, field));
+    plan.name = layer.name().empty() ? absl::StrCat("layers.", i) : layer.name();
+    if (!names.insert(plan.name).second) {
+      return InvalidField(absl::StrCat(field, ".name"), "a name unique within the model",
+                          absl::StrCat("'", plan.name, "' again"));
+    }
+    if (!plans.empty() && plan.in_width != plans.back().out_width) {
+      const std::string width_field = layer.kind_case() == v1::LayerSpec::kLinear
+                                          ? absl::StrCat(field, ".linear.in_features")
+                                          : absl::StrCat(field, layer.kind_case() == v1::LayerSpec::kLayerNorm
+                                                                    ? ".layer_norm.hidden_size"
+                                                                    : ".rms_norm.hidden_size");
+      return InvalidField(width_field,
+                          absl::StrCat(plans.back().out_width, " (the output width of layer '",
+                                       plans.back().name, "')"),
+                          plan.in_width);
+    }
+    if (layer.kind_case() == v1::LayerSpec::kLinear && layer.linear().return_bias() &&
+        i + 1 != spec.layers_size()) {
+      return InvalidField(absl::StrCat(field, ".linear.return_bias"),
+                          "false (only the last layer of a stack may return its bias)", "true");
+    }
+    total_parameters += plan.num_parameters;
+    if (total_parameters > kMaxModelParameters) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "model: expected at most ", kMaxModelParameters, " parameters in total, got more than ",
+          total_parameters, " by layer ", i));
+    }
+    plans.push_back(std::move(plan));
+  }
+
+  auto stack = std::make_unique<LayerStack>();
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Module> module,
+                     MakeLayer(spec.layers(i), plans[i].name, DeriveSeed(spec.seed(), i), recipe));
+    stack->Append(std::move(module));
+  }
+  return stack;
+}
+
+}  // namespace layers
+}  // namespace teserve

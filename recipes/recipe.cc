@@ -1,0 +1,127 @@
+#include "recipes/recipe.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace teserve {
+namespace recipes {
+namespace {
+
+// Longest history accepted: TE's default is 1024; longer windows only cost memory.
+constexpr int kMaxAmaxHistoryLen = 65536;
+
+absl::StatusOr<Fp8Format> ParseFormat(v1::Fp8Format format, absl::string_view field) {
+  switch (format) {
+    case v1::FP8_FORMAT_UNSPECIFIED:
+    case v1::HYBRID:
+      return Fp8Format::kHybrid;
+    case v1::E4M3:
+      return Fp8Format::kE4M3;
+    case v1::E5M2:
+      return InvalidField(field, "HYBRID or E4M3 (pure E5M2 is not supported for training)",
+                          "E5M2");
+    default:
+      return InvalidField(field, "HYBRID or E4M3", absl::StrCat("enum value ", static_cast<int>(format)));
+  }
+}
+
+absl::Status CheckFiniteNonNegative(float value, absl::string_view field) {
+  if (!std::isfinite(value) || value < 0.0f) {
+    return InvalidField(field, "a finite value >= 0", value);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DelayedScalingConfig> ParseDelayed(const v1::DelayedScaling& spec,
+                                                  absl::string_view field) {
+  DelayedScalingConfig config;
+  if (spec.has_margin()) {
+    RETURN_IF_ERROR(CheckFiniteNonNegative(spec.margin(), absl::StrCat(field, ".margin")));
+    config.margin = spec.margin();
+  }
+  ASSIGN_OR_RETURN(config.fp8_format, ParseFormat(spec.fp8_format(), absl::StrCat(field, ".fp8_format")));
+  if (spec.has_amax_history_len()) {
+    if (spec.amax_history_len() < 1 || spec.amax_history_len() > kMaxAmaxHistoryLen) {
+      return InvalidField(absl::StrCat(field, ".amax_history_len"),
+                          absl::StrCat("1..", kMaxAmaxHistoryLen), spec.amax_history_len());
+    }
+    config.amax_history_len = spec.amax_history_len();
+  }
+  const std::string& algo = spec.amax_compute_algo();
+  if (algo.empty() || algo == "max") {
+    config.amax_compute_algo = AmaxComputeAlgo::kMax;
+  } else if (algo == "most_recent") {
+    config.amax_compute_algo = AmaxComputeAlgo::kMostRecent;
+  } else {
+    return InvalidField(absl::StrCat(field, ".amax_compute_algo"), "\"max\" or \"most_recent\"",
+                        absl::StrCat("\"", algo, "\""));
+  }
+  if (spec.has_reduce_amax()) config.reduce_amax = spec.reduce_amax();
+  return config;
+}
+
+absl::StatusOr<CurrentScalingConfig> ParseCurrent(const v1::Float8CurrentScaling& spec,
+                                                  absl::string_view field) {
+  CurrentScalingConfig config;
+  ASSIGN_OR_RETURN(config.fp8_format, ParseFormat(spec.fp8_format(), absl::StrCat(field, ".fp8_format")));
+  config.power_2_scale = spec.power_2_scale();
+  RETURN_IF_ERROR(CheckFiniteNonNegative(spec.amax_epsilon(), absl::StrCat(field, ".amax_epsilon")));
+  config.amax_epsilon = spec.amax_epsilon();
+  return config;
+}
+
+}  // namespace
+
+absl::string_view TensorRoleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kInput: return "input";
+    case TensorRole::kWeight: return "weight";
+    case TensorRole::kGradOutput: return "grad_output";
+  }
+  return "unknown";
+}
+
+bool IsForwardRole(TensorRole role) { return role != TensorRole::kGradOutput; }
+
+std::string Recipe::name() const {
+  if (absl::holds_alternative<DelayedScalingConfig>(config)) return "delayed";
+  if (absl::holds_alternative<CurrentScalingConfig>(config)) return "current";
+  return "none";
+}
+
+bool Recipe::quantizes() const {
+  return enabled && !calibrating && !absl::holds_alternative<absl::monostate>(config);
+}
+
+DType FormatFor(Fp8Format format, TensorRole role) {
+  if (format == Fp8Format::kHybrid && !IsForwardRole(role)) return DType::kFloat8E5M2;
+  return DType::kFloat8E4M3;
+}
+
+absl::StatusOr<Recipe> RecipeFromProto(const v1::RecipeSpec& spec, absl::string_view field) {
+  Recipe recipe;
+  recipe.enabled = spec.has_enabled() ? spec.enabled() : true;
+  recipe.calibrating = spec.calibrating();
+  if (recipe.calibrating) {
+    return InvalidField(absl::StrCat(field, ".calibrating"),
+                        "false (calibration mode is not available in this release)", "true");
+  }
+  switch (spec.recipe_case()) {
+    case v1::RecipeSpec::kDelayed: {
+      ASSIGN_OR_RETURN(recipe.config, ParseDelayed(spec.delayed(), absl::StrCat(field, ".delayed")));
+      break;
+    }
+    case v1::RecipeSpec::kCurrent: {
+      ASSIGN_OR_RETURN(recipe.config, ParseCurrent(spec.current(), absl::StrCat(field, ".current")));
+      break;
+    }
+    case v1::RecipeSpec::RECIPE_NOT_SET:
+      break;
+  }
+  return recipe;
+}
+
+}  // namespace recipes
+}  // namespace teserve
