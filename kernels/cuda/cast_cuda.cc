@@ -1,0 +1,187 @@
+// Host side of the CUDA cast family: validates metadata, allocates outputs on the
+// source's device, launches cast_kernels.cu on ctx.stream and turns CUDA errors into
+// Status. Host values (amax) are copied back and the stream synchronized before return;
+// device outputs are left for later work on the same stream.
+#include "kernels/cuda/cast_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/cuda/cast_kernels.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/scoped_device.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+constexpr char kSourceTypes[] = "FLOAT32 or BFLOAT16";
+constexpr char kFp8Formats[] = "FLOAT8_E4M3 or FLOAT8_E5M2";
+
+cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+absl::Status CheckOnCuda(absl::string_view name, const Tensor& t) {
+  if (!t.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
+  if (t.device().type != DeviceType::kCuda) {
+    return InvalidField(absl::StrCat(name, ".device"), "a CUDA device", t.device().ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SourceType> SourceTypeOf(const Tensor& x) {
+  switch (x.dtype()) {
+    case DType::kFloat32: return SourceType::kFloat32;
+    case DType::kBFloat16: return SourceType::kBFloat16;
+    default: return InvalidField("x.dtype", kSourceTypes, DTypeName(x.dtype()));
+  }
+}
+
+absl::StatusOr<Fp8Format> Fp8FormatOf(absl::string_view field, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat8E4M3: return Fp8Format::kE4M3;
+    case DType::kFloat8E5M2: return Fp8Format::kE5M2;
+    default: return InvalidField(field, kFp8Formats, DTypeName(dtype));
+  }
+}
+
+// Copies the device amax bits to the host after the stream's work, as a float.
+absl::StatusOr<float> ReadAmax(const Tensor& amax_bits, cudaStream_t stream) {
+  uint32_t bits = 0;
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bits, amax_bits.raw_data(), sizeof(bits),
+                                               cudaMemcpyDeviceToHost, stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  float amax;
+  std::memcpy(&amax, &bits, sizeof(amax));
+  return amax;
+}
+
+}  // namespace
+
+absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
+  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  ASSIGN_OR_RETURN(const SourceType type, SourceTypeOf(x));
+  RegisterCudaAllocator();
+  ScopedDevice device(x.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
+  const cudaStream_t stream = StreamOf(ctx);
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchAmax(x.raw_data(), type, x.numel(),
+                                          amax_bits.data<uint32_t>(), stream));
+  return ReadAmax(amax_bits, stream);
+}
+
+absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tensor& x,
+                                                  const PerTensorQuantizeOptions& options) {
+  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  ASSIGN_OR_RETURN(const SourceType type, SourceTypeOf(x));
+  if (x.rank() != 2) {
+    return InvalidField("x.shape", "rank 2", ShapeToString(x.shape()));
+  }
+  ASSIGN_OR_RETURN(const Fp8Format format, Fp8FormatOf("options.format", options.format));
+  RegisterCudaAllocator();
+  ScopedDevice device(x.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+
+  QuantizedTensor q;
+  q.shape = {x.dim(0), x.dim(1)};
+  q.format = options.format;
+  q.mode = ScalingMode::kPerTensor;
+  QuantizeLaunchParams params;
+  params.x = x.raw_data();
+  params.type = type;
+  params.rows = q.rows();
+  params.cols = q.cols();
+  params.scale = options.scale;
+  params.scale_inv = 1.0f / options.scale;
+  params.format = format;
+  if (options.rowwise) {
+    ASSIGN_OR_RETURN(q.rowwise_data, Tensor::Zeros(options.format, {q.rows(), q.cols()}, x.device()));
+    ASSIGN_OR_RETURN(q.rowwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, x.device()));
+    params.rowwise = q.rowwise_data.data<uint8_t>();
+    params.rowwise_scale_inv = q.rowwise_scale_inv.data<float>();
+  }
+  if (options.columnwise) {
+    ASSIGN_OR_RETURN(q.columnwise_data,
+                     Tensor::Zeros(options.format, {q.cols(), q.rows()}, x.device()));
+    ASSIGN_OR_RETURN(q.columnwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, x.device()));
+    params.columnwise = q.columnwise_data.data<uint8_t>();
+    params.columnwise_scale_inv = q.columnwise_scale_inv.data<float>();
+  }
+  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
+  params.amax_bits = amax_bits.data<uint32_t>();
+  const cudaStream_t stream = StreamOf(ctx);
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchQuantizePerTensor(params, stream));
+  ASSIGN_OR_RETURN(q.amax, ReadAmax(amax_bits, stream));
+  return q;
+}
+
+absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+  const bool rowwise = copy == Copy::kRowwise;
+  const char* data_name = rowwise ? "q.rowwise_data" : "q.columnwise_data";
+  const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor& scale_inv = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+  RETURN_IF_ERROR(CheckOnCuda(data_name, data));
+  RETURN_IF_ERROR(CheckOnCuda(rowwise ? "q.rowwise_scale_inv" : "q.columnwise_scale_inv",
+                              scale_inv));
+  ASSIGN_OR_RETURN(const Fp8Format format,
+                   Fp8FormatOf(absl::StrCat(data_name, ".dtype"), data.dtype()));
+  if (scale_inv.dtype() != DType::kFloat32 || scale_inv.numel() != 1) {
+    return InvalidField("scale_inv", "FLOAT32 [1]",
+                        absl::StrCat(DTypeName(scale_inv.dtype()), " ",
+                                     ShapeToString(scale_inv.shape())));
+  }
+  RegisterCudaAllocator();
+  ScopedDevice device(data.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, data.shape(), data.device()));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchDequantize(data.data<uint8_t>(), format, data.numel(),
+                                                scale_inv.data<float>(), out.data<float>(),
+                                                StreamOf(ctx)));
+  return out;
+}
+
+absl::StatusOr<Tensor> CopyToDevice(const Context& ctx, const Tensor& host, Device device) {
+  if (!host.defined() || !host.device().is_cpu()) {
+    return InvalidField("host", "a CPU tensor",
+                        host.defined() ? host.device().ToString() : "an undefined tensor");
+  }
+  if (device.type != DeviceType::kCuda) {
+    return InvalidField("device", "a CUDA device", device.ToString());
+  }
+  RegisterCudaAllocator();
+  ScopedDevice scoped(device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(host.dtype(), host.shape(), device));
+  if (host.nbytes() > 0) {
+    const cudaStream_t stream = StreamOf(ctx);
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw_data(), host.raw_data(), host.nbytes(),
+                                                 cudaMemcpyHostToDevice, stream));
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> CopyToHost(const Context& ctx, const Tensor& device_tensor) {
+  RETURN_IF_ERROR(CheckOnCuda("device_tensor", device_tensor));
+  ScopedDevice scoped(device_tensor.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(device_tensor.dtype(), device_tensor.shape()));
+  if (device_tensor.nbytes() > 0) {
+    const cudaStream_t stream = StreamOf(ctx);
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw_data(), device_tensor.raw_data(),
+                                                 device_tensor.nbytes(), cudaMemcpyDeviceToHost,
+                                                 stream));
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve

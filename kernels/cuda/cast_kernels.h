@@ -1,0 +1,52 @@
+// Launchers for the cast kernels in cast_kernels.cu. Light header: CUDA runtime types
+// only (no abseil), so both nvcc and the host wrappers (cast_cuda.cc) include it.
+//
+// Every launcher takes device pointers and a stream, returns the launch status
+// (cudaGetLastError right after the launch) and does not synchronize. Callers validate
+// shapes and dtypes; the launchers only pick grids and kernel variants.
+#ifndef TESERVE_KERNELS_CUDA_CAST_KERNELS_H_
+#define TESERVE_KERNELS_CUDA_CAST_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+
+enum class SourceType { kFloat32, kBFloat16 };
+enum class Fp8Format { kE4M3, kE5M2 };
+
+// amax_bits: one device uint32 that receives max(|x|) as FP32 bits (NaN propagates,
+// since every NaN's magnitude bits exceed those of Inf). The launcher zeroes it first.
+cudaError_t LaunchAmax(const void* x, SourceType type, int64_t numel, uint32_t* amax_bits,
+                       cudaStream_t stream);
+
+struct QuantizeLaunchParams {
+  const void* x = nullptr;          // [rows, cols]
+  SourceType type = SourceType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float scale = 1.0f;               // q = satfinite_rne(x * scale), product in FP32
+  float scale_inv = 1.0f;           // 1 / scale as the host computed it; written as is
+  Fp8Format format = Fp8Format::kE4M3;
+  uint8_t* rowwise = nullptr;       // [rows, cols] or null
+  uint8_t* columnwise = nullptr;    // [cols, rows] or null
+  float* rowwise_scale_inv = nullptr;     // [1] or null
+  float* columnwise_scale_inv = nullptr;  // [1] or null
+  uint32_t* amax_bits = nullptr;    // [1], zeroed by the launcher
+};
+
+// Fused amax + rowwise cast + transposed columnwise cast, one pass over x.
+cudaError_t LaunchQuantizePerTensor(const QuantizeLaunchParams& params, cudaStream_t stream);
+
+// out[i] = decode(codes[i]) * scale_inv[0], FP32 product.
+cudaError_t LaunchDequantize(const uint8_t* codes, Fp8Format format, int64_t numel,
+                             const float* scale_inv, float* out, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CUDA_CAST_KERNELS_H_
