@@ -1,0 +1,117 @@
+// teserve_cli: talk to a teserve server from the shell.
+//
+//   teserve_cli health      [--server=ADDR]
+//   teserve_cli demo        [--server=ADDR] [--steps=N] [--seed=S]
+//   teserve_cli quant-state SESSION [--server=ADDR]
+//   teserve_cli server-info [--server=ADDR]
+//
+// Exit codes: 0 success, 1 the server or the call failed, 2 bad usage.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/demo.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "teserve address, host:port");
+ABSL_FLAG(int, steps, 200, "demo: training steps");
+ABSL_FLAG(uint64_t, seed, 1, "demo: seed for parameters and data");
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+constexpr char kUsage[] =
+    "usage: teserve_cli <command> [flags]\n"
+    "  health                  health check (grpc.health.v1); exit 0 when SERVING\n"
+    "  demo [--steps=N] [--seed=S]\n"
+    "                          train a small FP8 (DelayedScaling) stack remotely, print the\n"
+    "                          loss per step and the final amax / scale table\n"
+    "  quant-state SESSION     amax history, scale and scale_inv per quantized tensor\n"
+    "  server-info             version, device, library versions, recipe availability\n"
+    "common flags: --server=HOST:PORT (default localhost:50051)";
+
+int Fail(const std::string& what, const absl::Status& status) {
+  std::cerr << "teserve_cli: " << what << ": " << status.ToString() << "\n";
+  return kExitFailure;
+}
+
+int Usage(const std::string& problem) {
+  std::cerr << "teserve_cli: " << problem << "\n" << kUsage << "\n";
+  return kExitUsage;
+}
+
+int Health(teserve::client::Client& client) {
+  absl::StatusOr<std::string> status = client.Health();
+  if (!status.ok()) return Fail("health", status.status());
+  std::cout << *status << "\n";
+  return *status == "SERVING" ? 0 : kExitFailure;
+}
+
+int Demo(teserve::client::Client& client) {
+  teserve::client::DemoOptions options;
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.log = &std::cout;
+  if (options.steps < 1) return Usage(absl::StrFormat("--steps: expected >= 1, got %d", options.steps));
+  absl::StatusOr<teserve::client::DemoResult> result = teserve::client::RunDemo(client, options);
+  if (!result.ok()) return Fail("demo", result.status());
+  const float first = result->losses.front();
+  const float last = result->losses.back();
+  std::cout << absl::StrFormat("loss %.6g -> %.6g (%.1fx lower) in %d steps\n", first, last,
+                               last > 0 ? first / last : 0.0f, options.steps);
+  std::cout << teserve::client::FormatQuantizationTable(result->quantization);
+  return 0;
+}
+
+int QuantState(teserve::client::Client& client, const std::string& session_id) {
+  absl::StatusOr<teserve::v1::QuantizationState> state =
+      client.GetQuantizationState(session_id);
+  if (!state.ok()) return Fail("quant-state", state.status());
+  std::cout << absl::StrFormat("session %s at step %d\n", state->session_id(), state->step());
+  std::cout << teserve::client::FormatQuantizationTable(*state);
+  for (const auto& t : state->tensors()) {
+    if (t.amax_history().empty()) continue;
+    std::cout << absl::StrFormat("%s.%s amax_history (newest first): %s\n", t.layer(),
+                                 t.tensor(), absl::StrJoin(t.amax_history(), " "));
+  }
+  return 0;
+}
+
+int ServerInfo(teserve::client::Client& client) {
+  absl::StatusOr<teserve::v1::ServerInfo> info = client.GetServerInfo();
+  if (!info.ok()) return Fail("server-info", info.status());
+  std::cout << info->DebugString();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) return Usage("missing command");
+  const std::string command = args[1];
+  const size_t operands = args.size() - 2;
+
+  teserve::client::Client client(absl::GetFlag(FLAGS_server));
+  if (command == "health" && operands == 0) return Health(client);
+  if (command == "demo" && operands == 0) return Demo(client);
+  if (command == "server-info" && operands == 0) return ServerInfo(client);
+  if (command == "quant-state") {
+    if (operands != 1) return Usage("quant-state: expected one SESSION id");
+    return QuantState(client, args[2]);
+  }
+  if (command == "health" || command == "demo" || command == "server-info") {
+    return Usage(command + ": takes no positional arguments");
+  }
+  return Usage("unknown command '" + command + "'");
+}

@@ -1,0 +1,288 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace teserve {
+namespace client {
+namespace {
+
+// grpc.health.v1 is not part of our proto tree; its two messages are tiny, so they are
+// encoded by hand: HealthCheckRequest{string service = 1},
+// HealthCheckResponse{ServingStatus status = 1}.
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+// Reads a varint at *pos; false when the input ends inside it or it is too long.
+bool ReadVarint(const std::string& in, size_t* pos, uint64_t* value) {
+  *value = 0;
+  for (int shift = 0; shift < 64 && *pos < in.size(); shift += 7) {
+    const uint8_t byte = static_cast<uint8_t>(in[(*pos)++]);
+    *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+std::string EncodeHealthCheckRequest(const std::string& service) {
+  std::string out;
+  if (service.empty()) return out;  // proto3 leaves default fields out
+  out.push_back(0x0a);              // field 1, length-delimited
+  AppendVarint(service.size(), &out);
+  out += service;
+  return out;
+}
+
+// The status field of a HealthCheckResponse, skipping fields a newer server may add.
+absl::StatusOr<int> DecodeHealthCheckResponse(const std::string& in) {
+  const absl::Status malformed =
+      absl::DataLossError("grpc.health.v1.HealthCheckResponse: malformed bytes");
+  int status = 0;  // UNKNOWN when absent (proto3 default)
+  size_t pos = 0;
+  while (pos < in.size()) {
+    uint64_t tag = 0;
+    uint64_t value = 0;
+    if (!ReadVarint(in, &pos, &tag)) return malformed;
+    switch (tag & 7) {
+      case 0:  // varint
+        if (!ReadVarint(in, &pos, &value)) return malformed;
+        if ((tag >> 3) == 1) status = static_cast<int>(value);
+        break;
+      case 1:  // fixed64
+        if (in.size() - pos < 8) return malformed;
+        pos += 8;
+        break;
+      case 2:  // length-delimited
+        if (!ReadVarint(in, &pos, &value) || value > in.size() - pos) return malformed;
+        pos += value;
+        break;
+      case 5:  // fixed32
+        if (in.size() - pos < 4) return malformed;
+        pos += 4;
+        break;
+      default:
+        return malformed;
+    }
+  }
+  return status;
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+std::string HealthStatusName(int status) {
+  switch (status) {
+    case 0: return "UNKNOWN";
+    case 1: return "SERVING";
+    case 2: return "NOT_SERVING";
+    case 3: return "SERVICE_UNKNOWN";
+    default: return absl::StrCat("UNRECOGNIZED(", status, ")");
+  }
+}
+
+Client::Client(const std::string& address, ClientOptions options) : options_(options) {
+  grpc::ChannelArguments args;
+  const int limit = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(limit);
+  args.SetMaxSendMessageSize(limit);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Trainer::NewStub(channel_);
+}
+
+void Client::Prepare(grpc::ClientContext* context) const {
+  if (options_.rpc_timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  }
+}
+
+absl::StatusOr<std::string> Client::Health(const std::string& service) {
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  Prepare(&context);
+  const std::string request_bytes = EncodeHealthCheckRequest(service);
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  absl::Notification done;
+  generic.UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  if (!status.ok()) return FromGrpcStatus(status);
+  absl::StatusOr<int> serving = DecodeHealthCheckResponse(Flatten(response));
+  if (!serving.ok()) return serving.status();
+  return HealthStatusName(*serving);
+}
+
+// The unary Trainer calls all look alike: fresh context, deadline, call, convert.
+#define TESERVE_CLIENT_CALL(method, request, response)          \
+  grpc::ClientContext context;                                  \
+  Prepare(&context);                                            \
+  grpc::Status status = stub_->method(&context, request, &response); \
+  if (!status.ok()) return FromGrpcStatus(status)
+
+absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
+    const v1::CreateSessionRequest& request) {
+  v1::CreateSessionResponse response;
+  TESERVE_CLIENT_CALL(CreateSession, request, response);
+  return response;
+}
+
+absl::StatusOr<v1::SessionInfo> Client::GetSession(const std::string& session_id) {
+  v1::GetSessionRequest request;
+  request.set_session_id(session_id);
+  v1::SessionInfo response;
+  TESERVE_CLIENT_CALL(GetSession, request, response);
+  return response;
+}
+
+absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions() {
+  v1::ListSessionsRequest request;
+  v1::ListSessionsResponse response;
+  TESERVE_CLIENT_CALL(ListSessions, request, response);
+  return response;
+}
+
+absl::Status Client::DeleteSession(const std::string& session_id) {
+  v1::DeleteSessionRequest request;
+  request.set_session_id(session_id);
+  v1::DeleteSessionResponse response;
+  TESERVE_CLIENT_CALL(DeleteSession, request, response);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& request) {
+  v1::ForwardResponse response;
+  TESERVE_CLIENT_CALL(Forward, request, response);
+  return response;
+}
+
+absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest& request) {
+  v1::BackwardResponse response;
+  TESERVE_CLIENT_CALL(Backward, request, response);
+  return response;
+}
+
+absl::StatusOr<v1::StepResponse> Client::Step(const std::string& session_id, bool zero_grad) {
+  v1::StepRequest request;
+  request.set_session_id(session_id);
+  request.set_zero_grad(zero_grad);
+  v1::StepResponse response;
+  TESERVE_CLIENT_CALL(Step, request, response);
+  return response;
+}
+
+absl::Status Client::ZeroGrad(const std::string& session_id) {
+  v1::ZeroGradRequest request;
+  request.set_session_id(session_id);
+  v1::ZeroGradResponse response;
+  TESERVE_CLIENT_CALL(ZeroGrad, request, response);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GetParametersResponse> Client::GetParameters(
+    const v1::GetParametersRequest& request) {
+  v1::GetParametersResponse response;
+  TESERVE_CLIENT_CALL(GetParameters, request, response);
+  return response;
+}
+
+absl::Status Client::SetParameters(const v1::SetParametersRequest& request) {
+  v1::SetParametersResponse response;
+  TESERVE_CLIENT_CALL(SetParameters, request, response);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::QuantizationState> Client::GetQuantizationState(const std::string& session_id) {
+  v1::GetQuantizationStateRequest request;
+  request.set_session_id(session_id);
+  v1::QuantizationState response;
+  TESERVE_CLIENT_CALL(GetQuantizationState, request, response);
+  return response;
+}
+
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+  v1::GetServerInfoRequest request;
+  v1::ServerInfo response;
+  TESERVE_CLIENT_CALL(GetServerInfo, request, response);
+  return response;
+}
+
+#undef TESERVE_CLIENT_CALL
+
+v1::Tensor MakeFloatTensor(absl::Span<const float> values, std::vector<int64_t> shape) {
+  v1::Tensor tensor;
+  tensor.set_dtype(v1::FLOAT32);
+  for (int64_t d : shape) tensor.add_shape(d);
+  tensor.set_data(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return tensor;
+}
+
+absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& tensor) {
+  if (tensor.dtype() != v1::FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.dtype: expected FLOAT32, got ",
+                                                   v1::DType_Name(tensor.dtype())));
+  }
+  uint64_t numel = 1;
+  for (int64_t d : tensor.shape()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor.shape: expected non-negative dims, got ", d));
+    }
+    if (d != 0 && numel > UINT64_MAX / sizeof(float) / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError("tensor.shape: element count overflows");
+    }
+    numel *= static_cast<uint64_t>(d);
+  }
+  if (numel * sizeof(float) != tensor.data().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.data: expected ",
+                                                   numel * sizeof(float), " bytes, got ",
+                                                   tensor.data().size()));
+  }
+  std::vector<float> values(numel);
+  if (numel > 0) std::memcpy(values.data(), tensor.data().data(), tensor.data().size());
+  return values;
+}
+
+}  // namespace client
+}  // namespace teserve
