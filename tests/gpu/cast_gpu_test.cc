@@ -1,0 +1,304 @@
+// CUDA cast family (kernels/cuda/cast_cuda.h) against the CPU reference
+// (kernels/cpu/cast_cpu.h) on the same inputs and scale. Quantization with the same
+// scale must be bit-exact (TE_FACTS.md: "quantize kernels with the same scale are
+// expected to be bit-exact"), so data, scale_inv, amax and dequantized values are all
+// compared bitwise, never with a tolerance.
+//
+// Inputs span many binades (so the FP8 subnormal range, rounding ties and saturation are
+// all hit): scale = 2 * fp8_max / amax, so the top half of the range saturates.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+#if TESERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+#include "core/float_codec.h"
+#include "core/quantized_tensor.h"
+#include "core/tensor.h"
+#include "kernels/cast.h"
+#include "kernels/cpu/cast_cpu.h"
+#include "kernels/cuda/cast_cuda.h"
+#endif
+
+namespace teserve {
+namespace {
+
+#if TESERVE_WITH_CUDA
+
+using kernels::Copy;
+using kernels::PerTensorQuantizeOptions;
+using kernels::cuda::CopyToDevice;
+using kernels::cuda::CopyToHost;
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+// Values spread over 2^-24 .. 2^8 in magnitude, both signs, with -0.0 and 0.0 mixed in.
+std::vector<float> WideRangeValues(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> binade(-24, 8);
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) values[i] = std::ldexp(normal(rng), binade(rng));
+  if (n > 0) values[0] = -0.0f;
+  if (n > 2) values[n / 2] = 0.0f;
+  return values;
+}
+
+// Host copy of a device tensor, or the CPU tensor itself.
+Tensor OnHost(const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  auto host = CopyToHost(Context{}, t);
+  EXPECT_TRUE(host.ok()) << host.status();
+  return host.ok() ? *host : Tensor();
+}
+
+void ExpectBitwiseEqual(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  const Tensor gpu_host = OnHost(gpu);
+  ASSERT_EQ(gpu_host.defined(), cpu.defined()) << what;
+  if (!cpu.defined()) return;
+  ASSERT_EQ(gpu_host.shape(), cpu.shape()) << what;
+  ASSERT_EQ(gpu_host.dtype(), cpu.dtype()) << what;
+  if (BitwiseEqual(gpu_host, cpu)) return;
+  const uint8_t* a = gpu_host.data<uint8_t>();
+  const uint8_t* b = cpu.data<uint8_t>();
+  for (int64_t i = 0; i < cpu.nbytes(); ++i) {
+    if (a[i] != b[i]) {
+      FAIL() << what << ": first difference at byte " << i << " (gpu 0x" << std::hex << int{a[i]}
+             << ", cpu 0x" << int{b[i]} << ")";
+    }
+  }
+}
+
+struct CastCase {
+  DType format;
+  int64_t rows;
+  int64_t cols;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<CastCase>& info) {
+  const char* format = info.param.format == DType::kFloat8E4M3 ? "Float8E4M3" : "Float8E5M2";
+  return absl::StrCat(format, "_", info.param.rows, "x", info.param.cols);
+}
+
+class CastGpuTest : public ::testing::TestWithParam<CastCase> {
+ protected:
+  void SetUp() override {
+    TESERVE_SKIP_WITHOUT_GPU();
+    const CastCase& c = GetParam();
+    auto host = Tensor::FromFloats(
+        WideRangeValues(c.rows * c.cols, static_cast<uint32_t>(c.rows * 7919 + c.cols)),
+        {c.rows, c.cols});
+    ASSERT_TRUE(host.ok()) << host.status();
+    host_x_ = *host;
+    auto device = CopyToDevice(Context{}, host_x_, gpu_);
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_x_ = *device;
+    ASSERT_OK_AND_ASSIGN(const float amax, kernels::cpu::Amax(Context::Cpu(), host_x_));
+    options_.format = c.format;
+    options_.scale = amax > 0.0f ? 2.0f * DTypeMaxFinite(c.format) / amax : 1.0f;
+    options_.rowwise = true;
+    options_.columnwise = true;
+  }
+
+  Context GpuContext() const {
+    Context ctx;
+    ctx.device = gpu_;
+    return ctx;
+  }
+
+  const Device gpu_ = Device::Cuda(0);
+  Tensor host_x_;
+  Tensor device_x_;
+  PerTensorQuantizeOptions options_;
+};
+
+TEST_P(CastGpuTest, AmaxMatchesCpu) {
+  ASSERT_OK_AND_ASSIGN(const float cpu, kernels::cpu::Amax(Context::Cpu(), host_x_));
+  ASSERT_OK_AND_ASSIGN(const float gpu, kernels::cuda::Amax(GpuContext(), device_x_));
+  EXPECT_EQ(Bits(gpu), Bits(cpu)) << "gpu " << gpu << " cpu " << cpu;
+}
+
+TEST_P(CastGpuTest, QuantizeMatchesCpuBitExact) {
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                       kernels::cpu::QuantizePerTensor(Context::Cpu(), host_x_, options_));
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, options_));
+  EXPECT_EQ(gpu.shape, cpu.shape);
+  EXPECT_EQ(gpu.format, cpu.format);
+  EXPECT_EQ(gpu.mode, ScalingMode::kPerTensor);
+  EXPECT_EQ(Bits(gpu.amax), Bits(cpu.amax)) << "amax gpu " << gpu.amax << " cpu " << cpu.amax;
+  ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, "rowwise_data");
+  ExpectBitwiseEqual(gpu.rowwise_scale_inv, cpu.rowwise_scale_inv, "rowwise_scale_inv");
+  ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data, "columnwise_data");
+  ExpectBitwiseEqual(gpu.columnwise_scale_inv, cpu.columnwise_scale_inv, "columnwise_scale_inv");
+}
+
+TEST_P(CastGpuTest, SingleCopyRequestsMatchTheFusedOutput) {
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                       kernels::cpu::QuantizePerTensor(Context::Cpu(), host_x_, options_));
+  PerTensorQuantizeOptions rowwise_only = options_;
+  rowwise_only.columnwise = false;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor rows,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, rowwise_only));
+  EXPECT_FALSE(rows.has_columnwise());
+  ExpectBitwiseEqual(rows.rowwise_data, cpu.rowwise_data, "rowwise-only rowwise_data");
+  EXPECT_EQ(Bits(rows.amax), Bits(cpu.amax));
+
+  PerTensorQuantizeOptions columnwise_only = options_;
+  columnwise_only.rowwise = false;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cols,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, columnwise_only));
+  EXPECT_FALSE(cols.has_rowwise());
+  ExpectBitwiseEqual(cols.columnwise_data, cpu.columnwise_data, "columnwise-only columnwise_data");
+  EXPECT_EQ(Bits(cols.amax), Bits(cpu.amax));
+}
+
+TEST_P(CastGpuTest, DequantizeMatchesCpuBitExact) {
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu_q,
+                       kernels::cpu::QuantizePerTensor(Context::Cpu(), host_x_, options_));
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu_q,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, options_));
+  for (Copy copy : {Copy::kRowwise, Copy::kColumnwise}) {
+    const std::string name = copy == Copy::kRowwise ? "rowwise" : "columnwise";
+    ASSERT_OK_AND_ASSIGN(const Tensor cpu, kernels::cpu::Dequantize(Context::Cpu(), cpu_q, copy));
+    ASSERT_OK_AND_ASSIGN(const Tensor gpu, kernels::cuda::Dequantize(GpuContext(), gpu_q, copy));
+    EXPECT_EQ(gpu.device(), gpu_);
+    ExpectBitwiseEqual(gpu, cpu, "dequantized " + name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CastGpuTest,
+    ::testing::Values(CastCase{DType::kFloat8E4M3, 1, 1}, CastCase{DType::kFloat8E4M3, 1, 259},
+                      CastCase{DType::kFloat8E4M3, 257, 259}, CastCase{DType::kFloat8E4M3, 128, 129},
+                      CastCase{DType::kFloat8E4M3, 2048, 4096}, CastCase{DType::kFloat8E5M2, 1, 1},
+                      CastCase{DType::kFloat8E5M2, 1, 259}, CastCase{DType::kFloat8E5M2, 257, 259},
+                      CastCase{DType::kFloat8E5M2, 128, 129},
+                      CastCase{DType::kFloat8E5M2, 2048, 4096}),
+    CaseName);
+
+Context GpuContext() {
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  return ctx;
+}
+
+TEST(CastGpu, NanPropagatesToAmaxAndEncodesLikeCpu) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  std::vector<float> values = WideRangeValues(257 * 259, 11u);
+  values[1234] = std::numeric_limits<float>::quiet_NaN();
+  values[4321] = std::numeric_limits<float>::infinity();
+  ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::FromFloats(values, {257, 259}));
+  ASSERT_OK_AND_ASSIGN(const Tensor device, CopyToDevice(Context{}, host, Device::Cuda(0)));
+  ASSERT_OK_AND_ASSIGN(const float amax, kernels::cuda::Amax(GpuContext(), device));
+  EXPECT_TRUE(std::isnan(amax));
+  PerTensorQuantizeOptions options;
+  options.columnwise = true;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                       kernels::cpu::QuantizePerTensor(Context::Cpu(), host, options));
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device, options));
+  EXPECT_TRUE(std::isnan(gpu.amax));
+  ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, "rowwise_data with NaN and Inf");
+  ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data, "columnwise_data with NaN and Inf");
+}
+
+TEST(CastGpu, AmaxOfBFloat16MatchesHostLoop) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const std::vector<float> values = WideRangeValues(1000 * 37 + 3, 5u);
+  std::vector<uint16_t> codes(values.size());
+  float expected = 0.0f;
+  for (size_t i = 0; i < values.size(); ++i) {
+    codes[i] = FloatToBf16(values[i]);
+    expected = std::max(expected, std::fabs(Bf16ToFloat(codes[i])));
+  }
+  const Tensor host = Tensor::Borrow(codes.data(), DType::kBFloat16,
+                                     {static_cast<int64_t>(codes.size())});
+  ASSERT_OK_AND_ASSIGN(const Tensor device, CopyToDevice(Context{}, host, Device::Cuda(0)));
+  ASSERT_OK_AND_ASSIGN(const float amax, kernels::cuda::Amax(GpuContext(), device));
+  EXPECT_EQ(Bits(amax), Bits(expected));
+}
+
+TEST(CastGpu, RunsOnANonDefaultStream) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Context ctx = GpuContext();
+  ctx.stream = stream;
+  const std::vector<float> values = WideRangeValues(300 * 64, 3u);
+  ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::FromFloats(values, {300, 64}));
+  ASSERT_OK_AND_ASSIGN(const Tensor device, CopyToDevice(ctx, host, Device::Cuda(0)));
+  PerTensorQuantizeOptions options;
+  options.format = DType::kFloat8E5M2;
+  options.scale = 1024.0f;
+  options.columnwise = true;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                       kernels::cpu::QuantizePerTensor(Context::Cpu(), host, options));
+  auto gpu = kernels::cuda::QuantizePerTensor(ctx, device, options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto dequantized = kernels::cuda::Dequantize(ctx, *gpu, Copy::kColumnwise);
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status();
+  auto back = CopyToHost(ctx, *dequantized);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK_AND_ASSIGN(const Tensor expected,
+                       kernels::cpu::Dequantize(Context::Cpu(), cpu, Copy::kColumnwise));
+  EXPECT_TRUE(BitwiseEqual(*back, expected));
+  ExpectBitwiseEqual(gpu->rowwise_data, cpu.rowwise_data, "rowwise_data on a stream");
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(CastGpu, EmptyTensorGivesZeroAmaxAndEmptyCopies) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::Zeros(DType::kFloat32, {0, 5}));
+  ASSERT_OK_AND_ASSIGN(const Tensor device, CopyToDevice(Context{}, host, Device::Cuda(0)));
+  ASSERT_OK_AND_ASSIGN(const float amax, kernels::cuda::Amax(GpuContext(), device));
+  EXPECT_EQ(amax, 0.0f);
+  PerTensorQuantizeOptions options;
+  options.scale = 4.0f;
+  options.columnwise = true;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor q,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device, options));
+  EXPECT_EQ(q.columnwise_data.shape(), (Shape{5, 0}));
+  const Tensor scale_inv = OnHost(q.rowwise_scale_inv);
+  EXPECT_EQ(scale_inv.floats()[0], 0.25f);
+}
+
+// Metadata errors come before any CUDA call, so these run on machines without a GPU.
+TEST(CastGpu, RejectsHostTensorsAndOtherDtypes) {
+  ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::FromFloats({1, 2, 3, 4}, {2, 2}));
+  const auto amax = kernels::cuda::Amax(GpuContext(), host);
+  ASSERT_EQ(amax.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(amax.status().message().find("x.device: expected a CUDA device, got cpu"),
+            absl::string_view::npos)
+      << amax.status();
+  std::vector<int32_t> ints(4);
+  const Tensor int_view = Tensor::Borrow(ints.data(), DType::kInt32, {2, 2}, Device::Cuda(0));
+  const auto q = kernels::cuda::QuantizePerTensor(GpuContext(), int_view, {});
+  ASSERT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(q.status().message().find("x.dtype: expected FLOAT32 or BFLOAT16, got INT32"),
+            absl::string_view::npos)
+      << q.status();
+}
+
+#else  // !TESERVE_WITH_CUDA
+
+TEST(CastGpu, SkippedWithoutCuda) { TESERVE_SKIP_WITHOUT_GPU(); }
+
+#endif  // TESERVE_WITH_CUDA
+
+}  // namespace
+}  // namespace teserve
