@@ -1,0 +1,247 @@
+#include "train/session.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "layers/init.h"
+
+namespace teserve {
+namespace train {
+namespace {
+
+using testing::HasSubstr;
+
+Tensor Random(Shape shape, uint64_t seed, float std = 1.0f) {
+  Tensor t = Tensor::Zeros(DType::kFloat32, shape).value();
+  layers::FillNormal(seed, std, t.mutable_floats());
+  return t;
+}
+
+v1::ModelSpec Model() {
+  v1::ModelSpec spec;
+  spec.set_seed(42);
+  spec.add_layers()->mutable_layer_norm()->set_hidden_size(8);
+  auto* fc = spec.add_layers();
+  fc->set_name("fc");
+  fc->mutable_linear()->set_in_features(8);
+  fc->mutable_linear()->set_out_features(4);
+  return spec;
+}
+
+v1::RecipeSpec Delayed(int history_len = 4) {
+  v1::RecipeSpec recipe;
+  recipe.mutable_delayed()->set_amax_history_len(history_len);
+  return recipe;
+}
+
+v1::OptimizerSpec Sgd(float lr = 0.1f) {
+  v1::OptimizerSpec spec;
+  spec.mutable_sgd()->set_lr(lr);
+  return spec;
+}
+
+std::unique_ptr<Session> MakeSession(const v1::RecipeSpec& recipe = Delayed(),
+                                     const v1::OptimizerSpec& optimizer = Sgd()) {
+  auto session = Session::Create(Model(), recipe, optimizer, Context());
+  EXPECT_TRUE(session.ok()) << session.status();
+  return std::move(session).value();
+}
+
+std::vector<NamedTensor> Params(const Session& s) { return s.GetParameters({}).value(); }
+
+void ExpectSameParameters(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BitwiseEqual(a[i].tensor, b[i].tensor)) << a[i].name;
+}
+
+TEST(Session, TrainsARegressionTarget) {
+  v1::OptimizerSpec adamw;
+  adamw.mutable_adamw()->set_lr(0.05f);
+  auto session = MakeSession(Delayed(), adamw);
+  const Tensor x = Random({16, 8}, 1);
+  // A teacher of the same architecture makes the target learnable.
+  v1::ModelSpec teacher_spec = Model();
+  teacher_spec.set_seed(7);
+  teacher_spec.mutable_layers(1)->mutable_linear()->set_init_std(0.5f);
+  auto teacher = Session::Create(teacher_spec, v1::RecipeSpec(), Sgd(), Context()).value();
+  const Tensor target = teacher->Forward({x}, false).value().outputs[0];
+  double first = 0.0, last = 0.0;
+  for (int step = 0; step < 100; ++step) {
+    auto fwd = session->Forward({x}, true).value();
+    Tensor dy = Tensor::Zeros(DType::kFloat32, {16, 4}).value();
+    double loss = 0.0;
+    for (int i = 0; i < 64; ++i) {
+      const float d = fwd.outputs[0].floats()[i] - target.floats()[i];
+      loss += d * d / 64.0;
+      dy.mutable_floats()[i] = 2.0f * d / 64.0f;
+    }
+    if (step == 0) first = loss;
+    last = loss;
+    ASSERT_TRUE(session->Backward(fwd.handle, {dy}).ok());
+    ASSERT_FALSE(session->Step().value().skipped);
+    session->ZeroGrad();
+  }
+  EXPECT_LT(last, first / 10.0) << "first " << first << " last " << last;
+  EXPECT_EQ(session->Summary().step, 100);
+}
+
+TEST(Session, HandlesAreSingleUseAndUnknownOnesAreNotFound) {
+  auto session = MakeSession();
+  auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
+  const Tensor dy = Random({2, 4}, 2);
+  auto unknown = session->Backward(fwd.handle + 100, {dy});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("no activation handle"));
+  ASSERT_TRUE(session->Backward(fwd.handle, {dy}).ok());
+  auto again = session->Backward(fwd.handle, {dy});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("already used"));
+}
+
+TEST(Session, BadGradientKeepsTheHandleAndChangesNothing) {
+  auto session = MakeSession();
+  auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
+  const auto before = session->GetGradients({}).value();
+  auto bad = session->Backward(fwd.handle, {Random({2, 5}, 2)});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("grad_outputs[0].shape: expected [2, 4] (the shape of forward output 0), got [2, 5]"));
+  ExpectSameParameters(before, session->GetGradients({}).value());
+  EXPECT_TRUE(session->Backward(fwd.handle, {Random({2, 4}, 2)}).ok());
+}
+
+TEST(Session, BadInputChangesNoState) {
+  auto session = MakeSession();
+  const auto quant_before = session->QuantizationState();
+  auto bad = session->Forward({Random({3, 7}, 1)}, true);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("inputs[0].shape: expected last dimension 8 (hidden_size of layer 'layers.0'), got [3, 7]"));
+  EXPECT_EQ(session->Summary().live_handles, 0);
+  const auto quant_after = session->QuantizationState();
+  ASSERT_EQ(quant_before.size(), quant_after.size());
+  for (size_t i = 0; i < quant_before.size(); ++i) {
+    EXPECT_EQ(quant_before[i].quantize_calls, quant_after[i].quantize_calls);
+    EXPECT_EQ(quant_before[i].amax_history, quant_after[i].amax_history);
+  }
+  auto two = session->Forward({Random({3, 8}, 1), Random({3, 8}, 2)}, true);
+  EXPECT_THAT(std::string(two.status().message()), HasSubstr("inputs: expected 1 tensor, got 2"));
+  Tensor int_input = Tensor::Zeros(DType::kInt32, {3, 8}).value();
+  auto wrong_dtype = session->Forward({int_input}, true);
+  EXPECT_THAT(std::string(wrong_dtype.status().message()), HasSubstr("inputs[0].dtype: expected FLOAT32, got INT32"));
+}
+
+TEST(Session, MicrobatchesMayPrecedeTheirBackwards) {
+  auto session = MakeSession();
+  auto f1 = session->Forward({Random({2, 8}, 1)}, true).value();
+  auto f2 = session->Forward({Random({5, 8}, 2)}, true).value();
+  EXPECT_NE(f1.handle, f2.handle);
+  EXPECT_EQ(session->Summary().live_handles, 2);
+  EXPECT_EQ(session->Backward(f2.handle, {Random({5, 4}, 3)}).value()[0].shape(), (Shape{5, 8}));
+  EXPECT_EQ(session->Backward(f1.handle, {Random({2, 4}, 4)}).value()[0].shape(), (Shape{2, 8}));
+  EXPECT_EQ(session->Summary().live_handles, 0);
+}
+
+TEST(Session, NoGradForwardReturnsNoHandle) {
+  auto session = MakeSession();
+  auto fwd = session->Forward({Random({2, 8}, 1)}, false).value();
+  EXPECT_EQ(fwd.handle, 0u);
+  EXPECT_EQ(session->Summary().live_handles, 0);
+}
+
+TEST(Session, SetParametersIsAllOrNothing) {
+  auto session = MakeSession();
+  const auto before = Params(*session);
+  std::vector<NamedTensor> update = {{"fc.bias", Random({4}, 1)}, {"fc.weight", Random({4, 7}, 2)}};
+  auto status = session->SetParameters(update);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("parameters[1].tensor.shape: expected [4, 8] (shape of 'fc.weight'), got [4, 7]"));
+  ExpectSameParameters(before, Params(*session));
+
+  auto unknown = session->SetParameters({{"nope", Random({4}, 1)}});
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("no parameter named 'nope'"));
+
+  const Tensor bias = Random({4}, 9);
+  ASSERT_TRUE(session->SetParameters({{"fc.bias", bias}}).ok());
+  EXPECT_TRUE(BitwiseEqual(session->GetParameters({"fc.bias"}).value()[0].tensor, bias));
+}
+
+TEST(Session, StepSkipsNonFiniteGradients) {
+  auto session = MakeSession();
+  auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
+  Tensor dy = Random({2, 4}, 2);
+  dy.mutable_floats()[0] = NAN;
+  ASSERT_TRUE(session->Backward(fwd.handle, {dy}).ok());
+  const auto before = Params(*session);
+  auto step = session->Step().value();
+  EXPECT_TRUE(step.skipped);
+  EXPECT_EQ(step.step, 0);
+  ExpectSameParameters(before, Params(*session));
+}
+
+TEST(Session, ClipsTheGlobalGradientNorm) {
+  v1::OptimizerSpec clipped = Sgd(1.0f);
+  clipped.set_max_grad_norm(0.01f);
+  auto session = MakeSession(v1::RecipeSpec(), clipped);
+  auto fwd = session->Forward({Random({4, 8}, 1)}, true).value();
+  ASSERT_TRUE(session->Backward(fwd.handle, {Random({4, 4}, 2)}).ok());
+  const auto before = Params(*session);
+  auto step = session->Step().value();
+  EXPECT_GT(step.grad_norm, 0.01f);
+  // With lr 1, the parameters moved by exactly the clipped gradient: norm 0.01.
+  double moved = 0.0;
+  const auto after = Params(*session);
+  for (size_t i = 0; i < before.size(); ++i) {
+    for (int64_t k = 0; k < before[i].tensor.numel(); ++k) {
+      const double d = after[i].tensor.floats()[k] - before[i].tensor.floats()[k];
+      moved += d * d;
+    }
+  }
+  EXPECT_NEAR(std::sqrt(moved), 0.01, 1e-5);
+}
+
+TEST(Session, DelayedScalingUpdatesForwardAndBackwardRegionsSeparately) {
+  auto session = MakeSession(Delayed(4));
+  auto state = session->QuantizationState();
+  ASSERT_EQ(state.size(), 3u);
+  EXPECT_EQ(state[0].layer, "fc");
+  EXPECT_EQ(state[0].tensor, "input");
+  EXPECT_EQ(state[1].tensor, "weight");
+  EXPECT_EQ(state[2].tensor, "grad_output");
+  EXPECT_EQ(state[2].format, DType::kFloat8E5M2);
+  EXPECT_EQ(state[0].execution, "reference");
+
+  auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
+  state = session->QuantizationState();
+  EXPECT_EQ(state[0].amax_history[0], 0.0f);  // rolled at the end of the forward region
+  EXPECT_EQ(state[0].amax_history[3], state[0].amax);
+  EXPECT_EQ(state[0].scale, 448.0f / state[0].amax);
+  EXPECT_EQ(state[2].quantize_calls, 0);
+  EXPECT_EQ(state[2].scale, 1.0f);
+
+  ASSERT_TRUE(session->Backward(fwd.handle, {Random({2, 4}, 2, 0.01f)}).ok());
+  state = session->QuantizationState();
+  EXPECT_EQ(state[2].quantize_calls, 1);
+  EXPECT_EQ(state[2].amax_history[3], state[2].amax);
+  EXPECT_EQ(state[2].scale, 57344.0f / state[2].amax);
+}
+
+TEST(Session, RejectsInvalidSpecsWithTheFieldName) {
+  v1::RecipeSpec recipe;
+  recipe.mutable_delayed()->set_amax_history_len(0);
+  auto bad_recipe = Session::Create(Model(), recipe, Sgd(), Context());
+  EXPECT_THAT(std::string(bad_recipe.status().message()), HasSubstr("recipe.delayed.amax_history_len"));
+  auto empty = Session::Create(v1::ModelSpec(), Delayed(), Sgd(), Context());
+  EXPECT_THAT(std::string(empty.status().message()), HasSubstr("model.layers: expected at least one layer"));
+  auto no_opt = Session::Create(Model(), Delayed(), v1::OptimizerSpec(), Context());
+  EXPECT_THAT(std::string(no_opt.status().message()), HasSubstr("optimizer: expected one of sgd, adamw"));
+}
+
+}  // namespace
+}  // namespace train
+}  // namespace teserve

@@ -1,0 +1,36 @@
+// Optimizers over FP32 master weights, with PyTorch's update rules:
+//   SGD:   g = grad + weight_decay * p; with momentum, buf = momentum * buf +
+//          (1 - dampening) * g (buf = g on the first step), g = nesterov ? g + momentum *
+//          buf : buf; p -= lr * g.
+//   AdamW: p *= 1 - lr * weight_decay (decoupled); m = b1 m + (1 - b1) g;
+//          v = b2 v + (1 - b2) g^2; p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+// Gradient clipping by global L2 norm happens in the Session before Apply.
+#ifndef TESERVE_TRAIN_OPTIMIZER_H_
+#define TESERVE_TRAIN_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "layers/module.h"
+#include "teserve/v1/model.pb.h"
+
+namespace teserve {
+namespace train {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every parameter from its gradient; `step` counts from 1. The
+  // parameter list must be the same (same order) on every call.
+  virtual absl::Status Apply(const std::vector<layers::Parameter*>& params, int64_t step) = 0;
+};
+
+// Validates the spec (INVALID_ARGUMENT naming "optimizer.<field>").
+absl::StatusOr<std::unique_ptr<Optimizer>> OptimizerFromProto(const v1::OptimizerSpec& spec);
+
+}  // namespace train
+}  // namespace teserve
+
+#endif  // TESERVE_TRAIN_OPTIMIZER_H_

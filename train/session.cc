@@ -1,0 +1,290 @@
+#include "train/session.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "layers/layer_stack.h"
+#include "layers/spec.h"
+#include "recipes/recipe.h"
+#include "train/optimizer.h"
+
+namespace teserve {
+namespace train {
+namespace {
+
+// Forwards awaiting their backward; beyond this a Forward that saves activations is
+// refused (RESOURCE_EXHAUSTED) instead of growing memory without bound.
+constexpr size_t kMaxLiveHandles = 1024;
+
+absl::Status CheckFp32Cpu(const Tensor& t, absl::string_view field) {
+  if (t.dtype() != DType::kFloat32) {
+    return InvalidField(absl::StrCat(field, ".dtype"), "FLOAT32", DTypeName(t.dtype()));
+  }
+  if (!t.device().is_cpu()) return InvalidField(absl::StrCat(field, ".device"), "cpu", t.device().ToString());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct Session::State {
+  struct Pending {
+    std::unique_ptr<layers::SavedActivations> saved;
+    std::vector<Shape> output_shapes;
+  };
+
+  Context ctx;
+  recipes::Recipe recipe;
+  std::unique_ptr<layers::LayerStack> stack;
+  std::unique_ptr<Optimizer> optimizer;
+  std::vector<layers::Parameter*> params;
+  float max_grad_norm = 0.0f;
+  int64_t step = 0;
+  uint64_t next_handle = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending;
+
+  // Quantizers whose region ends with a Forward (true) or a Backward (false).
+  void EndRegion(bool forward) {
+    for (const layers::NamedQuantizer& q : stack->Quantizers()) {
+      if (recipes::IsForwardRole(q.quantizer->role()) == forward) q.quantizer->EndRegion();
+    }
+  }
+
+  absl::StatusOr<layers::Parameter*> FindParameter(const std::string& name) const {
+    for (layers::Parameter* p : params) {
+      if (p->name == name) return p;
+    }
+    std::vector<std::string> known;
+    for (const layers::Parameter* p : params) known.push_back(p->name);
+    return absl::NotFoundError(absl::StrCat("parameters: no parameter named '", name, "' (this model has ",
+                                            absl::StrJoin(known, ", "), ")"));
+  }
+};
+
+Session::Session(v1::ModelSpec model, v1::RecipeSpec recipe, v1::OptimizerSpec optimizer,
+                 std::unique_ptr<State> state)
+    : model_spec_(std::move(model)),
+      recipe_spec_(std::move(recipe)),
+      optimizer_spec_(std::move(optimizer)),
+      state_(std::move(state)) {}
+
+Session::~Session() = default;
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& model,
+                                                         const v1::RecipeSpec& recipe,
+                                                         const v1::OptimizerSpec& optimizer,
+                                                         const Context& ctx) {
+  auto state = std::make_unique<State>();
+  state->ctx = ctx;
+  ASSIGN_OR_RETURN(state->recipe, recipes::RecipeFromProto(recipe));
+  ASSIGN_OR_RETURN(state->optimizer, OptimizerFromProto(optimizer));
+  ASSIGN_OR_RETURN(state->stack, layers::BuildStack(model, state->recipe));
+  state->params = state->stack->Parameters();
+  state->max_grad_norm = optimizer.max_grad_norm();
+  return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
+}
+
+absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs, bool save_for_backward) {
+  absl::MutexLock lock(&mu_);
+  State& s = *state_;
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    RETURN_IF_ERROR(CheckFp32Cpu(inputs[i], absl::StrCat("inputs[", i, "]")));
+    shapes.push_back(inputs[i].shape());
+  }
+  ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.stack->OutputShapes(shapes, "inputs"));
+  if (save_for_backward && s.pending.size() >= kMaxLiveHandles) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "forward: ", s.pending.size(), " forwards already await their Backward (limit ", kMaxLiveHandles,
+        "); run Backward on them or Forward with no_grad"));
+  }
+
+  layers::ForwardOptions options;
+  options.save_for_backward = save_for_backward;
+  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, inputs, options));
+  s.EndRegion(/*forward=*/true);
+
+  ForwardResult result;
+  result.outputs = std::move(out.outputs);
+  if (save_for_backward) {
+    result.handle = s.next_handle++;
+    s.pending[result.handle] = State::Pending{std::move(out.saved), std::move(output_shapes)};
+  }
+  return result;
+}
+
+absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs) {
+  absl::MutexLock lock(&mu_);
+  State& s = *state_;
+  auto it = s.pending.find(handle);
+  if (it == s.pending.end()) {
+    if (handle != 0 && handle < s.next_handle) {
+      return absl::NotFoundError(absl::StrCat("handle: activation handle ", handle,
+                                              " was already used by a Backward (each Forward allows one)"));
+    }
+    return absl::NotFoundError(absl::StrCat("handle: no activation handle ", handle,
+                                            " in this session (expected a handle returned by Forward)"));
+  }
+  const std::vector<Shape>& expected = it->second.output_shapes;
+  if (grad_outputs.size() != expected.size()) {
+    return InvalidField("grad_outputs", absl::StrCat(expected.size(), " tensor(s), one per forward output"),
+                        grad_outputs.size());
+  }
+  for (size_t i = 0; i < grad_outputs.size(); ++i) {
+    const std::string field = absl::StrCat("grad_outputs[", i, "]");
+    RETURN_IF_ERROR(CheckFp32Cpu(grad_outputs[i], field));
+    if (grad_outputs[i].shape() != expected[i]) {
+      return InvalidField(absl::StrCat(field, ".shape"),
+                          absl::StrCat(ShapeToString(expected[i]), " (the shape of forward output ", i, ")"),
+                          ShapeToString(grad_outputs[i].shape()));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.stack->Backward(s.ctx, *it->second.saved, grad_outputs));
+  s.pending.erase(it);
+  s.EndRegion(/*forward=*/false);
+  return grad_inputs;
+}
+
+absl::StatusOr<StepResult> Session::Step() {
+  absl::MutexLock lock(&mu_);
+  State& s = *state_;
+  double sum_squares = 0.0;
+  for (const layers::Parameter* p : s.params) {
+    for (float g : p->grad.floats()) sum_squares += static_cast<double>(g) * g;
+  }
+  StepResult result;
+  result.grad_norm = static_cast<float>(std::sqrt(sum_squares));
+  if (!std::isfinite(sum_squares)) {
+    result.step = s.step;
+    result.skipped = true;
+    return result;
+  }
+  if (s.max_grad_norm > 0.0f && result.grad_norm > s.max_grad_norm) {
+    const float factor = s.max_grad_norm / (result.grad_norm + 1e-6f);
+    for (layers::Parameter* p : s.params) {
+      for (float& g : p->grad.mutable_floats()) g *= factor;
+    }
+  }
+  RETURN_IF_ERROR(s.optimizer->Apply(s.params, s.step + 1));
+  result.step = ++s.step;
+  return result;
+}
+
+void Session::ZeroGrad() {
+  absl::MutexLock lock(&mu_);
+  for (layers::Parameter* p : state_->params) {
+    absl::Span<float> g = p->grad.mutable_floats();
+    std::fill(g.begin(), g.end(), 0.0f);
+  }
+}
+
+namespace {
+
+absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<layers::Parameter*>& params,
+                                                     const std::vector<std::string>& names, bool grads,
+                                                     const std::function<absl::StatusOr<layers::Parameter*>(
+                                                         const std::string&)>& find) {
+  std::vector<layers::Parameter*> selected;
+  if (names.empty()) {
+    selected = params;
+  } else {
+    for (const std::string& name : names) {
+      ASSIGN_OR_RETURN(layers::Parameter * p, find(name));
+      selected.push_back(p);
+    }
+  }
+  std::vector<NamedTensor> out;
+  for (const layers::Parameter* p : selected) {
+    ASSIGN_OR_RETURN(Tensor copy, (grads ? p->grad : p->value).Clone());
+    out.push_back(NamedTensor{p->name, std::move(copy)});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<NamedTensor>> Session::GetParameters(const std::vector<std::string>& names) const {
+  absl::MutexLock lock(&mu_);
+  return CopyTensors(state_->params, names, /*grads=*/false,
+                     [this](const std::string& n) ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_->FindParameter(n); });
+}
+
+absl::StatusOr<std::vector<NamedTensor>> Session::GetGradients(const std::vector<std::string>& names) const {
+  absl::MutexLock lock(&mu_);
+  return CopyTensors(state_->params, names, /*grads=*/true,
+                     [this](const std::string& n) ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_->FindParameter(n); });
+}
+
+absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) {
+  absl::MutexLock lock(&mu_);
+  std::vector<layers::Parameter*> targets;
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const NamedTensor& named = parameters[i];
+    const std::string field = absl::StrCat("parameters[", i, "]");
+    ASSIGN_OR_RETURN(layers::Parameter * p, state_->FindParameter(named.name));
+    if (!seen.insert(named.name).second) {
+      return InvalidField(absl::StrCat(field, ".name"), "each parameter at most once",
+                          absl::StrCat("'", named.name, "' again"));
+    }
+    RETURN_IF_ERROR(CheckFp32Cpu(named.tensor, absl::StrCat(field, ".tensor")));
+    if (named.tensor.shape() != p->value.shape()) {
+      return InvalidField(absl::StrCat(field, ".tensor.shape"),
+                          absl::StrCat(ShapeToString(p->value.shape()), " (shape of '", p->name, "')"),
+                          ShapeToString(named.tensor.shape()));
+    }
+    targets.push_back(p);
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    std::memcpy(targets[i]->value.raw_data(), parameters[i].tensor.raw_data(), parameters[i].tensor.nbytes());
+  }
+  return absl::OkStatus();
+}
+
+std::vector<QuantizerReport> Session::QuantizationState() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<QuantizerReport> reports;
+  for (const layers::NamedQuantizer& q : state_->stack->Quantizers()) {
+    const recipes::QuantizerSnapshot snap = q.quantizer->Snapshot();
+    QuantizerReport r;
+    r.layer = q.layer;
+    r.tensor = std::string(recipes::TensorRoleName(q.quantizer->role()));
+    r.recipe = snap.recipe;
+    r.format = snap.format;
+    r.scaling_mode = std::string(ScalingModeName(snap.mode));
+    r.execution = state_->ctx.device.is_cpu() ? "reference" : "native";
+    r.amax = snap.amax;
+    r.scale = snap.scale;
+    r.scale_inv = snap.scale_inv;
+    r.amax_history = snap.amax_history;
+    r.quantize_calls = snap.quantize_calls;
+    reports.push_back(std::move(r));
+  }
+  return reports;
+}
+
+SessionSummary Session::Summary() const {
+  absl::MutexLock lock(&mu_);
+  SessionSummary summary;
+  summary.step = state_->step;
+  for (const layers::Parameter* p : state_->params) summary.num_parameters += p->value.numel();
+  summary.live_handles = static_cast<int64_t>(state_->pending.size());
+  summary.device = state_->ctx.device.ToString();
+  summary.recipe_name = state_->recipe.quantizes() ? state_->recipe.name() : "none";
+  for (const auto& module : state_->stack->modules()) {
+    LayerSummary layer;
+    layer.name = module->name();
+    layer.kind = module->kind();
+    for (const layers::Parameter* p : module->Parameters()) layer.parameters.push_back(p->name);
+    summary.layers.push_back(std::move(layer));
+  }
+  return summary;
+}
+
+}  // namespace train
+}  // namespace teserve
