@@ -81,10 +81,12 @@ absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Conte
   return absl::OkStatus();
 }
 
+#if !TESERVE_WITH_CUDA
 absl::Status NoCudaBackend(absl::string_view op) {
   return absl::FailedPreconditionError(
       absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
 }
+#endif
 
 // The CUDA backend implements the quantization ops; plain conversions on the GPU are
 // not written yet.

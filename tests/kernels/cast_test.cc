@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -172,6 +173,10 @@ std::string QuantizeCaseName(const ::testing::TestParamInfo<QuantizeCase>& info)
   return absl::StrCat(c.format == DType::kFloat8E4M3 ? "E4M3" : "E5M2", "_", c.rows, "x", c.cols);
 }
 
+void PrintTo(const QuantizeCase& c, std::ostream* os) {
+  *os << DTypeName(c.format) << " [" << c.rows << ", " << c.cols << "]";
+}
+
 class QuantizeShapes : public ::testing::TestWithParam<QuantizeCase> {
  protected:
   // Values spanning well past the format's range after scaling, so saturation,
@@ -249,6 +254,8 @@ struct RoundTripCase {
   DType dtype;
   int bits;
 };
+
+void PrintTo(const RoundTripCase& c, std::ostream* os) { *os << DTypeName(c.dtype); }
 
 std::string RoundTripName(const ::testing::TestParamInfo<RoundTripCase>& info) {
   std::string name(DTypeName(info.param.dtype));

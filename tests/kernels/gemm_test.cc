@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -29,6 +30,8 @@ constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 struct GemmShape {
   int64_t m, n, k;
 };
+
+void PrintTo(const GemmShape& s, std::ostream* os) { *os << "m=" << s.m << " n=" << s.n << " k=" << s.k; }
 
 Tensor Filled(Shape shape, float value) {
   Tensor t = Tensor::Zeros(DType::kFloat32, std::move(shape)).value();

@@ -5,6 +5,7 @@
 #include "kernels/normalization.h"
 
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ std::string NormCaseName(const ::testing::TestParamInfo<NormCase>& info) {
   const NormCase& c = info.param;
   return absl::StrCat(c.norm == Norm::kLayerNorm ? "LayerNorm" : "RmsNorm", "_", c.n, "x", c.h,
                       c.zero_centered ? "_ZeroCentered" : "_Plain");
+}
+
+void PrintTo(const NormCase& c, std::ostream* os) {
+  *os << (c.norm == Norm::kLayerNorm ? "LayerNorm" : "RmsNorm") << " [" << c.n << ", " << c.h << "]"
+      << (c.zero_centered ? " zero-centered gamma" : "");
 }
 
 class NormShapes : public ::testing::TestWithParam<NormCase> {
