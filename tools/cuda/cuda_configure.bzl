@@ -28,8 +28,31 @@ package(default_visibility = ["//visibility:public"])
 cc_library(name = "headers")
 cc_library(name = "cudart")
 cc_library(name = "cublaslt")
+cc_library(name = "cudnn_frontend")
 """)
         return
+
+    # The cuDNN frontend headers (pip package nvidia-cudnn-frontend), found the way
+    # TE's build finds them. Optional until the fused attention path needs them.
+    frontend = repository_ctx.execute([
+        "python3",
+        "-c",
+        "import importlib.metadata as m; print(m.distribution('nvidia-cudnn-frontend').locate_file('include'))",
+    ])
+    frontend_dir = frontend.stdout.strip() if frontend.return_code == 0 else ""
+    if frontend_dir and repository_ctx.path(frontend_dir + "/cudnn_frontend.h").exists:
+        repository_ctx.symlink(frontend_dir, "cudnn_frontend_include")
+        frontend_rule = """
+cc_library(
+    name = "cudnn_frontend",
+    hdrs = glob(["cudnn_frontend_include/**/*.h", "cudnn_frontend_include/**/*.hpp"]),
+    includes = ["cudnn_frontend_include"],
+    deps = [":headers"],
+)
+"""
+    else:
+        print("teserve: cudnn_frontend.h not found (pip install nvidia-cudnn-frontend)")
+        frontend_rule = "\ncc_library(name = \"cudnn_frontend\")\n"
 
     # Resolve symlinks (/usr/local/cuda -> cuda-13.0) so paths stay stable.
     real = str(repository_ctx.path(cuda_path).realpath)
@@ -56,7 +79,7 @@ cc_library(
     linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcublasLt", "-lcublas"],
     deps = [":headers"],
 )
-""".format(lib = lib_dir))
+""".format(lib = lib_dir) + frontend_rule)
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what teserve needs to build and test, and nothing that is already there:
+# Debian/Ubuntu packages (Bazel, gRPC, protobuf, abseil, prometheus-cpp, GoogleTest,
+# Google Benchmark, OpenBLAS) and the cuDNN frontend headers (pip). The CUDA toolkit is
+# not installed here: with one in CUDA_PATH or /usr/local/cuda the CUDA kernels are
+# built, without one the build falls back to the CPU backend.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap g++ python3 python3-pip
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    # A python3 / pip outside dpkg (pyenv, a venv) is as good as the package.
+    case "$pkg" in
+      python3) command -v python3 >/dev/null && continue ;;
+      python3-pip) python3 -m pip --version >/dev/null 2>&1 && continue ;;
+    esac
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "teserve: installing ${missing[*]}" >&2
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# cuDNN frontend (header-only; the fused attention path builds on it). Located at
+# configure time through importlib.metadata, as tools/cuda/cuda_configure.bzl does.
+if ! python3 -c "import importlib.metadata as m; m.distribution('nvidia-cudnn-frontend')" 2>/dev/null; then
+  echo "teserve: installing nvidia-cudnn-frontend (pip)" >&2
+  python3 -m pip install -q nvidia-cudnn-frontend 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages nvidia-cudnn-frontend
+fi
