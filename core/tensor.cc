@@ -146,8 +146,9 @@ absl::StatusOr<Tensor> Tensor::As2D() const {
     return absl::InvalidArgumentError(absl::StrCat("expected a tensor of rank >= 1, got shape ",
                                                    ShapeToString(shape_)));
   }
-  const int64_t cols = shape_.back();
-  return Reshape({cols == 0 ? 0 : numel_ / cols, cols});
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < rank(); ++i) rows *= shape_[i];  // keeps rows when cols is 0
+  return Reshape({rows, shape_.back()});
 }
 
 absl::StatusOr<Tensor> Tensor::Clone() const {
