@@ -33,6 +33,9 @@ struct QuantizedTensor {
   Tensor columnwise_data;        // [cols, rows], absent if not requested
   Tensor columnwise_scale_inv;   // FP32 [1] for per-tensor scaling
   float amax = 0.0f;             // of the source tensor
+  // NVFP4 only: the FP32 per-tensor encode scale S = 448 * 6 / amax (1 when amax is 0);
+  // a value decodes as e2m1 * e4m3_block_scale * (1 / S).
+  float global_encode_scale = 1.0f;
 
   bool has_rowwise() const { return rowwise_data.defined(); }
   bool has_columnwise() const { return columnwise_data.defined(); }
