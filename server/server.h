@@ -1,0 +1,78 @@
+// TeserveServer: the gRPC server (Trainer, health, reflection) plus the metrics
+// endpoint, as one object that main and the integration tests start the same way.
+//
+// Lifetime: Start() binds and serves; Shutdown() stops accepting, lets in-flight RPCs
+// finish until the deadline and then cancels the rest; Wait() blocks until the server
+// is stopped. The destructor shuts down (with no grace period) if nobody did.
+#ifndef TESERVE_SERVER_SERVER_H_
+#define TESERVE_SERVER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/tensor.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/device_info.h"
+#include "server/metrics.h"
+#include "server/trainer_service.h"
+
+namespace teserve {
+namespace server {
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 50051;           // 0: any free port (see TeserveServer::port())
+  int metrics_port = 9464;    // 0: any free port; -1: no metrics endpoint
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  int64_t max_sessions = 64;
+  int64_t max_message_bytes = int64_t{1} << 30;  // send and receive
+};
+
+struct DeviceSelection {
+  Device device;
+  // "cpu", or "cuda:0 (NVIDIA H200, sm_90)".
+  std::string description;
+};
+
+// --device resolution: auto picks cuda:0 when a GPU is visible, else cpu. Asking for a
+// GPU that is not there is FAILED_PRECONDITION naming the flag and what the machine has.
+absl::StatusOr<DeviceSelection> SelectDevice(absl::string_view flag,
+                                             const kernels::DeviceInfo& info);
+
+class TeserveServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<TeserveServer>> Start(const ServerOptions& options);
+  ~TeserveServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_->port(); }  // -1 when off
+  const DeviceSelection& device() const { return device_; }
+  // A sentence for the log when the selected device is not where sessions compute, or
+  // empty. Never claims more than the server does.
+  const std::string& device_note() const { return device_note_; }
+
+  void Shutdown(absl::Duration grace);
+  void Wait();
+
+ private:
+  TeserveServer() = default;
+
+  DeviceSelection device_;
+  std::string device_note_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<TrainerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace server
+}  // namespace teserve
+
+#endif  // TESERVE_SERVER_SERVER_H_

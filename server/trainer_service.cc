@@ -1,0 +1,306 @@
+#include "server/trainer_service.h"
+
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/context.h"
+#include "core/status.h"
+#include "server/recipe_availability.h"
+#include "server/tensor_codec.h"
+#include "server/unknown_fields.h"
+#include "train/session.h"
+
+namespace teserve {
+namespace server {
+namespace {
+
+void FillSessionInfo(const std::string& id, const train::Session& session,
+                     v1::SessionInfo* info) {
+  const train::SessionSummary summary = session.Summary();
+  info->set_session_id(id);
+  *info->mutable_model() = session.model_spec();
+  *info->mutable_recipe() = session.recipe_spec();
+  *info->mutable_optimizer() = session.optimizer_spec();
+  info->set_step(summary.step);
+  info->set_num_parameters(summary.num_parameters);
+  info->set_device(summary.device);
+  info->set_live_handles(summary.live_handles);
+  info->set_recipe_name(summary.recipe_name);
+  for (const train::LayerSummary& layer : summary.layers) {
+    v1::LayerInfo* out = info->add_layers();
+    out->set_name(layer.name);
+    out->set_kind(layer.kind);
+    for (const std::string& p : layer.parameters) out->add_parameters(p);
+  }
+}
+
+absl::Status EncodeTensors(const std::vector<Tensor>& tensors,
+                           google::protobuf::RepeatedPtrField<v1::Tensor>* wire) {
+  for (const Tensor& t : tensors) RETURN_IF_ERROR(EncodeTensor(t, wire->Add()));
+  return absl::OkStatus();
+}
+
+absl::Status EncodeNamed(const std::vector<train::NamedTensor>& tensors,
+                         google::protobuf::RepeatedPtrField<v1::NamedTensor>* wire) {
+  for (const train::NamedTensor& t : tensors) {
+    v1::NamedTensor* out = wire->Add();
+    out->set_name(t.name);
+    RETURN_IF_ERROR(EncodeTensor(t.tensor, out->mutable_tensor()));
+  }
+  return absl::OkStatus();
+}
+
+// Sessions compute on the CPU reference backend in this release, so that is what the
+// availability describes. When a GPU was selected the reason also says what it will
+// offer once the CUDA layer kernels land, without claiming it runs there today.
+std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& config) {
+  std::vector<v1::RecipeAvailability> cpu = RecipeAvailabilities(DeviceFacts{});
+  if (!config.gpu_selected) return cpu;
+  const kernels::DeviceInfo& info = config.device_info;
+  DeviceFacts gpu_facts;
+  gpu_facts.is_cuda = true;
+  gpu_facts.cc_major = info.cc_major;
+  gpu_facts.cc_minor = info.cc_minor;
+  gpu_facts.cublaslt_version = info.cublaslt_version;
+  const std::vector<v1::RecipeAvailability> gpu = RecipeAvailabilities(gpu_facts);
+  for (size_t i = 0; i < cpu.size() && i < gpu.size(); ++i) {
+    cpu[i].set_reason(absl::StrCat(cpu[i].reason(), "; on ", config.selected_device,
+                                   " once the CUDA layer kernels land: ",
+                                   v1::Availability_Name(gpu[i].availability()), " (",
+                                   gpu[i].reason(), ")"));
+  }
+  return cpu;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+TrainerService::TrainerService(TrainerConfig config, Metrics* metrics)
+    : config_(std::move(config)), metrics_(metrics), registry_(config_.max_sessions) {}
+
+template <typename Handler>
+grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* context,
+                                                absl::string_view method, Handler&& handler) {
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  // Our code returns Status; this only catches what a library might still throw (an
+  // allocation failure on a huge request), so that it fails one call, not the server.
+  try {
+    status = handler();
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError(absl::StrCat(method, ": out of memory"));
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat(method, ": unexpected exception: ", e.what()));
+  }
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  metrics_->RecordRpc(method, grpc_status.error_code(),
+                      absl::ToDoubleSeconds(absl::Now() - start));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc_status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerContext* context,
+                                                        const v1::CreateSessionRequest* request,
+                                                        v1::CreateSessionResponse* response) {
+  return Serve(context, "CreateSession", [&]() -> absl::Status {
+    RETURN_IF_ERROR(RejectUnknownFields(request->model(), "model"));
+    RETURN_IF_ERROR(RejectUnknownFields(request->recipe(), "recipe"));
+    RETURN_IF_ERROR(RejectUnknownFields(request->optimizer(), "optimizer"));
+    RETURN_IF_ERROR(registry_.CheckCapacity());
+    ASSIGN_OR_RETURN(std::unique_ptr<train::Session> session,
+                     train::Session::Create(request->model(), request->recipe(),
+                                            request->optimizer(), Context::Cpu()));
+    std::shared_ptr<train::Session> shared = std::move(session);
+    ASSIGN_OR_RETURN(std::string id, registry_.Add(shared));
+    metrics_->SetSessions(registry_.size());
+    response->set_session_id(id);
+    FillSessionInfo(id, *shared, response->mutable_info());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::GetSession(grpc::CallbackServerContext* context,
+                                                     const v1::GetSessionRequest* request,
+                                                     v1::SessionInfo* response) {
+  return Serve(context, "GetSession", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    FillSessionInfo(request->session_id(), *session, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::ListSessions(grpc::CallbackServerContext* context,
+                                                       const v1::ListSessionsRequest*,
+                                                       v1::ListSessionsResponse* response) {
+  return Serve(context, "ListSessions", [&]() -> absl::Status {
+    for (const auto& [id, session] : registry_.List()) {
+      FillSessionInfo(id, *session, response->add_sessions());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::DeleteSession(grpc::CallbackServerContext* context,
+                                                        const v1::DeleteSessionRequest* request,
+                                                        v1::DeleteSessionResponse*) {
+  return Serve(context, "DeleteSession", [&]() -> absl::Status {
+    RETURN_IF_ERROR(registry_.Remove(request->session_id()));
+    metrics_->SetSessions(registry_.size());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* context,
+                                                  const v1::ForwardRequest* request,
+                                                  v1::ForwardResponse* response) {
+  return Serve(context, "Forward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
+    ASSIGN_OR_RETURN(train::ForwardResult result,
+                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad()));
+    RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
+    response->set_handle(result.handle);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* context,
+                                                   const v1::BackwardRequest* request,
+                                                   v1::BackwardResponse* response) {
+  return Serve(context, "Backward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(std::vector<Tensor> grads,
+                     DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
+    ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
+                     session->Backward(request->handle(), grads));
+    return EncodeTensors(grad_inputs, response->mutable_grad_inputs());
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* context,
+                                               const v1::StepRequest* request,
+                                               v1::StepResponse* response) {
+  return Serve(context, "Step", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(train::StepResult result, session->Step());
+    if (request->zero_grad()) session->ZeroGrad();
+    response->set_step(result.step);
+    response->set_grad_norm(result.grad_norm);
+    response->set_skipped(result.skipped);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::ZeroGrad(grpc::CallbackServerContext* context,
+                                                   const v1::ZeroGradRequest* request,
+                                                   v1::ZeroGradResponse*) {
+  return Serve(context, "ZeroGrad", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    session->ZeroGrad();
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::GetParameters(grpc::CallbackServerContext* context,
+                                                        const v1::GetParametersRequest* request,
+                                                        v1::GetParametersResponse* response) {
+  return Serve(context, "GetParameters", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    const std::vector<std::string> names(request->names().begin(), request->names().end());
+    ASSIGN_OR_RETURN(std::vector<train::NamedTensor> parameters, session->GetParameters(names));
+    RETURN_IF_ERROR(EncodeNamed(parameters, response->mutable_parameters()));
+    if (request->include_grads()) {
+      ASSIGN_OR_RETURN(std::vector<train::NamedTensor> grads, session->GetGradients(names));
+      RETURN_IF_ERROR(EncodeNamed(grads, response->mutable_grads()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::SetParameters(grpc::CallbackServerContext* context,
+                                                        const v1::SetParametersRequest* request,
+                                                        v1::SetParametersResponse*) {
+  return Serve(context, "SetParameters", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    std::vector<train::NamedTensor> parameters;
+    parameters.reserve(request->parameters_size());
+    for (int i = 0; i < request->parameters_size(); ++i) {
+      const v1::NamedTensor& wire = request->parameters(i);
+      ASSIGN_OR_RETURN(Tensor tensor,
+                       DecodeFloatTensor(wire.tensor(), absl::StrCat("parameters[", i,
+                                                                     "].tensor")));
+      parameters.push_back(train::NamedTensor{wire.name(), std::move(tensor)});
+    }
+    return session->SetParameters(parameters);
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::GetQuantizationState(
+    grpc::CallbackServerContext* context, const v1::GetQuantizationStateRequest* request,
+    v1::QuantizationState* response) {
+  return Serve(context, "GetQuantizationState", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    response->set_session_id(request->session_id());
+    response->set_step(session->Summary().step);
+    for (const train::QuantizerReport& report : session->QuantizationState()) {
+      v1::QuantizedTensorState* out = response->add_tensors();
+      out->set_layer(report.layer);
+      out->set_tensor(report.tensor);
+      out->set_recipe(report.recipe);
+      out->set_format(DTypeToWire(report.format));
+      out->set_scaling_mode(report.scaling_mode);
+      out->set_execution(report.execution);
+      out->set_amax(report.amax);
+      out->set_scale(report.scale);
+      out->set_scale_inv(report.scale_inv);
+      for (float a : report.amax_history) out->add_amax_history(a);
+      out->set_quantize_calls(report.quantize_calls);
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                        const v1::GetServerInfoRequest*,
+                                                        v1::ServerInfo* response) {
+  return Serve(context, "GetServerInfo", [&]() -> absl::Status {
+    const kernels::DeviceInfo& info = config_.device_info;
+    response->set_version(kTeserveVersion);
+    response->set_device(config_.selected_device);
+    if (config_.gpu_selected) {
+      response->set_device_name(info.device_name);
+      response->set_compute_capability(absl::StrCat(info.cc_major, ".", info.cc_minor));
+    } else {
+      response->set_device_name("CPU reference backend");
+    }
+    response->set_cuda_runtime_version(info.cuda_runtime_version);
+    response->set_cublaslt_version(info.cublaslt_version);
+    response->set_cudnn_version(info.cudnn_version);
+    response->set_nccl_version(info.nccl_version);
+    for (v1::RecipeAvailability& entry : ReportedAvailabilities(config_)) {
+      *response->add_recipes() = std::move(entry);
+    }
+    response->set_default_recipe(kDefaultRecipe);
+    response->set_max_sessions(config_.max_sessions);
+    response->set_max_message_bytes(config_.max_message_bytes);
+    response->set_cuda_compiled(info.cuda_compiled);
+    response->set_gpu_count(info.gpu_count);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace server
+}  // namespace teserve

@@ -1,0 +1,96 @@
+// teserve.v1.Trainer on gRPC's callback API: the protocol layer over SessionRegistry
+// and train::Session.
+//
+// Each handler validates the request, calls into the session and finishes its reactor
+// before returning (the CPU reference backend computes inline on the gRPC callback
+// thread; the per-device executor of DESIGN.md section 8 replaces that when the CUDA
+// layers land). absl::Status is converted to grpc::Status only here; the codes line up.
+// Nothing on these paths throws, aborts or exits on client input.
+#ifndef TESERVE_SERVER_TRAINER_SERVICE_H_
+#define TESERVE_SERVER_TRAINER_SERVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/device_info.h"
+#include "server/metrics.h"
+#include "server/session_registry.h"
+#include "teserve/v1/service.grpc.pb.h"
+
+namespace teserve {
+namespace server {
+
+inline constexpr char kTeserveVersion[] = "0.1.0";
+
+struct TrainerConfig {
+  // The device chosen by --device ("cpu", "cuda:0"), and whether it is a GPU. Sessions
+  // run on the CPU reference backend either way in this release.
+  std::string selected_device = "cpu";
+  bool gpu_selected = false;
+  kernels::DeviceInfo device_info;
+  int64_t max_sessions = 64;
+  int64_t max_message_bytes = int64_t{1} << 30;
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class TrainerService final : public v1::Trainer::CallbackService {
+ public:
+  // `metrics` must outlive the service.
+  TrainerService(TrainerConfig config, Metrics* metrics);
+
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::CreateSessionResponse* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::SessionInfo* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
+                                          const v1::DeleteSessionRequest* request,
+                                          v1::DeleteSessionResponse* response) override;
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    const v1::ForwardRequest* request,
+                                    v1::ForwardResponse* response) override;
+  grpc::ServerUnaryReactor* Backward(grpc::CallbackServerContext* context,
+                                     const v1::BackwardRequest* request,
+                                     v1::BackwardResponse* response) override;
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
+                                 const v1::StepRequest* request,
+                                 v1::StepResponse* response) override;
+  grpc::ServerUnaryReactor* ZeroGrad(grpc::CallbackServerContext* context,
+                                     const v1::ZeroGradRequest* request,
+                                     v1::ZeroGradResponse* response) override;
+  grpc::ServerUnaryReactor* GetParameters(grpc::CallbackServerContext* context,
+                                          const v1::GetParametersRequest* request,
+                                          v1::GetParametersResponse* response) override;
+  grpc::ServerUnaryReactor* SetParameters(grpc::CallbackServerContext* context,
+                                          const v1::SetParametersRequest* request,
+                                          v1::SetParametersResponse* response) override;
+  grpc::ServerUnaryReactor* GetQuantizationState(grpc::CallbackServerContext* context,
+                                                 const v1::GetQuantizationStateRequest* request,
+                                                 v1::QuantizationState* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+
+ private:
+  // Runs `handler` (returning absl::Status), records metrics and finishes the call.
+  template <typename Handler>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context,
+                                  absl::string_view method, Handler&& handler);
+
+  const TrainerConfig config_;
+  Metrics* const metrics_;
+  SessionRegistry registry_;
+};
+
+}  // namespace server
+}  // namespace teserve
+
+#endif  // TESERVE_SERVER_TRAINER_SERVICE_H_
