@@ -117,6 +117,11 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::RecipeSpec& spec, absl::string_
       ASSIGN_OR_RETURN(recipe.config, ParseCurrent(spec.current(), absl::StrCat(field, ".current")));
       break;
     }
+    case v1::RecipeSpec::kMxfp8:
+    case v1::RecipeSpec::kBlock:
+    case v1::RecipeSpec::kNvfp4:
+      return absl::UnimplementedError(absl::StrCat(
+          field, ": MXFP8, FP8 block scaling and NVFP4 are not available in this build yet"));
     case v1::RecipeSpec::RECIPE_NOT_SET:
       break;
   }
