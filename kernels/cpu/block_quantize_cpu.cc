@@ -1,0 +1,343 @@
+// CPU reference block quantization. Design choices:
+// - Both copies go through one routine that reads x through a strided view
+//   (CopyView): the rowwise copy is x, the columnwise copy is x^T. "Columnwise of x
+//   equals rowwise of x^T" therefore holds by construction, and every copy is
+//   quantized from the FP32 source, never from the other copy.
+// - MXFP8 multiplies by the exact power of two 2^(127 - code), built from bits
+//   (E8M0ToFloat(254 - code)), so codes 0 (factor 2^127) and 254 (factor 2^-127, an
+//   FP32 subnormal) need no special case and no ldexp. The NaN code gives a NaN
+//   factor, so a block holding a NaN encodes entirely as NaN.
+// - 2D block scaling computes one scale per 128x128 tile of x and hands the same grid
+//   to both copies (transposed for the columnwise one), so the two copies of a weight
+//   dequantize to exactly transposed values.
+// - Amax propagates NaN (one NaN makes the block amax NaN); -0.0 contributes 0.
+// - Every product is one FP32 multiplication (what a GPU kernel does in registers),
+//   encoded with core/float_codec.h, which the CUDA kernels compile too.
+#include "kernels/cpu/block_quantize_cpu.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/float_codec.h"
+#include "core/status.h"
+
+namespace teserve {
+namespace kernels {
+namespace cpu {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr int64_t kSwizzleTileBytes = kMxfp8SwizzleTileRows * kMxfp8SwizzleTileCols;
+// Inside a 128x4 tile, rows are interleaved in four groups of 32: row r lands in
+// 16-byte line r % 32, at column group r / 32.
+constexpr int64_t kSwizzleRowGroup = 32;
+
+using Encoder = uint8_t (*)(float);
+
+Encoder EncoderFor(DType format) {
+  return format == DType::kFloat8E4M3 ? FloatToE4M3 : FloatToE5M2;
+}
+
+float DecodeFp8(DType format, uint8_t code) {
+  return format == DType::kFloat8E4M3 ? E4M3ToFloat(code) : E5M2ToFloat(code);
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+
+float MaxAbs(float amax, float v) {
+  if (std::isnan(amax) || std::isnan(v)) return kNaN;
+  return std::max(amax, std::fabs(v));
+}
+
+float AmaxOf(absl::Span<const float> values) {
+  float amax = 0.0f;
+  for (float v : values) amax = MaxAbs(amax, v);
+  return amax;
+}
+
+// One copy [rows, cols] of x read through strides.
+struct CopyView {
+  const float* base;
+  int64_t rows;
+  int64_t cols;
+  int64_t row_stride;
+  int64_t col_stride;
+  float at(int64_t r, int64_t c) const { return base[r * row_stride + c * col_stride]; }
+};
+
+CopyView ViewOf(const Tensor& x, Copy copy) {
+  const int64_t rows = x.dim(0);
+  const int64_t cols = x.dim(1);
+  if (copy == Copy::kRowwise) return CopyView{x.data<float>(), rows, cols, cols, 1};
+  return CopyView{x.data<float>(), cols, rows, 1, cols};
+}
+
+QuantizedTensor EmptyResult(const Tensor& x, DType format, ScalingMode mode) {
+  QuantizedTensor q;
+  q.shape = {x.dim(0), x.dim(1)};
+  q.format = format;
+  q.mode = mode;
+  q.amax = AmaxOf(x.floats());
+  return q;
+}
+
+void SetCopy(QuantizedTensor& q, Copy copy, Tensor data, Tensor scale_inv) {
+  if (copy == Copy::kRowwise) {
+    q.rowwise_data = std::move(data);
+    q.rowwise_scale_inv = std::move(scale_inv);
+  } else {
+    q.columnwise_data = std::move(data);
+    q.columnwise_scale_inv = std::move(scale_inv);
+  }
+}
+
+// ---- MXFP8 ----
+
+// 2^(127 - code): brings the block under fp8_max. NaN for the NaN code 0xFF.
+float Mxfp8EncodeFactor(uint8_t code) {
+  if (code == 0xFFu) return kNaN;
+  return E8M0ToFloat(static_cast<uint8_t>(0xFEu - code));
+}
+
+void QuantizeMxfp8Copy(const CopyView& v, DType format, uint8_t* data, uint8_t* codes) {
+  const Encoder encode = EncoderFor(format);
+  const float fp8_max = DTypeMaxFinite(format);
+  const int64_t blocks = v.cols / kMxfp8BlockSize;
+  for (int64_t r = 0; r < v.rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kMxfp8BlockSize;
+      const int64_t end = begin + kMxfp8BlockSize;
+      float amax = 0.0f;
+      for (int64_t c = begin; c < end; ++c) amax = MaxAbs(amax, v.at(r, c));
+      const uint8_t code = FloatToE8M0RoundUp(amax / fp8_max);
+      codes[r * blocks + b] = code;
+      const float factor = Mxfp8EncodeFactor(code);
+      for (int64_t c = begin; c < end; ++c) data[r * v.cols + c] = encode(v.at(r, c) * factor);
+    }
+  }
+}
+
+// ---- FP8 block scaling ----
+
+struct BlockScalingParams {
+  Encoder encode;
+  float fp8_max;
+  bool power_2_scale;
+  float amax_epsilon;
+};
+
+BlockScalingParams ParamsOf(const BlockScalingQuantizeOptions& options) {
+  return BlockScalingParams{EncoderFor(options.format), DTypeMaxFinite(options.format),
+                            options.power_2_scale, options.amax_epsilon};
+}
+
+float ScaleOf(const BlockScalingParams& p, float amax) {
+  return BlockScalingScale(amax, p.fp8_max, p.power_2_scale, p.amax_epsilon);
+}
+
+// 1x128 blocks along the copy's rows; the last block of a row may be partial.
+void QuantizeBlock1DCopy(const CopyView& v, const BlockScalingParams& p, uint8_t* data,
+                         float* scale_inv) {
+  const int64_t blocks = CeilDiv(v.cols, kFp8BlockScalingSize);
+  for (int64_t r = 0; r < v.rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kFp8BlockScalingSize;
+      const int64_t end = std::min(begin + kFp8BlockScalingSize, v.cols);
+      float amax = 0.0f;
+      for (int64_t c = begin; c < end; ++c) amax = MaxAbs(amax, v.at(r, c));
+      const float scale = ScaleOf(p, amax);
+      scale_inv[r * blocks + b] = 1.0f / scale;
+      for (int64_t c = begin; c < end; ++c) data[r * v.cols + c] = p.encode(v.at(r, c) * scale);
+    }
+  }
+}
+
+// Scales of the 128x128 tiles of x (partial tiles at the edges), row-major
+// [ceil(rows/128), ceil(cols/128)].
+struct TileGrid {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> scale;
+};
+
+TileGrid ComputeTileScales(const CopyView& x, const BlockScalingParams& p) {
+  TileGrid grid;
+  grid.rows = CeilDiv(x.rows, kFp8BlockScalingSize);
+  grid.cols = CeilDiv(x.cols, kFp8BlockScalingSize);
+  std::vector<float> amax(grid.rows * grid.cols, 0.0f);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int64_t c = 0; c < x.cols; ++c) {
+      float& tile = amax[(r / kFp8BlockScalingSize) * grid.cols + c / kFp8BlockScalingSize];
+      tile = MaxAbs(tile, x.at(r, c));
+    }
+  }
+  grid.scale.reserve(amax.size());
+  for (float a : amax) grid.scale.push_back(ScaleOf(p, a));
+  return grid;
+}
+
+// Writes one copy with the tile scales of x; `transposed` for the columnwise copy,
+// whose tile (i, j) is x's tile (j, i).
+void QuantizeBlock2DCopy(const CopyView& v, const TileGrid& grid, bool transposed,
+                         const BlockScalingParams& p, uint8_t* data, float* scale_inv) {
+  const int64_t tile_rows = transposed ? grid.cols : grid.rows;
+  const int64_t tile_cols = transposed ? grid.rows : grid.cols;
+  auto scale_at = [&](int64_t i, int64_t j) {
+    return transposed ? grid.scale[j * grid.cols + i] : grid.scale[i * grid.cols + j];
+  };
+  for (int64_t i = 0; i < tile_rows; ++i) {
+    for (int64_t j = 0; j < tile_cols; ++j) scale_inv[i * tile_cols + j] = 1.0f / scale_at(i, j);
+  }
+  for (int64_t r = 0; r < v.rows; ++r) {
+    for (int64_t c = 0; c < v.cols; ++c) {
+      const float scale = scale_at(r / kFp8BlockScalingSize, c / kFp8BlockScalingSize);
+      data[r * v.cols + c] = p.encode(v.at(r, c) * scale);
+    }
+  }
+}
+
+// ---- Layouts ----
+
+// Byte offset of scale (r, c) in the VEC32_UE8M0 tiled layout of a matrix padded to
+// `padded_cols` scale columns.
+int64_t SwizzledOffset(int64_t r, int64_t c, int64_t padded_cols) {
+  const int64_t tile = (r / kMxfp8SwizzleTileRows) * (padded_cols / kMxfp8SwizzleTileCols) +
+                       c / kMxfp8SwizzleTileCols;
+  const int64_t tr = r % kMxfp8SwizzleTileRows;
+  const int64_t tc = c % kMxfp8SwizzleTileCols;
+  return tile * kSwizzleTileBytes + (tr % kSwizzleRowGroup) * (kSwizzleTileBytes / kSwizzleRowGroup) +
+         (tr / kSwizzleRowGroup) * kMxfp8SwizzleTileCols + tc;
+}
+
+}  // namespace
+
+float BlockScalingScale(float block_amax, float fp8_max, bool power_2_scale, float amax_epsilon) {
+  const float amax = block_amax < amax_epsilon ? amax_epsilon : block_amax;
+  if (amax == 0.0f || !std::isfinite(amax)) return 1.0f;
+  float scale = fp8_max / amax;
+  if (std::isinf(scale)) scale = FLT_MAX;
+  if (power_2_scale) scale = BitsToFloat(FloatBits(scale) & 0xFF800000u);
+  return scale;
+}
+
+absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context&, const Tensor& x,
+                                              const Mxfp8QuantizeOptions& options) {
+  QuantizedTensor q = EmptyResult(x, options.format, ScalingMode::kMxfp8_1D);
+  for (Copy copy : {Copy::kRowwise, Copy::kColumnwise}) {
+    if (!(copy == Copy::kRowwise ? options.rowwise : options.columnwise)) continue;
+    const CopyView v = ViewOf(x, copy);
+    ASSIGN_OR_RETURN(Tensor data, Tensor::Zeros(options.format, {v.rows, v.cols}));
+    ASSIGN_OR_RETURN(Tensor codes,
+                     Tensor::Zeros(DType::kFloat8E8M0, {v.rows, v.cols / kMxfp8BlockSize}));
+    QuantizeMxfp8Copy(v, options.format, data.data<uint8_t>(), codes.data<uint8_t>());
+    SetCopy(q, copy, std::move(data), std::move(codes));
+  }
+  return q;
+}
+
+absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context&, const Tensor& x,
+                                                     const BlockScalingQuantizeOptions& options) {
+  const ScalingMode mode = options.two_d ? ScalingMode::kBlock2D : ScalingMode::kBlock1D;
+  QuantizedTensor q = EmptyResult(x, options.format, mode);
+  const BlockScalingParams params = ParamsOf(options);
+  TileGrid grid;
+  if (options.two_d) grid = ComputeTileScales(ViewOf(x, Copy::kRowwise), params);
+  for (Copy copy : {Copy::kRowwise, Copy::kColumnwise}) {
+    if (!(copy == Copy::kRowwise ? options.rowwise : options.columnwise)) continue;
+    const CopyView v = ViewOf(x, copy);
+    const bool transposed = copy == Copy::kColumnwise;
+    const Shape scale_shape =
+        options.two_d ? (transposed ? Shape{grid.cols, grid.rows} : Shape{grid.rows, grid.cols})
+                      : Shape{v.rows, CeilDiv(v.cols, kFp8BlockScalingSize)};
+    ASSIGN_OR_RETURN(Tensor data, Tensor::Zeros(options.format, {v.rows, v.cols}));
+    ASSIGN_OR_RETURN(Tensor scale_inv, Tensor::Zeros(DType::kFloat32, scale_shape));
+    if (options.two_d) {
+      QuantizeBlock2DCopy(v, grid, transposed, params, data.data<uint8_t>(), scale_inv.data<float>());
+    } else {
+      QuantizeBlock1DCopy(v, params, data.data<uint8_t>(), scale_inv.data<float>());
+    }
+    SetCopy(q, copy, std::move(data), std::move(scale_inv));
+  }
+  return q;
+}
+
+absl::StatusOr<Tensor> DequantizeBlock(const Context&, const QuantizedTensor& q, Copy copy) {
+  const bool rowwise = copy == Copy::kRowwise;
+  const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
+  const Tensor& scale_inv = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+  const bool mxfp8 = q.mode == ScalingMode::kMxfp8_1D;
+  const int64_t block_rows = q.mode == ScalingMode::kBlock2D ? kFp8BlockScalingSize : 1;
+  const int64_t block_cols = mxfp8 ? kMxfp8BlockSize : kFp8BlockScalingSize;
+  const int64_t rows = data.dim(0);
+  const int64_t cols = data.dim(1);
+  const int64_t scale_cols = scale_inv.dim(1);
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {rows, cols}));
+  const uint8_t* codes = data.data<uint8_t>();
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t s = (r / block_rows) * scale_cols + c / block_cols;
+      const float inv = mxfp8 ? E8M0ToFloat(scale_inv.data<uint8_t>()[s]) : scale_inv.data<float>()[s];
+      dst[r * cols + c] = DecodeFp8(q.format, codes[r * cols + c]) * inv;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context&, const Tensor& scales) {
+  const int64_t rows = scales.dim(0);
+  const int64_t cols = scales.dim(1);
+  const int64_t padded_cols = RoundUp(cols, kMxfp8SwizzleTileCols);
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat8E8M0,
+                                             {RoundUp(rows, kMxfp8SwizzleTileRows), padded_cols}));
+  const uint8_t* src = scales.data<uint8_t>();
+  uint8_t* dst = out.data<uint8_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[SwizzledOffset(r, c, padded_cols)] = src[r * cols + c];
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context&, const Tensor& swizzled, int64_t rows,
+                                            int64_t cols) {
+  const int64_t padded_cols = swizzled.dim(1);
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat8E8M0, {rows, cols}));
+  const uint8_t* src = swizzled.data<uint8_t>();
+  uint8_t* dst = out.data<uint8_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src[SwizzledOffset(r, c, padded_cols)];
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> BlockScalesGemmLayout(const Context&, const Tensor& scale_inv, bool two_d) {
+  const int64_t rows = scale_inv.dim(0);
+  const int64_t cols = scale_inv.dim(1);
+  const float* src = scale_inv.data<float>();
+  if (two_d) {
+    const int64_t ld = RoundUp(cols, kBlockScalesGemmAlignment);
+    ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {rows, ld}));
+    float* dst = out.data<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) dst[i * ld + j] = src[i * cols + j];
+    }
+    return out;
+  }
+  const int64_t ld = RoundUp(rows, kBlockScalesGemmAlignment);
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {cols, ld}));
+  float* dst = out.data<float>();
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t k = 0; k < cols; ++k) dst[k * ld + m] = src[m * cols + k];
+  }
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace teserve
