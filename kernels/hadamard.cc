@@ -1,0 +1,86 @@
+// Checked entry points and the CPU reference of kernels/hadamard.h. The transform is
+// small and memory-bound, so the reference is a straight loop over 16-element tiles
+// with the butterfly order the header specifies; no separate kernels/cpu file.
+#include "kernels/hadamard.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace teserve {
+namespace kernels {
+namespace {
+
+enum class Direction { kForward, kInverse };
+
+// Unnormalized Walsh-Hadamard butterflies in Sylvester (natural) order.
+void Butterflies(float* w) {
+  for (int h = 1; h < kHadamardSize; h *= 2) {
+    for (int i = 0; i < kHadamardSize; ++i) {
+      if ((i & h) != 0) continue;
+      const float a = w[i];
+      const float b = w[i + h];
+      w[i] = a + b;
+      w[i + h] = a - b;
+    }
+  }
+}
+
+void TransformTile(const float* in, float* out, Direction direction) {
+  float w[kHadamardSize];
+  for (int j = 0; j < kHadamardSize; ++j) {
+    w[j] = direction == Direction::kForward ? kHadamardSigns[j] * in[j] : in[j];
+  }
+  Butterflies(w);
+  for (int j = 0; j < kHadamardSize; ++j) {
+    const float scaled = w[j] * 0.25f;
+    out[j] = direction == Direction::kForward ? scaled : kHadamardSigns[j] * scaled;
+  }
+}
+
+absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& ctx) {
+  if (!x.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
+  if (x.dtype() != DType::kFloat32) {
+    return InvalidField(absl::StrCat(name, ".dtype"), "FLOAT32", DTypeName(x.dtype()));
+  }
+  if (x.rank() != 2) {
+    return InvalidField(absl::StrCat(name, ".shape"), "rank 2", ShapeToString(x.shape()));
+  }
+  if (x.dim(1) % kHadamardSize != 0) {
+    return InvalidField(absl::StrCat(name, ".shape[1]"),
+                        "a multiple of 16 (the Hadamard tiles run along it)", x.dim(1));
+  }
+  if (x.device() != ctx.device) {
+    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(),
+                        x.device().ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Transform(const Context& ctx, const Tensor& x, Direction direction,
+                                 absl::string_view name, absl::string_view op) {
+  RETURN_IF_ERROR(CheckInput(name, x, ctx));
+  if (!ctx.device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat("no CUDA kernel yet for ", op));
+  }
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape()));
+  const float* src = x.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t t = 0; t < x.numel() / kHadamardSize; ++t) {
+    TransformTile(src + t * kHadamardSize, dst + t * kHadamardSize, direction);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> ApplyHadamard16(const Context& ctx, const Tensor& x) {
+  return Transform(ctx, x, Direction::kForward, "x", "ApplyHadamard16");
+}
+
+absl::StatusOr<Tensor> ApplyInverseHadamard16(const Context& ctx, const Tensor& y) {
+  return Transform(ctx, y, Direction::kInverse, "y", "ApplyInverseHadamard16");
+}
+
+}  // namespace kernels
+}  // namespace teserve
