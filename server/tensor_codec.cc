@@ -71,7 +71,11 @@ absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_vi
   Shape shape(wire.shape().begin(), wire.shape().end());
   ASSIGN_OR_RETURN(const int64_t numel, CheckedNumElements(shape, shape_field));
   absl::StatusOr<int64_t> nbytes = DTypeStorageBytes(dtype, numel);
-  if (!nbytes.ok()) return Annotate(nbytes.status(), shape_field);
+  if (!nbytes.ok()) {
+    return InvalidField(shape_field,
+                        absl::StrCat("a size that fits in int64 bytes of ", DTypeName(dtype)),
+                        absl::StrCat(ShapeToString(shape), " (", numel, " elements)"));
+  }
 
   const int64_t got = static_cast<int64_t>(wire.data().size());
   if (got != *nbytes) {

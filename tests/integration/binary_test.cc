@@ -1,0 +1,177 @@
+// The shipped binaries as a user runs them: //server:teserve as a subprocess, driven by
+// //client:teserve_cli, scraped over HTTP, stopped with SIGTERM.
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/http_get.h"
+
+namespace teserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "teserve", "/", path);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a shell command line (arguments are ours, no quoting needed).
+CommandResult RunCommand(const std::string& command) {
+  CommandResult run;
+  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class ServerProcess {
+ public:
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Starts teserve with its stderr in `log_path` and waits for the listening line.
+  bool Start(int port, int metrics_port, const std::string& log_path) {
+    log_path_ = log_path;
+    const std::string binary = Runfile("server/teserve");
+    const std::string port_flag = absl::StrCat("--port=", port);
+    const std::string metrics_flag = absl::StrCat("--metrics_port=", metrics_port);
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* log = std::freopen(log_path.c_str(), "w", stderr);
+      if (log == nullptr) _exit(127);
+      execl(binary.c_str(), binary.c_str(), "--host=127.0.0.1", port_flag.c_str(),
+            metrics_flag.c_str(), "--device=auto", "--shutdown_grace_seconds=5",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      if (ReadFile(log_path).find("gRPC listening on") != std::string::npos) return true;
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+  // SIGTERM, then the exit code (-1 if it did not exit within the deadline).
+  int Terminate() {
+    kill(pid_, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return -1;
+  }
+
+  std::string Log() const { return ReadFile(log_path_); }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+};
+
+TEST(Binaries, ServeDemoScrapeAndStopOnSigterm) {
+  // --port=0 would not be visible from outside, so free ports are picked here.
+  absl::StatusOr<int> port = testing::FreeLoopbackPort();
+  absl::StatusOr<int> metrics_port = testing::FreeLoopbackPort();
+  ASSERT_TRUE(port.ok() && metrics_port.ok());
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string log_path = absl::StrCat(tmp ? tmp : "/tmp", "/teserve.log");
+
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(*port, *metrics_port, log_path)) << server.Log();
+  const std::string startup = server.Log();
+  EXPECT_THAT(startup, HasSubstr("teserve 0.1.0 starting"));
+  EXPECT_THAT(startup, ::testing::ContainsRegex("device (cpu|cuda:0)"));
+  EXPECT_THAT(startup, HasSubstr(absl::StrCat("gRPC listening on 127.0.0.1:", *port)));
+  EXPECT_THAT(startup, HasSubstr(absl::StrFormat("metrics on http://127.0.0.1:%d/metrics",
+                                                 *metrics_port)));
+
+  const std::string cli = Runfile("client/teserve_cli");
+  const std::string server_flag = absl::StrCat("--server=127.0.0.1:", *port);
+  CommandResult health = RunCommand(absl::StrCat(cli, " health ", server_flag));
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_THAT(health.output, HasSubstr("SERVING"));
+
+  CommandResult demo = RunCommand(absl::StrCat(cli, " demo ", server_flag, " --steps=20"));
+  EXPECT_EQ(demo.exit_code, 0) << demo.output;
+  EXPECT_THAT(demo.output, HasSubstr("step 1 loss "));
+  EXPECT_THAT(demo.output, HasSubstr("step 20 loss "));
+  EXPECT_THAT(demo.output, ::testing::ContainsRegex("layer +tensor +format +amax +scale +scale_inv"));
+  EXPECT_THAT(demo.output, ::testing::ContainsRegex("fc2 +grad_output +FLOAT8_E5M2"));
+
+  CommandResult unknown = RunCommand(absl::StrCat(cli, " quant-state 0000000000000000 ", server_flag));
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND: session_id: no session '0000000000000000'"));
+  CommandResult usage = RunCommand(absl::StrCat(cli, " frobnicate ", server_flag));
+  EXPECT_EQ(usage.exit_code, 2) << usage.output;
+  EXPECT_THAT(usage.output, HasSubstr("usage: teserve_cli"));
+
+  absl::StatusOr<std::string> metrics = testing::HttpGet(*metrics_port, "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, HasSubstr("teserve_rpc_requests_total{code=\"OK\",method=\"Forward\"}"));
+  EXPECT_THAT(*metrics,
+              HasSubstr("teserve_rpc_requests_total{code=\"NOT_FOUND\",method=\"GetQuantizationState\"} 1"));
+  EXPECT_THAT(*metrics, HasSubstr("teserve_sessions 0"));
+
+  EXPECT_EQ(server.Terminate(), 0) << server.Log();
+  const std::string log = server.Log();
+  EXPECT_THAT(log, HasSubstr("received SIGTERM; shutting down"));
+  EXPECT_THAT(log, HasSubstr("shutdown complete"));
+}
+
+TEST(Binaries, CliFailsCleanlyWhenNoServerListens) {
+  absl::StatusOr<int> port = testing::FreeLoopbackPort();
+  ASSERT_TRUE(port.ok());
+  CommandResult health = RunCommand(
+      absl::StrCat(Runfile("client/teserve_cli"), " health --server=127.0.0.1:", *port));
+  EXPECT_EQ(health.exit_code, 1) << health.output;
+  EXPECT_THAT(health.output, HasSubstr("UNAVAILABLE"));
+}
+
+}  // namespace
+}  // namespace teserve

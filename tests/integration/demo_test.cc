@@ -1,0 +1,72 @@
+// The demo end to end over gRPC: the FP8 (DelayedScaling) student must learn.
+#include "client/demo.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/test_server.h"
+
+namespace teserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Demo, LossFallsTenfoldWithin200Steps) {
+  testing::LoopbackServer s = testing::StartLoopbackServer();
+  ASSERT_NE(s.server, nullptr);
+  std::ostringstream log;
+  client::DemoOptions options;
+  options.steps = 200;
+  options.log = &log;
+  absl::StatusOr<client::DemoResult> result = client::RunDemo(*s.client, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->losses.size(), 200u);
+
+  // The last ten steps' mean, so one noisy batch can neither pass nor fail the test.
+  const float first = result->losses.front();
+  const float tail =
+      std::accumulate(result->losses.end() - 10, result->losses.end(), 0.0f) / 10.0f;
+  EXPECT_LE(tail * 10.0f, first) << "first " << first << ", last-10 mean " << tail;
+  EXPECT_THAT(log.str(), HasSubstr("step 1 loss "));
+  EXPECT_THAT(log.str(), HasSubstr("step 200 loss "));
+
+  // Every GEMM operand of both Linear layers, with a live scale.
+  ASSERT_EQ(result->quantization.tensors_size(), 6);
+  for (const v1::QuantizedTensorState& t : result->quantization.tensors()) {
+    SCOPED_TRACE(t.layer() + "." + t.tensor());
+    EXPECT_GT(t.amax(), 0.0f);
+    EXPECT_GT(t.scale(), 0.0f);
+    EXPECT_EQ(t.format(), t.tensor() == "grad_output" ? v1::FLOAT8_E5M2 : v1::FLOAT8_E4M3);
+    EXPECT_EQ(t.amax_history_size(), 16);
+  }
+  const std::string table = client::FormatQuantizationTable(result->quantization);
+  EXPECT_THAT(table, HasSubstr("scale_inv"));
+  EXPECT_THAT(table, HasSubstr("fc1"));
+
+  // Both demo sessions are gone.
+  absl::StatusOr<v1::ListSessionsResponse> sessions = s.client->ListSessions();
+  ASSERT_TRUE(sessions.ok()) << sessions.status();
+  EXPECT_EQ(sessions->sessions_size(), 0);
+}
+
+TEST(Demo, DeletesItsSessionsWhenTheServerRejectsThem) {
+  server::ServerOptions options = testing::LoopbackOptions();
+  options.max_sessions = 1;  // the teacher fits, the student does not
+  testing::LoopbackServer s = testing::StartLoopbackServer(options);
+  ASSERT_NE(s.server, nullptr);
+  client::DemoOptions demo;
+  demo.steps = 3;
+  absl::StatusOr<client::DemoResult> result = client::RunDemo(*s.client, demo);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("creating the student session"));
+  absl::StatusOr<v1::ListSessionsResponse> sessions = s.client->ListSessions();
+  ASSERT_TRUE(sessions.ok()) << sessions.status();
+  EXPECT_EQ(sessions->sessions_size(), 0);
+}
+
+}  // namespace
+}  // namespace teserve

@@ -1,0 +1,105 @@
+#include "server/recipe_availability.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace teserve {
+namespace server {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Expected {
+  const char* recipe;
+  v1::Availability availability;
+  const char* reason_fragment;
+};
+
+void ExpectAvailabilities(const DeviceFacts& facts, const std::vector<Expected>& expected) {
+  const std::vector<v1::RecipeAvailability> got = RecipeAvailabilities(facts);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(expected[i].recipe);
+    EXPECT_EQ(got[i].recipe(), expected[i].recipe);
+    EXPECT_EQ(v1::Availability_Name(got[i].availability()),
+              v1::Availability_Name(expected[i].availability));
+    EXPECT_THAT(got[i].reason(), HasSubstr(expected[i].reason_fragment));
+  }
+}
+
+DeviceFacts Gpu(int major, int minor, const char* cublaslt) {
+  DeviceFacts facts;
+  facts.is_cuda = true;
+  facts.cc_major = major;
+  facts.cc_minor = minor;
+  facts.cublaslt_version = cublaslt;
+  return facts;
+}
+
+TEST(RecipeAvailability, CpuEmulatesPerTensorFp8AndLacksBlockRecipes) {
+  ExpectAvailabilities(
+      DeviceFacts{},
+      {{"delayed", v1::EMULATED, "CPU reference backend: GEMMs run in FP32 on dequantized"},
+       {"current", v1::EMULATED, "CPU reference backend"},
+       {"mxfp8", v1::UNAVAILABLE, "not implemented yet in this server"},
+       {"block", v1::UNAVAILABLE, "not implemented yet in this server"},
+       {"nvfp4", v1::UNAVAILABLE, "not implemented yet in this server"}});
+}
+
+TEST(RecipeAvailability, AmpereHasNoFp8) {
+  ExpectAvailabilities(Gpu(8, 0, "12.9.1"),
+                       {{"delayed", v1::UNAVAILABLE, "compute capability 8.9+"},
+                        {"current", v1::UNAVAILABLE, "this device is sm_80"},
+                        {"mxfp8", v1::UNAVAILABLE, "9.0+ (emulated) or 10.0+ (native)"},
+                        {"block", v1::UNAVAILABLE, "needs compute capability 9.0+"},
+                        {"nvfp4", v1::UNAVAILABLE, "this device is sm_80"}});
+}
+
+TEST(RecipeAvailability, AdaRunsPerTensorFp8Only) {
+  ExpectAvailabilities(Gpu(8, 9, "12.9.1"),
+                       {{"delayed", v1::NATIVE, "natively on sm_89"},
+                        {"current", v1::NATIVE, "natively on sm_89"},
+                        {"mxfp8", v1::UNAVAILABLE, "this device is sm_89"},
+                        {"block", v1::UNAVAILABLE, "this device is sm_89"},
+                        {"nvfp4", v1::UNAVAILABLE, "this device is sm_89"}});
+}
+
+TEST(RecipeAvailability, HopperEmulatesMicroscalingAndNeedsNewCublasLtForBlocks) {
+  ExpectAvailabilities(Gpu(9, 0, "13.1.0"),
+                       {{"delayed", v1::NATIVE, "sm_90"},
+                        {"current", v1::NATIVE, "sm_90"},
+                        {"mxfp8", v1::EMULATED, "natively only on sm_100+"},
+                        {"block", v1::NATIVE, "cuBLASLt 13.1.0"},
+                        {"nvfp4", v1::EMULATED, "dequantized"}});
+  ExpectAvailabilities(Gpu(9, 0, "12.8.4"),
+                       {{"delayed", v1::NATIVE, "sm_90"},
+                        {"current", v1::NATIVE, "sm_90"},
+                        {"mxfp8", v1::EMULATED, "sm_100+"},
+                        {"block", v1::EMULATED, "needs cuBLASLt >= 12.9, got 12.8.4"},
+                        {"nvfp4", v1::EMULATED, "sm_100+"}});
+}
+
+TEST(RecipeAvailability, UnknownCublasLtVersionIsNotTrusted) {
+  const std::vector<v1::RecipeAvailability> got = RecipeAvailabilities(Gpu(9, 0, ""));
+  EXPECT_EQ(got[3].recipe(), "block");
+  EXPECT_EQ(got[3].availability(), v1::EMULATED);
+  EXPECT_THAT(got[3].reason(), HasSubstr("got unknown"));
+}
+
+TEST(RecipeAvailability, BlackwellRunsEverythingNatively) {
+  ExpectAvailabilities(Gpu(10, 0, "12.9.0"),
+                       {{"delayed", v1::NATIVE, "sm_100"},
+                        {"current", v1::NATIVE, "sm_100"},
+                        {"mxfp8", v1::NATIVE, "MXFP8 block-scaled GEMMs run natively on sm_100"},
+                        {"block", v1::NATIVE, "sm_100"},
+                        {"nvfp4", v1::NATIVE, "NVFP4 block-scaled GEMMs run natively on sm_100"}});
+}
+
+TEST(RecipeAvailability, DefaultRecipeIsDelayedScaling) { EXPECT_STREQ(kDefaultRecipe, "delayed"); }
+
+}  // namespace
+}  // namespace server
+}  // namespace teserve
