@@ -177,6 +177,36 @@ TEST(Server, RejectsMessagesOverTheLimit) {
   EXPECT_EQ(*s.client->Health(), "SERVING");
 }
 
+// Empty batches, rank-1 and rank-0 inputs are the session's to accept or reject; the
+// server must answer either way and keep serving.
+TEST(Server, AnswersOddShapesWithoutFalling) {
+  testing::LoopbackServer s = testing::StartLoopbackServer();
+  ASSERT_NE(s.server, nullptr);
+  auto created = s.client->CreateSession(client::DemoSessionRequest(3, 0.05f, true, 1e-2f));
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::vector<std::vector<int64_t>> shapes = {{0, 32}, {32}, {}, {2, 0, 32}, {1, 1, 32}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    v1::ForwardRequest forward;
+    forward.set_session_id(created->session_id());
+    *forward.add_inputs() = client::MakeFloatTensor(testing::PseudoRandomFloats(count, 5), shape);
+    auto response = s.client->Forward(forward);
+    if (!response.ok()) {
+      EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << response.status();
+      EXPECT_THAT(std::string(response.status().message()), HasSubstr("inputs[0]"));
+    } else if (response->handle() != 0) {
+      v1::BackwardRequest backward;
+      backward.set_session_id(created->session_id());
+      backward.set_handle(response->handle());
+      *backward.add_grad_outputs() = response->outputs(0);
+      auto grads = s.client->Backward(backward);
+      EXPECT_TRUE(grads.ok()) << grads.status();
+    }
+    EXPECT_EQ(*s.client->Health(), "SERVING");
+  }
+}
+
 TEST(Server, MetricsCountRpcsByMethodAndCode) {
   server::ServerOptions options = testing::LoopbackOptions();
   options.metrics_port = 0;
