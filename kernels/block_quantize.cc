@@ -39,14 +39,16 @@ absl::Status CheckTensor(absl::string_view name, const Tensor& t, DType dtype, i
                         absl::StrCat(ShapeToString(t.shape()), " (rank ", t.rank(), ")"));
   }
   if (t.device() != ctx.device) {
-    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(), t.device().ToString());
+    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(),
+                        t.device().ToString());
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckShape(absl::string_view name, const Tensor& t, const Shape& expected) {
   if (t.shape() == expected) return absl::OkStatus();
-  return InvalidField(absl::StrCat(name, ".shape"), ShapeToString(expected), ShapeToString(t.shape()));
+  return InvalidField(absl::StrCat(name, ".shape"), ShapeToString(expected),
+                      ShapeToString(t.shape()));
 }
 
 absl::Status CheckCopies(absl::string_view field, DType format, bool rowwise, bool columnwise) {
@@ -148,8 +150,9 @@ absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context& ctx, const Tensor& sw
   if (rows < 0) return InvalidField("rows", "a value >= 0", rows);
   if (cols < 0) return InvalidField("cols", "a value >= 0", cols);
   RETURN_IF_ERROR(CheckTensor("swizzled", swizzled, DType::kFloat8E8M0, 2, ctx));
-  RETURN_IF_ERROR(CheckShape("swizzled", swizzled,
-                             {RoundUp(rows, kMxfp8SwizzleTileRows), RoundUp(cols, kMxfp8SwizzleTileCols)}));
+  RETURN_IF_ERROR(
+      CheckShape("swizzled", swizzled,
+                 {RoundUp(rows, kMxfp8SwizzleTileRows), RoundUp(cols, kMxfp8SwizzleTileCols)}));
   if (!ctx.device.is_cpu()) return NoCudaKernel("UnswizzleMxfp8Scales");
   return cpu::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols);
 }

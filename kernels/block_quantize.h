@@ -94,9 +94,9 @@ struct BlockScalingQuantizeOptions {
   DType format = DType::kFloat8E4M3;
   bool rowwise = true;
   bool columnwise = false;
-  bool two_d = false;          // 128x128 tiles (weights) instead of 1x128 blocks
-  bool power_2_scale = true;   // round each scale down to a power of two
-  float amax_epsilon = 0.0f;   // floor on the block amax; finite and >= 0
+  bool two_d = false;         // 128x128 tiles (weights) instead of 1x128 blocks
+  bool power_2_scale = true;  // round each scale down to a power of two
+  float amax_epsilon = 0.0f;  // floor on the block amax; finite and >= 0
 };
 
 absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& x,

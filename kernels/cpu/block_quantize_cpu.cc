@@ -211,7 +211,8 @@ int64_t SwizzledOffset(int64_t r, int64_t c, int64_t padded_cols) {
                        c / kMxfp8SwizzleTileCols;
   const int64_t tr = r % kMxfp8SwizzleTileRows;
   const int64_t tc = c % kMxfp8SwizzleTileCols;
-  return tile * kSwizzleTileBytes + (tr % kSwizzleRowGroup) * (kSwizzleTileBytes / kSwizzleRowGroup) +
+  return tile * kSwizzleTileBytes +
+         (tr % kSwizzleRowGroup) * (kSwizzleTileBytes / kSwizzleRowGroup) +
          (tr / kSwizzleRowGroup) * kMxfp8SwizzleTileCols + tc;
 }
 
@@ -258,7 +259,8 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context&, const Tenso
     ASSIGN_OR_RETURN(Tensor data, Tensor::Zeros(options.format, {v.rows, v.cols}));
     ASSIGN_OR_RETURN(Tensor scale_inv, Tensor::Zeros(DType::kFloat32, scale_shape));
     if (options.two_d) {
-      QuantizeBlock2DCopy(v, grid, transposed, params, data.data<uint8_t>(), scale_inv.data<float>());
+      QuantizeBlock2DCopy(v, grid, transposed, params, data.data<uint8_t>(),
+                          scale_inv.data<float>());
     } else {
       QuantizeBlock1DCopy(v, params, data.data<uint8_t>(), scale_inv.data<float>());
     }
@@ -283,7 +285,8 @@ absl::StatusOr<Tensor> DequantizeBlock(const Context&, const QuantizedTensor& q,
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t s = (r / block_rows) * scale_cols + c / block_cols;
-      const float inv = mxfp8 ? E8M0ToFloat(scale_inv.data<uint8_t>()[s]) : scale_inv.data<float>()[s];
+      const float inv =
+          mxfp8 ? E8M0ToFloat(scale_inv.data<uint8_t>()[s]) : scale_inv.data<float>()[s];
       dst[r * cols + c] = DecodeFp8(q.format, codes[r * cols + c]) * inv;
     }
   }
