@@ -126,10 +126,43 @@ Client::Client(const std::string& address, ClientOptions options) : options_(opt
   stub_ = v1::Trainer::NewStub(channel_);
 }
 
-void Client::Prepare(grpc::ClientContext* context) const {
-  if (options_.rpc_timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+namespace {
+
+void SetDeadline(absl::Duration rpc_timeout, grpc::ClientContext* context) {
+  if (rpc_timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
   }
+}
+
+template <typename Request, typename Response>
+using TrainerMethod = grpc::Status (v1::Trainer::Stub::*)(grpc::ClientContext*, const Request&,
+                                                          Response*);
+
+// The unary Trainer calls all look alike: fresh context with the deadline, call, convert.
+template <typename Request, typename Response>
+absl::StatusOr<Response> CallUnary(v1::Trainer::Stub& stub, absl::Duration rpc_timeout,
+                                   TrainerMethod<Request, Response> method,
+                                   const Request& request) {
+  grpc::ClientContext context;
+  SetDeadline(rpc_timeout, &context);
+  Response response;
+  const grpc::Status status = (stub.*method)(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+// A request naming `session_id`, its other fields left at their defaults.
+template <typename Request>
+Request ForSession(const std::string& session_id) {
+  Request request;
+  request.set_session_id(session_id);
+  return request;
+}
+
+}  // namespace
+
+void Client::Prepare(grpc::ClientContext* context) const {
+  SetDeadline(options_.rpc_timeout, context);
 }
 
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
@@ -154,101 +187,66 @@ absl::StatusOr<std::string> Client::Health(const std::string& service) {
   return HealthStatusName(*serving);
 }
 
-// The unary Trainer calls all look alike: fresh context, deadline, call, convert.
-#define TESERVE_CLIENT_CALL(method, request, response)          \
-  grpc::ClientContext context;                                  \
-  Prepare(&context);                                            \
-  grpc::Status status = stub_->method(&context, request, &response); \
-  if (!status.ok()) return FromGrpcStatus(status)
-
 absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
     const v1::CreateSessionRequest& request) {
-  v1::CreateSessionResponse response;
-  TESERVE_CLIENT_CALL(CreateSession, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::CreateSession, request);
 }
 
 absl::StatusOr<v1::SessionInfo> Client::GetSession(const std::string& session_id) {
-  v1::GetSessionRequest request;
-  request.set_session_id(session_id);
-  v1::SessionInfo response;
-  TESERVE_CLIENT_CALL(GetSession, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetSession,
+                   ForSession<v1::GetSessionRequest>(session_id));
 }
 
 absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions() {
-  v1::ListSessionsRequest request;
-  v1::ListSessionsResponse response;
-  TESERVE_CLIENT_CALL(ListSessions, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::ListSessions,
+                   v1::ListSessionsRequest());
 }
 
 absl::Status Client::DeleteSession(const std::string& session_id) {
-  v1::DeleteSessionRequest request;
-  request.set_session_id(session_id);
-  v1::DeleteSessionResponse response;
-  TESERVE_CLIENT_CALL(DeleteSession, request, response);
-  return absl::OkStatus();
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::DeleteSession,
+                   ForSession<v1::DeleteSessionRequest>(session_id))
+      .status();
 }
 
 absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& request) {
-  v1::ForwardResponse response;
-  TESERVE_CLIENT_CALL(Forward, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Forward, request);
 }
 
 absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest& request) {
-  v1::BackwardResponse response;
-  TESERVE_CLIENT_CALL(Backward, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Backward, request);
 }
 
 absl::StatusOr<v1::StepResponse> Client::Step(const std::string& session_id, bool zero_grad) {
-  v1::StepRequest request;
-  request.set_session_id(session_id);
+  v1::StepRequest request = ForSession<v1::StepRequest>(session_id);
   request.set_zero_grad(zero_grad);
-  v1::StepResponse response;
-  TESERVE_CLIENT_CALL(Step, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Step, request);
 }
 
 absl::Status Client::ZeroGrad(const std::string& session_id) {
-  v1::ZeroGradRequest request;
-  request.set_session_id(session_id);
-  v1::ZeroGradResponse response;
-  TESERVE_CLIENT_CALL(ZeroGrad, request, response);
-  return absl::OkStatus();
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::ZeroGrad,
+                   ForSession<v1::ZeroGradRequest>(session_id))
+      .status();
 }
 
 absl::StatusOr<v1::GetParametersResponse> Client::GetParameters(
     const v1::GetParametersRequest& request) {
-  v1::GetParametersResponse response;
-  TESERVE_CLIENT_CALL(GetParameters, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetParameters, request);
 }
 
 absl::Status Client::SetParameters(const v1::SetParametersRequest& request) {
-  v1::SetParametersResponse response;
-  TESERVE_CLIENT_CALL(SetParameters, request, response);
-  return absl::OkStatus();
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::SetParameters, request)
+      .status();
 }
 
 absl::StatusOr<v1::QuantizationState> Client::GetQuantizationState(const std::string& session_id) {
-  v1::GetQuantizationStateRequest request;
-  request.set_session_id(session_id);
-  v1::QuantizationState response;
-  TESERVE_CLIENT_CALL(GetQuantizationState, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetQuantizationState,
+                   ForSession<v1::GetQuantizationStateRequest>(session_id));
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
-  v1::GetServerInfoRequest request;
-  v1::ServerInfo response;
-  TESERVE_CLIENT_CALL(GetServerInfo, request, response);
-  return response;
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetServerInfo,
+                   v1::GetServerInfoRequest());
 }
-
-#undef TESERVE_CLIENT_CALL
 
 v1::Tensor MakeFloatTensor(absl::Span<const float> values, std::vector<int64_t> shape) {
   v1::Tensor tensor;

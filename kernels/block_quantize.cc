@@ -6,57 +6,25 @@
 // device; nothing here copies between devices.
 #include "kernels/block_quantize.h"
 
-#include <cmath>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cpu/block_math.h"
 #include "kernels/cpu/block_quantize_cpu.h"
+#include "kernels/tensor_checks.h"
 
 namespace teserve {
 namespace kernels {
 namespace {
 
-constexpr char kFp8Formats[] = "FLOAT8_E4M3 or FLOAT8_E5M2";
+using cpu::CeilDiv;
+using cpu::RoundUp;
+
 constexpr char kBlockModes[] = "one of mxfp8_1d, block_1d, block_2d";
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
-
-absl::Status NoCudaKernel(absl::string_view op) {
-  return absl::UnimplementedError(absl::StrCat("no CUDA kernel yet for ", op));
-}
-
-// Defined, of `dtype`, of `rank` and on the Context's device.
-absl::Status CheckTensor(absl::string_view name, const Tensor& t, DType dtype, int rank,
-                         const Context& ctx) {
-  if (!t.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
-  if (t.dtype() != dtype) {
-    return InvalidField(absl::StrCat(name, ".dtype"), DTypeName(dtype), DTypeName(t.dtype()));
-  }
-  if (t.rank() != rank) {
-    return InvalidField(absl::StrCat(name, ".shape"), absl::StrCat("rank ", rank),
-                        absl::StrCat(ShapeToString(t.shape()), " (rank ", t.rank(), ")"));
-  }
-  if (t.device() != ctx.device) {
-    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(),
-                        t.device().ToString());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckShape(absl::string_view name, const Tensor& t, const Shape& expected) {
-  if (t.shape() == expected) return absl::OkStatus();
-  return InvalidField(absl::StrCat(name, ".shape"), ShapeToString(expected),
-                      ShapeToString(t.shape()));
-}
-
 absl::Status CheckCopies(absl::string_view field, DType format, bool rowwise, bool columnwise) {
-  if (!IsFloat8(format)) {
-    return InvalidField(absl::StrCat(field, ".format"), kFp8Formats, DTypeName(format));
-  }
-  if (!rowwise && !columnwise) return InvalidField(field, "rowwise and/or columnwise", "neither");
-  return absl::OkStatus();
+  RETURN_IF_ERROR(CheckFloat8(absl::StrCat(field, ".format"), format));
+  return CheckCopiesRequested(field, rowwise, columnwise);
 }
 
 // MXFP8 blocks run along the copy's rows: x's columns (rowwise) or rows (columnwise).
@@ -68,11 +36,6 @@ absl::Status CheckMxfp8Divisible(const Tensor& x, const Mxfp8QuantizeOptions& op
     return InvalidField("x.shape[0]", "a multiple of 32 for the columnwise MXFP8 copy", x.dim(0));
   }
   return absl::OkStatus();
-}
-
-absl::Status CheckEpsilon(float amax_epsilon) {
-  if (std::isfinite(amax_epsilon) && amax_epsilon >= 0.0f) return absl::OkStatus();
-  return InvalidField("options.amax_epsilon", "a finite value >= 0", amax_epsilon);
 }
 
 // Scale tensor dtype and shape of a copy [rows, cols] under `mode`.
@@ -95,22 +58,16 @@ absl::Status CheckBlockCopy(const QuantizedTensor& q, Copy copy, const Context& 
       mode != ScalingMode::kBlock2D) {
     return InvalidField("q.mode", kBlockModes, ScalingModeName(mode));
   }
-  if (!IsFloat8(q.format)) return InvalidField("q.format", kFp8Formats, DTypeName(q.format));
+  RETURN_IF_ERROR(CheckFloat8("q.format", q.format));
   if (q.shape.size() != 2) return InvalidField("q.shape", "rank 2", ShapeToString(q.shape));
-  const bool rowwise = copy == Copy::kRowwise;
-  const char* data_name = rowwise ? "q.rowwise_data" : "q.columnwise_data";
-  const char* scale_name = rowwise ? "q.rowwise_scale_inv" : "q.columnwise_scale_inv";
-  const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
-  const Tensor& scale_inv = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
-  const int64_t rows = rowwise ? q.rows() : q.cols();
-  const int64_t cols = rowwise ? q.cols() : q.rows();
-  RETURN_IF_ERROR(CheckTensor(data_name, data, q.format, 2, ctx));
-  RETURN_IF_ERROR(CheckShape(data_name, data, {rows, cols}));
-  if (mode == ScalingMode::kMxfp8_1D && cols % kMxfp8BlockSize != 0) {
-    return InvalidField(absl::StrCat(data_name, ".shape[1]"), "a multiple of 32", cols);
+  const QuantizedCopy c = SelectCopy(q, copy);
+  RETURN_IF_ERROR(CheckTensor(c.data_name, c.data, q.format, 2, ctx));
+  RETURN_IF_ERROR(CheckShape(c.data_name, c.data, {c.rows, c.cols}));
+  if (mode == ScalingMode::kMxfp8_1D && c.cols % kMxfp8BlockSize != 0) {
+    return InvalidField(absl::StrCat(c.data_name, ".shape[1]"), "a multiple of 32", c.cols);
   }
-  RETURN_IF_ERROR(CheckTensor(scale_name, scale_inv, ScaleDType(mode), 2, ctx));
-  return CheckShape(scale_name, scale_inv, ScaleShape(mode, rows, cols));
+  RETURN_IF_ERROR(CheckTensor(c.scale_name, c.scale_inv, ScaleDType(mode), 2, ctx));
+  return CheckShape(c.scale_name, c.scale_inv, ScaleShape(mode, c.rows, c.cols));
 }
 
 }  // namespace
@@ -128,7 +85,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
                                                      const BlockScalingQuantizeOptions& options) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
-  RETURN_IF_ERROR(CheckEpsilon(options.amax_epsilon));
+  RETURN_IF_ERROR(CheckFiniteNonNegative("options.amax_epsilon", options.amax_epsilon));
   if (!ctx.device.is_cpu()) return NoCudaKernel("QuantizeBlockScaling");
   return cpu::QuantizeBlockScaling(ctx, x, options);
 }

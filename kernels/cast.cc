@@ -5,12 +5,11 @@
 // Context's device; nothing here copies between devices.
 #include "kernels/cast.h"
 
-#include <cmath>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/cast_cpu.h"
+#include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/cast_cuda.h"
@@ -21,62 +20,28 @@ namespace kernels {
 namespace {
 
 constexpr char kCastTypes[] = "one of FLOAT32, FLOAT16, BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2";
-constexpr char kFp8Formats[] = "FLOAT8_E4M3 or FLOAT8_E5M2";
 
 bool IsCastType(DType dtype) { return IsHighPrecisionFloat(dtype) || IsFloat8(dtype); }
 
-absl::Status CheckDevice(absl::string_view name, const Tensor& t, const Context& ctx) {
-  if (t.device() == ctx.device) return absl::OkStatus();
-  return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(), t.device().ToString());
-}
-
-// Defined, of `dtype`, of `rank` (-1: any) and on the Context's device.
-absl::Status CheckTensor(absl::string_view name, const Tensor& t, DType dtype, int rank,
-                         const Context& ctx) {
-  if (!t.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
-  if (t.dtype() != dtype) {
-    return InvalidField(absl::StrCat(name, ".dtype"), DTypeName(dtype), DTypeName(t.dtype()));
-  }
-  if (rank >= 0 && t.rank() != rank) {
-    return InvalidField(absl::StrCat(name, ".shape"), absl::StrCat("rank ", rank),
-                        absl::StrCat(ShapeToString(t.shape()), " (rank ", t.rank(), ")"));
-  }
-  return CheckDevice(name, t, ctx);
-}
-
 absl::Status CheckQuantizeOptions(const PerTensorQuantizeOptions& options) {
-  if (!IsFloat8(options.format)) {
-    return InvalidField("options.format", kFp8Formats, DTypeName(options.format));
-  }
-  if (!std::isfinite(options.scale) || options.scale <= 0.0f) {
-    return InvalidField("options.scale", "a finite positive value", options.scale);
-  }
-  if (!options.rowwise && !options.columnwise) {
-    return InvalidField("options", "rowwise and/or columnwise", "neither");
-  }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(CheckFloat8("options.format", options.format));
+  RETURN_IF_ERROR(CheckFinitePositive("options.scale", options.scale));
+  return CheckCopiesRequested("options", options.rowwise, options.columnwise);
 }
 
 absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Context& ctx) {
   if (q.mode != ScalingMode::kPerTensor) {
     return InvalidField("q.mode", ScalingModeName(ScalingMode::kPerTensor), ScalingModeName(q.mode));
   }
-  if (!IsFloat8(q.format)) return InvalidField("q.format", kFp8Formats, DTypeName(q.format));
+  RETURN_IF_ERROR(CheckFloat8("q.format", q.format));
   if (q.shape.size() != 2) return InvalidField("q.shape", "rank 2", ShapeToString(q.shape));
-  const bool rowwise = copy == Copy::kRowwise;
-  const char* data_name = rowwise ? "q.rowwise_data" : "q.columnwise_data";
-  const char* scale_name = rowwise ? "q.rowwise_scale_inv" : "q.columnwise_scale_inv";
-  const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
-  const Tensor& scale_inv = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
-  RETURN_IF_ERROR(CheckTensor(data_name, data, q.format, 2, ctx));
-  const Shape expected = rowwise ? Shape{q.rows(), q.cols()} : Shape{q.cols(), q.rows()};
-  if (data.shape() != expected) {
-    return InvalidField(absl::StrCat(data_name, ".shape"), ShapeToString(expected),
-                        ShapeToString(data.shape()));
-  }
-  RETURN_IF_ERROR(CheckTensor(scale_name, scale_inv, DType::kFloat32, 1, ctx));
-  if (scale_inv.numel() != 1) {
-    return InvalidField(absl::StrCat(scale_name, ".shape"), "[1]", ShapeToString(scale_inv.shape()));
+  const QuantizedCopy c = SelectCopy(q, copy);
+  RETURN_IF_ERROR(CheckTensor(c.data_name, c.data, q.format, 2, ctx));
+  RETURN_IF_ERROR(CheckShape(c.data_name, c.data, {c.rows, c.cols}));
+  RETURN_IF_ERROR(CheckTensor(c.scale_name, c.scale_inv, DType::kFloat32, 1, ctx));
+  if (c.scale_inv.numel() != 1) {
+    return InvalidField(absl::StrCat(c.scale_name, ".shape"), "[1]",
+                        ShapeToString(c.scale_inv.shape()));
   }
   return absl::OkStatus();
 }
@@ -97,7 +62,7 @@ absl::Status NotOnCuda(absl::string_view op) {
 }  // namespace
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
-  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, -1, ctx));
+  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
   if (ctx.device.is_cpu()) return cpu::Amax(ctx, x);
 #if TESERVE_WITH_CUDA
   return cuda::Amax(ctx, x);
@@ -129,7 +94,7 @@ absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, 
 }
 
 absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
-  if (!x.defined()) return InvalidField("x", "a tensor", "an undefined tensor");
+  RETURN_IF_ERROR(CheckDefined("x", x));
   if (!IsCastType(x.dtype())) return InvalidField("x.dtype", kCastTypes, DTypeName(x.dtype()));
   RETURN_IF_ERROR(CheckDevice("x", x, ctx));
   if (ctx.device.is_cpu()) return cpu::ToFloat32(ctx, x);
@@ -137,7 +102,7 @@ absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype) {
-  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, -1, ctx));
+  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
   if (!IsCastType(dtype)) return InvalidField("dtype", kCastTypes, DTypeName(dtype));
   if (ctx.device.is_cpu()) return cpu::CastFromFloat32(ctx, x, dtype);
   return NotOnCuda("CastFromFloat32");

@@ -8,36 +8,19 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/tensor_checks.h"
 
 namespace teserve {
 namespace kernels {
 namespace {
 
-// Defined, FP32, of `rank` and on the Context's device.
 absl::Status CheckFloatTensor(absl::string_view name, const Tensor& t, int rank, const Context& ctx) {
-  if (!t.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
-  if (t.dtype() != DType::kFloat32) {
-    return InvalidField(absl::StrCat(name, ".dtype"), "FLOAT32", DTypeName(t.dtype()));
-  }
-  if (t.rank() != rank) {
-    return InvalidField(absl::StrCat(name, ".shape"), absl::StrCat("rank ", rank),
-                        absl::StrCat(ShapeToString(t.shape()), " (rank ", t.rank(), ")"));
-  }
-  if (t.device() != ctx.device) {
-    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(), t.device().ToString());
-  }
-  return absl::OkStatus();
+  return CheckTensor(name, t, DType::kFloat32, rank, ctx);
 }
 
 absl::Status CheckOutput(absl::string_view name, const Tensor* t, int rank, const Context& ctx) {
   if (t == nullptr) return InvalidField(name, "an allocated output tensor", "nullptr");
   return CheckFloatTensor(name, *t, rank, ctx);
-}
-
-absl::Status CpuOnly(absl::string_view op, const Context& ctx) {
-  if (ctx.device.is_cpu()) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat(op, " is not implemented on ", ctx.device.ToString(), " yet"));
 }
 
 std::string Described(const Tensor& t, bool transposed) {

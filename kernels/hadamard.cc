@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/tensor_checks.h"
 
 namespace teserve {
 namespace kernels {
@@ -39,10 +40,8 @@ void TransformTile(const float* in, float* out, Direction direction) {
 }
 
 absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& ctx) {
-  if (!x.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
-  if (x.dtype() != DType::kFloat32) {
-    return InvalidField(absl::StrCat(name, ".dtype"), "FLOAT32", DTypeName(x.dtype()));
-  }
+  RETURN_IF_ERROR(CheckDefined(name, x));
+  RETURN_IF_ERROR(CheckDType(name, x, DType::kFloat32));
   if (x.rank() != 2) {
     return InvalidField(absl::StrCat(name, ".shape"), "rank 2", ShapeToString(x.shape()));
   }
@@ -50,19 +49,13 @@ absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& 
     return InvalidField(absl::StrCat(name, ".shape[1]"),
                         "a multiple of 16 (the Hadamard tiles run along it)", x.dim(1));
   }
-  if (x.device() != ctx.device) {
-    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(),
-                        x.device().ToString());
-  }
-  return absl::OkStatus();
+  return CheckDevice(name, x, ctx);
 }
 
 absl::StatusOr<Tensor> Transform(const Context& ctx, const Tensor& x, Direction direction,
                                  absl::string_view name, absl::string_view op) {
   RETURN_IF_ERROR(CheckInput(name, x, ctx));
-  if (!ctx.device.is_cpu()) {
-    return absl::UnimplementedError(absl::StrCat("no CUDA kernel yet for ", op));
-  }
+  if (!ctx.device.is_cpu()) return NoCudaKernel(op);
   ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape()));
   const float* src = x.data<float>();
   float* dst = out.data<float>();

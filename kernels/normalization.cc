@@ -5,51 +5,28 @@
 // naming the op.
 #include "kernels/normalization.h"
 
-#include <cmath>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/normalization_cpu.h"
+#include "kernels/tensor_checks.h"
 
 namespace teserve {
 namespace kernels {
 namespace {
 
-// Defined, FP32, of shape `expected`, on the Context's device.
 absl::Status CheckFloatTensor(absl::string_view name, const Tensor& t, const Shape& expected,
                               const Context& ctx) {
-  if (!t.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
-  if (t.dtype() != DType::kFloat32) {
-    return InvalidField(absl::StrCat(name, ".dtype"), "FLOAT32", DTypeName(t.dtype()));
-  }
-  if (t.shape() != expected) {
-    return InvalidField(absl::StrCat(name, ".shape"), ShapeToString(expected), ShapeToString(t.shape()));
-  }
-  if (t.device() != ctx.device) {
-    return InvalidField(absl::StrCat(name, ".device"), ctx.device.ToString(), t.device().ToString());
-  }
-  return absl::OkStatus();
+  return CheckTensorOfShape(name, t, DType::kFloat32, expected, ctx);
 }
 
 // x is the tensor every other shape derives from: FP32 [n, h], h > 0.
 absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& ctx) {
-  if (!x.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
+  RETURN_IF_ERROR(CheckDefined(name, x));
   if (x.rank() != 2 || x.dim(1) == 0) {
     return InvalidField(absl::StrCat(name, ".shape"), "[n, h] with h > 0", ShapeToString(x.shape()));
   }
   return CheckFloatTensor(name, x, x.shape(), ctx);
-}
-
-absl::Status CheckEps(float eps) {
-  if (std::isfinite(eps) && eps >= 0.0f) return absl::OkStatus();
-  return InvalidField("eps", "a finite value >= 0", eps);
-}
-
-absl::Status CpuOnly(absl::string_view op, const Context& ctx) {
-  if (ctx.device.is_cpu()) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat(op, " is not implemented on ", ctx.device.ToString(), " yet"));
 }
 
 // dy [n, h], rsigma [n], gamma [h], and mu [n] when given.
@@ -71,7 +48,7 @@ absl::StatusOr<NormForwardOutputs> LayerNormForward(const Context& ctx, const Te
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("beta", beta, {x.dim(1)}, ctx));
-  RETURN_IF_ERROR(CheckEps(eps));
+  RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
   RETURN_IF_ERROR(CpuOnly("LayerNormForward", ctx));
   return cpu::LayerNormForward(ctx, x, gamma, beta, eps, zero_centered_gamma);
 }
@@ -90,7 +67,7 @@ absl::StatusOr<NormForwardOutputs> RmsNormForward(const Context& ctx, const Tens
                                                   bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
-  RETURN_IF_ERROR(CheckEps(eps));
+  RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
   RETURN_IF_ERROR(CpuOnly("RmsNormForward", ctx));
   return cpu::RmsNormForward(ctx, x, gamma, eps, zero_centered_gamma);
 }

@@ -10,7 +10,7 @@
 // - 2D block scaling computes one scale per 128x128 tile of x and hands the same grid
 //   to both copies (transposed for the columnwise one), so the two copies of a weight
 //   dequantize to exactly transposed values.
-// - Amax propagates NaN (one NaN makes the block amax NaN); -0.0 contributes 0.
+// - Amax propagates NaN (kernels/cpu/block_math.h).
 // - Every product is one FP32 multiplication (what a GPU kernel does in registers),
 //   encoded with core/float_codec.h, which the CUDA kernels compile too.
 #include "kernels/cpu/block_quantize_cpu.h"
@@ -25,6 +25,7 @@
 #include "core/dtype.h"
 #include "core/float_codec.h"
 #include "core/status.h"
+#include "kernels/cpu/block_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -45,20 +46,6 @@ Encoder EncoderFor(DType format) {
 
 float DecodeFp8(DType format, uint8_t code) {
   return format == DType::kFloat8E4M3 ? E4M3ToFloat(code) : E5M2ToFloat(code);
-}
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
-
-float MaxAbs(float amax, float v) {
-  if (std::isnan(amax) || std::isnan(v)) return kNaN;
-  return std::max(amax, std::fabs(v));
-}
-
-float AmaxOf(absl::Span<const float> values) {
-  float amax = 0.0f;
-  for (float v : values) amax = MaxAbs(amax, v);
-  return amax;
 }
 
 // One copy [rows, cols] of x read through strides.
@@ -114,7 +101,7 @@ void QuantizeMxfp8Copy(const CopyView& v, DType format, uint8_t* data, uint8_t* 
       const int64_t begin = b * kMxfp8BlockSize;
       const int64_t end = begin + kMxfp8BlockSize;
       float amax = 0.0f;
-      for (int64_t c = begin; c < end; ++c) amax = MaxAbs(amax, v.at(r, c));
+      for (int64_t c = begin; c < end; ++c) amax = AbsMaxUpdate(amax, v.at(r, c));
       const uint8_t code = FloatToE8M0RoundUp(amax / fp8_max);
       codes[r * blocks + b] = code;
       const float factor = Mxfp8EncodeFactor(code);
@@ -150,7 +137,7 @@ void QuantizeBlock1DCopy(const CopyView& v, const BlockScalingParams& p, uint8_t
       const int64_t begin = b * kFp8BlockScalingSize;
       const int64_t end = std::min(begin + kFp8BlockScalingSize, v.cols);
       float amax = 0.0f;
-      for (int64_t c = begin; c < end; ++c) amax = MaxAbs(amax, v.at(r, c));
+      for (int64_t c = begin; c < end; ++c) amax = AbsMaxUpdate(amax, v.at(r, c));
       const float scale = ScaleOf(p, amax);
       scale_inv[r * blocks + b] = 1.0f / scale;
       for (int64_t c = begin; c < end; ++c) data[r * v.cols + c] = p.encode(v.at(r, c) * scale);
@@ -174,7 +161,7 @@ TileGrid ComputeTileScales(const CopyView& x, const BlockScalingParams& p) {
   for (int64_t r = 0; r < x.rows; ++r) {
     for (int64_t c = 0; c < x.cols; ++c) {
       float& tile = amax[(r / kFp8BlockScalingSize) * grid.cols + c / kFp8BlockScalingSize];
-      tile = MaxAbs(tile, x.at(r, c));
+      tile = AbsMaxUpdate(tile, x.at(r, c));
     }
   }
   grid.scale.reserve(amax.size());
@@ -320,23 +307,19 @@ absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context&, const Tensor& swizzl
 }
 
 absl::StatusOr<Tensor> BlockScalesGemmLayout(const Context&, const Tensor& scale_inv, bool two_d) {
+  // 2D scales keep their layout; 1D scales [M, K/128] are transposed to [K/128, M].
+  const bool transpose = !two_d;
   const int64_t rows = scale_inv.dim(0);
   const int64_t cols = scale_inv.dim(1);
+  const int64_t out_rows = transpose ? cols : rows;
+  const int64_t ld = RoundUp(transpose ? rows : cols, kBlockScalesGemmAlignment);
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {out_rows, ld}));
   const float* src = scale_inv.data<float>();
-  if (two_d) {
-    const int64_t ld = RoundUp(cols, kBlockScalesGemmAlignment);
-    ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {rows, ld}));
-    float* dst = out.data<float>();
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) dst[i * ld + j] = src[i * cols + j];
-    }
-    return out;
-  }
-  const int64_t ld = RoundUp(rows, kBlockScalesGemmAlignment);
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {cols, ld}));
   float* dst = out.data<float>();
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t k = 0; k < cols; ++k) dst[k * ld + m] = src[m * cols + k];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[transpose ? c * ld + r : r * ld + c] = src[r * cols + c];
+    }
   }
   return out;
 }

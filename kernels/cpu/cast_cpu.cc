@@ -3,19 +3,17 @@
 //   CUDA kernels compile, so "bit-exact given the same scale" is checkable.
 // - The quantized value is encode(x * scale) with the product rounded to FP32 first
 //   (what a GPU kernel computing in registers does), never a fused or double product.
-// - Amax propagates NaN: one NaN makes the amax NaN, which the recipes treat as
-//   "keep the old scale". -0.0 contributes 0.
+// - Amax propagates NaN (kernels/cpu/block_math.h).
 // - One pass over the source writes the rowwise copy and the transposed columnwise
 //   copy; the transpose write is strided, which is fine for a reference.
 #include "kernels/cpu/cast_cpu.h"
 
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "absl/status/status.h"
 #include "core/float_codec.h"
 #include "core/status.h"
+#include "kernels/cpu/block_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -24,15 +22,6 @@ namespace {
 
 constexpr char kCastTypes[] = "one of FLOAT32, FLOAT16, BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2";
 constexpr char kFp8Formats[] = "FLOAT8_E4M3 or FLOAT8_E5M2";
-
-float AmaxOf(absl::Span<const float> values) {
-  float amax = 0.0f;
-  for (float v : values) {
-    if (std::isnan(v)) return std::numeric_limits<float>::quiet_NaN();
-    amax = std::max(amax, std::fabs(v));
-  }
-  return amax;
-}
 
 template <typename Code, float (*kDecode)(Code)>
 void DecodeAll(const void* in, int64_t n, float* out) {

@@ -13,13 +13,13 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cmath>
-#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "core/float_codec.h"
 #include "core/status.h"
+#include "kernels/cpu/block_math.h"
 #include "kernels/hadamard.h"
 #include "kernels/stochastic_rounding.h"
 
@@ -29,18 +29,10 @@ namespace cpu {
 namespace {
 
 constexpr int64_t kBlock = kNvfp4BlockSize;
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// max(acc, |v|) that keeps a NaN once seen.
-float AbsMaxUpdate(float acc, float v) {
-  if (std::isnan(acc) || std::isnan(v)) return kNaN;
-  return std::max(acc, std::fabs(v));
-}
-
-float AmaxOf(const float* v, int64_t n) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = AbsMaxUpdate(amax, v[i]);
-  return amax;
+// The first n floats at v.
+absl::Span<const float> Floats(const float* v, int64_t n) {
+  return absl::MakeConstSpan(v, static_cast<size_t>(n));
 }
 
 struct GlobalScale {
@@ -89,7 +81,7 @@ void Quantize1D(const float* src, int64_t rows, int64_t cols, const GlobalScale&
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks_per_row; ++b) {
       const int64_t first = r * cols + b * kBlock;
-      const BlockScale scale = ComputeBlockScale(AmaxOf(src + first, kBlock), g);
+      const BlockScale scale = ComputeBlockScale(AmaxOf(Floats(src + first, kBlock)), g);
       scales[r * blocks_per_row + b] = scale.byte;
       for (int64_t i = first; i < first + kBlock; ++i) {
         PutNibble(data, i, EncodeElement(src[i], scale.e, rounding, static_cast<uint64_t>(i)));
@@ -105,7 +97,7 @@ struct CopyOut {
 
 float TileAmax(const float* x, int64_t cols, int64_t r0, int64_t c0) {
   float amax = 0.0f;
-  for (int64_t r = r0; r < r0 + kBlock; ++r) amax = AbsMaxUpdate(amax, AmaxOf(x + r * cols + c0, kBlock));
+  for (int64_t r = r0; r < r0 + kBlock; ++r) amax = AbsMaxUpdate(amax, AmaxOf(Floats(x + r * cols + c0, kBlock)));
   return amax;
 }
 
@@ -196,7 +188,7 @@ absl::StatusOr<QuantizedTensor> Quantize1DCopies(const Context& ctx, const Tenso
     ASSIGN_OR_RETURN(col_source, Transpose(x));
     if (options.random_hadamard) {
       ASSIGN_OR_RETURN(col_source, ApplyHadamard16(ctx, col_source));
-      scaling_amax = AbsMaxUpdate(scaling_amax, AmaxOf(col_source.data<float>(), col_source.numel()));
+      scaling_amax = AbsMaxUpdate(scaling_amax, AmaxOf(col_source.floats()));
     }
   }
   const GlobalScale g = GlobalScaleFor(scaling_amax);
@@ -224,7 +216,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
   q.shape = {x.dim(0), x.dim(1)};
   q.format = DType::kFloat4E2M1;
   q.mode = options.two_d ? ScalingMode::kNvfp4_2D : ScalingMode::kNvfp4_1D;
-  q.amax = AmaxOf(x.data<float>(), x.numel());
+  q.amax = AmaxOf(x.floats());
   if (options.two_d) return Quantize2DCopies(ctx, x, options, std::move(q));
   return Quantize1DCopies(ctx, x, options, std::move(q));
 }
