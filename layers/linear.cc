@@ -24,7 +24,7 @@ struct SavedOperand {
   // The copy a GEMM reads: rowwise [rows, cols] or columnwise [cols, rows].
   absl::StatusOr<Tensor> Read(const Context& ctx, Copy copy) const {
     if (!is_quantized) return value;
-    return kernels::Dequantize(ctx, quantized, copy);
+    return recipes::DequantizeCopy(ctx, quantized, copy);
   }
 };
 
@@ -36,15 +36,17 @@ struct LinearSaved : public SavedActivations {
 
 // Quantizes `x` with `quantizer` when there is one; returns the fprop (rowwise) operand
 // and fills `saved` with what the backward needs.
-absl::StatusOr<Tensor> PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, const Tensor& x,
-                                      bool save_for_backward, SavedOperand* saved) {
-  if (quantizer == nullptr) {
+// Under calibration the quantizer only observes the amax and x stays FP32.
+absl::StatusOr<Tensor> PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, bool calibrating,
+                                      const Tensor& x, bool save_for_backward, SavedOperand* saved) {
+  if (quantizer == nullptr || calibrating) {
+    if (quantizer != nullptr) RETURN_IF_ERROR(quantizer->Observe(ctx, x));
     if (saved != nullptr) saved->value = x;
     return x;
   }
   ASSIGN_OR_RETURN(QuantizedTensor q, quantizer->Quantize(ctx, x, /*rowwise=*/true,
                                                           /*columnwise=*/save_for_backward));
-  ASSIGN_OR_RETURN(Tensor rowwise, kernels::Dequantize(ctx, q, Copy::kRowwise));
+  ASSIGN_OR_RETURN(Tensor rowwise, recipes::DequantizeCopy(ctx, q, Copy::kRowwise));
   if (saved != nullptr) {
     q.rowwise_data = Tensor();  // the backward reads only the columnwise copy
     saved->quantized = std::move(q);
@@ -72,6 +74,8 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(std::string name, const L
   ASSIGN_OR_RETURN(layer->input_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kInput));
   ASSIGN_OR_RETURN(layer->weight_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kWeight));
   ASSIGN_OR_RETURN(layer->grad_output_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kGradOutput));
+  layer->calibrating_ = recipe.calibrating;
+  layer->row_multiple_ = recipe.block_multiple();
   return layer;
 }
 
@@ -81,6 +85,17 @@ absl::StatusOr<std::vector<Shape>> Linear::OutputShapes(const std::vector<Shape>
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.in_features, absl::StrCat(field, "[0]"),
                                  absl::StrCat("in_features of layer '", name(), "'")));
   Shape out = input_shapes[0];
+  const int64_t rows = out.back() == 0 ? 0 : [&] {
+    int64_t n = 1;
+    for (size_t i = 0; i + 1 < out.size(); ++i) n *= out[i];
+    return n;
+  }();
+  if (rows % row_multiple_ != 0) {
+    return InvalidField(absl::StrCat(field, "[0].shape"),
+                        absl::StrCat("a token count (product of the leading dimensions) divisible by ", row_multiple_,
+                                     " (the recipe's block size, for layer '", name(), "')"),
+                        absl::StrCat(rows, " in ", ShapeToString(out)));
+  }
   out.back() = options_.out_features;
   if (options_.bias && options_.return_bias) return std::vector<Shape>{out, {options_.out_features}};
   return std::vector<Shape>{out};
@@ -94,9 +109,9 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
     saved = std::make_unique<LinearSaved>();
     saved->input_shape = inputs[0].shape();
   }
-  ASSIGN_OR_RETURN(Tensor x_fprop, PrepareOperand(ctx, input_quantizer_.get(), x, options.save_for_backward,
+  ASSIGN_OR_RETURN(Tensor x_fprop, PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward,
                                                   saved ? &saved->x : nullptr));
-  ASSIGN_OR_RETURN(Tensor w_fprop, PrepareOperand(ctx, weight_quantizer_.get(), weight_.value,
+  ASSIGN_OR_RETURN(Tensor w_fprop, PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, weight_.value,
                                                   options.save_for_backward, saved ? &saved->w : nullptr));
 
   ASSIGN_OR_RETURN(Tensor y, Tensor::Zeros(DType::kFloat32, {x.dim(0), options_.out_features}));
@@ -134,7 +149,9 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
   // dy for dgrad (rowwise [N, out]) and wgrad (columnwise [out, N] when quantized).
   SavedOperand dy_operand;
   dy_operand.value = dy;
-  if (grad_output_quantizer_ != nullptr) {
+  if (grad_output_quantizer_ != nullptr && calibrating_) {
+    RETURN_IF_ERROR(grad_output_quantizer_->Observe(ctx, dy));
+  } else if (grad_output_quantizer_ != nullptr) {
     ASSIGN_OR_RETURN(dy_operand.quantized, grad_output_quantizer_->Quantize(ctx, dy, true, true));
     dy_operand.is_quantized = true;
   }

@@ -48,6 +48,8 @@ class Linear : public Module {
   Linear(std::string name, const LinearOptions& options) : Module(std::move(name)), options_(options) {}
 
   LinearOptions options_;
+  bool calibrating_ = false;     // quantizers observe amaxes; GEMMs stay in FP32
+  int64_t row_multiple_ = 1;     // token count divisor the recipe's blocks need
   Parameter weight_;
   Parameter bias_;  // undefined tensors when options_.bias is false
   std::unique_ptr<recipes::Quantizer> input_quantizer_;

@@ -116,6 +116,17 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
       return InvalidField(absl::StrCat(field, ".name"), "a name unique within the model",
                           absl::StrCat("'", plan.name, "' again"));
     }
+    if (layer.kind_case() == v1::LayerSpec::kLinear && recipe.block_multiple() > 1) {
+      const int64_t multiple = recipe.block_multiple();
+      for (const auto& [dim, value] : {std::pair<const char*, int64_t>{"in_features", layer.linear().in_features()},
+                                       {"out_features", layer.linear().out_features()}}) {
+        if (value % multiple != 0) {
+          return InvalidField(absl::StrCat(field, ".linear.", dim),
+                              absl::StrCat("a multiple of ", multiple, " (", recipe.name(), " blocks must tile it)"),
+                              value);
+        }
+      }
+    }
     if (!plans.empty() && plan.in_width != plans.back().out_width) {
       const std::string width_field = layer.kind_case() == v1::LayerSpec::kLinear
                                           ? absl::StrCat(field, ".linear.in_features")

@@ -2,106 +2,220 @@
 
 #include "absl/status/status.h"
 #include "core/status.h"
+#include "kernels/block_quantize.h"
 #include "kernels/cast.h"
+#include "kernels/nvfp4.h"
 #include "recipes/scaling.h"
 
 namespace teserve {
 namespace recipes {
 namespace {
 
+using kernels::Copy;
+
 class DelayedScalingQuantizer : public Quantizer {
  public:
   DelayedScalingQuantizer(const DelayedScalingConfig& config, TensorRole role)
-      : Quantizer(role),
-        format_(FormatFor(config.fp8_format, role)),
-        state_(config, DTypeMaxFinite(format_)) {}
-
-  absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                           bool columnwise) override {
-    kernels::PerTensorQuantizeOptions options;
-    options.format = format_;
-    options.scale = state_.scale();
-    options.rowwise = rowwise;
-    options.columnwise = columnwise;
-    ASSIGN_OR_RETURN(QuantizedTensor q, kernels::QuantizePerTensor(ctx, x, options));
-    state_.RecordAmax(q.amax);
-    last_amax_ = q.amax;
-    ++calls_;
-    return q;
-  }
+      : Quantizer(role, "delayed", FormatFor(config.fp8_format, role), ScalingMode::kPerTensor),
+        state_(config, DTypeMaxFinite(format())) {}
 
   void EndRegion() override { state_.Update(); }
 
-  QuantizerSnapshot Snapshot() const override {
-    QuantizerSnapshot s;
-    s.recipe = "delayed";
-    s.format = format_;
-    s.amax = last_amax_;
-    s.scale = state_.scale();
-    s.scale_inv = state_.scale_inv();
-    s.amax_history = state_.history();
-    s.quantize_calls = calls_;
-    return s;
+ protected:
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                             bool columnwise) override {
+    kernels::PerTensorQuantizeOptions options;
+    options.format = format();
+    options.scale = state_.scale();
+    options.rowwise = rowwise;
+    options.columnwise = columnwise;
+    return kernels::QuantizePerTensor(ctx, x, options);
   }
+  void RecordAmax(float amax) override { state_.RecordAmax(amax); }
+  void FillSnapshot(QuantizerSnapshot* s) const override {
+    s->scale = state_.scale();
+    s->scale_inv = state_.scale_inv();
+    s->amax_history = state_.history();
+  }
+  float OverflowLimit() const override { return DTypeMaxFinite(format()) * state_.scale_inv(); }
 
  private:
-  DType format_;
   ScalingState state_;
-  float last_amax_ = 0.0f;
-  int64_t calls_ = 0;
 };
 
 class CurrentScalingQuantizer : public Quantizer {
  public:
   CurrentScalingQuantizer(const CurrentScalingConfig& config, TensorRole role)
-      : Quantizer(role), config_(config), format_(FormatFor(config.fp8_format, role)) {}
+      : Quantizer(role, "current", FormatFor(config.fp8_format, role), ScalingMode::kPerTensor),
+        config_(config) {}
 
-  absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                           bool columnwise) override {
+ protected:
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                             bool columnwise) override {
     ASSIGN_OR_RETURN(float amax, kernels::Amax(ctx, x));
     kernels::PerTensorQuantizeOptions options;
-    options.format = format_;
-    options.scale = CurrentScale(amax, DTypeMaxFinite(format_), config_.amax_epsilon,
-                                 config_.power_2_scale);
+    options.format = format();
+    options.scale = CurrentScale(amax, DTypeMaxFinite(format()), config_.amax_epsilon, config_.power_2_scale);
     options.rowwise = rowwise;
     options.columnwise = columnwise;
-    ASSIGN_OR_RETURN(QuantizedTensor q, kernels::QuantizePerTensor(ctx, x, options));
-    last_amax_ = q.amax;
     last_scale_ = options.scale;
-    ++calls_;
-    return q;
+    return kernels::QuantizePerTensor(ctx, x, options);
   }
-
-  QuantizerSnapshot Snapshot() const override {
-    QuantizerSnapshot s;
-    s.recipe = "current";
-    s.format = format_;
-    s.amax = last_amax_;
-    s.scale = last_scale_;
-    s.scale_inv = 1.0f / last_scale_;
-    s.quantize_calls = calls_;
-    return s;
+  void FillSnapshot(QuantizerSnapshot* s) const override {
+    s->scale = last_scale_;
+    s->scale_inv = 1.0f / last_scale_;
   }
 
  private:
   CurrentScalingConfig config_;
-  DType format_;
-  float last_amax_ = 0.0f;
   float last_scale_ = 1.0f;
-  int64_t calls_ = 0;
+};
+
+class Mxfp8Quantizer : public Quantizer {
+ public:
+  Mxfp8Quantizer(const Mxfp8Config& config, TensorRole role)
+      : Quantizer(role, "mxfp8", FormatFor(config.fp8_format, role), ScalingMode::kMxfp8_1D) {}
+
+ protected:
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                             bool columnwise) override {
+    kernels::Mxfp8QuantizeOptions options;
+    options.format = format();
+    options.rowwise = rowwise;
+    options.columnwise = columnwise;
+    return kernels::QuantizeMxfp8(ctx, x, options);
+  }
+};
+
+bool BlockTwoD(const BlockScalingConfig& config, TensorRole role) {
+  switch (role) {
+    case TensorRole::kInput: return config.x_block_scaling_dim == 2;
+    case TensorRole::kWeight: return config.w_block_scaling_dim == 2;
+    case TensorRole::kGradOutput: return config.grad_block_scaling_dim == 2;
+  }
+  return false;
+}
+
+class BlockScalingQuantizer : public Quantizer {
+ public:
+  BlockScalingQuantizer(const BlockScalingConfig& config, TensorRole role)
+      : Quantizer(role, "block", FormatFor(config.fp8_format, role),
+                  BlockTwoD(config, role) ? ScalingMode::kBlock2D : ScalingMode::kBlock1D),
+        config_(config) {}
+
+ protected:
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                             bool columnwise) override {
+    kernels::BlockScalingQuantizeOptions options;
+    options.format = format();
+    options.rowwise = rowwise;
+    options.columnwise = columnwise;
+    options.two_d = BlockTwoD(config_, role());
+    options.power_2_scale = config_.power_2_scale;
+    options.amax_epsilon = config_.amax_epsilon;
+    return kernels::QuantizeBlockScaling(ctx, x, options);
+  }
+
+ private:
+  BlockScalingConfig config_;
+};
+
+class Nvfp4Quantizer : public Quantizer {
+ public:
+  Nvfp4Quantizer(const Nvfp4Config& config, TensorRole role)
+      : Quantizer(role, "nvfp4", DType::kFloat4E2M1,
+                  role == TensorRole::kWeight && config.two_d ? ScalingMode::kNvfp4_2D : ScalingMode::kNvfp4_1D),
+        config_(config) {}
+
+ protected:
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                             bool columnwise) override {
+    kernels::Nvfp4QuantizeOptions options;
+    options.rowwise = rowwise;
+    options.columnwise = columnwise;
+    options.two_d = role() == TensorRole::kWeight && config_.two_d;
+    // The transform goes on the wgrad operands: the columnwise copies of x and dy.
+    options.random_hadamard = config_.random_hadamard && role() != TensorRole::kWeight;
+    options.stochastic_rounding = config_.stochastic_rounding && role() == TensorRole::kGradOutput;
+    // A fresh stream of draws for every quantization, reproducible from the seed.
+    options.rng_stream = draws_++;
+    return kernels::QuantizeNvfp4(ctx, x, options);
+  }
+
+ private:
+  Nvfp4Config config_;
+  uint64_t draws_ = 0;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, TensorRole role) {
-  if (!recipe.quantizes()) return std::unique_ptr<Quantizer>();
-  if (const auto* delayed = absl::get_if<DelayedScalingConfig>(&recipe.config)) {
-    return std::unique_ptr<Quantizer>(new DelayedScalingQuantizer(*delayed, role));
+absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                                    bool columnwise) {
+  ASSIGN_OR_RETURN(QuantizedTensor q, DoQuantize(ctx, x, rowwise, columnwise));
+  RecordAmax(q.amax);
+  last_amax_ = q.amax;
+  ++calls_;
+  block_scales_ = SummarizeBlockScales(q);
+  if (health_stats_ && q.has_rowwise()) {
+    ASSIGN_OR_RETURN(Tensor deq, DequantizeCopy(ctx, q, Copy::kRowwise));
+    health_ = MeasureHealth(x, deq, OverflowLimit());
   }
-  if (const auto* current = absl::get_if<CurrentScalingConfig>(&recipe.config)) {
-    return std::unique_ptr<Quantizer>(new CurrentScalingQuantizer(*current, role));
+  return q;
+}
+
+absl::Status Quantizer::Observe(const Context& ctx, const Tensor& x) {
+  ASSIGN_OR_RETURN(float amax, kernels::Amax(ctx, x));
+  RecordAmax(amax);
+  last_amax_ = amax;
+  return absl::OkStatus();
+}
+
+QuantizerSnapshot Quantizer::Snapshot() const {
+  QuantizerSnapshot s;
+  s.recipe = recipe_;
+  s.format = format_;
+  s.mode = mode_;
+  s.amax = last_amax_;
+  s.quantize_calls = calls_;
+  s.block_scales = block_scales_;
+  s.health = health_;
+  FillSnapshot(&s);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, TensorRole role) {
+  if (!recipe.has_quantizers()) return std::unique_ptr<Quantizer>();
+  if (const auto* c = absl::get_if<DelayedScalingConfig>(&recipe.config)) {
+    return std::unique_ptr<Quantizer>(new DelayedScalingQuantizer(*c, role));
+  }
+  if (const auto* c = absl::get_if<CurrentScalingConfig>(&recipe.config)) {
+    return std::unique_ptr<Quantizer>(new CurrentScalingQuantizer(*c, role));
+  }
+  if (const auto* c = absl::get_if<Mxfp8Config>(&recipe.config)) {
+    return std::unique_ptr<Quantizer>(new Mxfp8Quantizer(*c, role));
+  }
+  if (const auto* c = absl::get_if<BlockScalingConfig>(&recipe.config)) {
+    return std::unique_ptr<Quantizer>(new BlockScalingQuantizer(*c, role));
+  }
+  if (const auto* c = absl::get_if<Nvfp4Config>(&recipe.config)) {
+    return std::unique_ptr<Quantizer>(new Nvfp4Quantizer(*c, role));
   }
   return absl::InternalError("MakeQuantizer: recipe without a quantizer");
+}
+
+absl::StatusOr<Tensor> DequantizeCopy(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+  switch (q.mode) {
+    case ScalingMode::kPerTensor:
+      return kernels::Dequantize(ctx, q, copy);
+    case ScalingMode::kMxfp8_1D:
+    case ScalingMode::kBlock1D:
+    case ScalingMode::kBlock2D:
+      return kernels::DequantizeBlock(ctx, q, copy);
+    case ScalingMode::kNvfp4_1D:
+    case ScalingMode::kNvfp4_2D:
+      return kernels::DequantizeNvfp4(ctx, q, copy);
+  }
+  return absl::InternalError("DequantizeCopy: unknown scaling mode");
 }
 
 }  // namespace recipes

@@ -1,7 +1,12 @@
 // Quantizer: turns a high-precision tensor into a QuantizedTensor under one recipe.
 // Each GEMM operand of a layer owns one (TensorRole: input, weight, grad_output), and
 // the quantizer owns what persists across steps for that operand (ScalingState for
-// delayed scaling).
+// delayed scaling) and what GetQuantizationState shows of it.
+//
+// Quantize() is the same for every recipe: the recipe's DoQuantize, then bookkeeping
+// (latest amax, call count, block-scale summary) and, when enabled, the FP8 health
+// statistics measured against the source. Observe() is the calibration path: the amax
+// is collected (and delayed scaling updates its history) but nothing is cast.
 #ifndef TESERVE_RECIPES_QUANTIZER_H_
 #define TESERVE_RECIPES_QUANTIZER_H_
 
@@ -13,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "core/context.h"
 #include "core/quantized_tensor.h"
+#include "kernels/cast.h"
+#include "recipes/health.h"
 #include "recipes/recipe.h"
 
 namespace teserve {
@@ -23,36 +30,66 @@ struct QuantizerSnapshot {
   std::string recipe;
   DType format = DType::kFloat8E4M3;
   ScalingMode mode = ScalingMode::kPerTensor;
-  float amax = 0.0f;       // of the latest quantization
-  float scale = 1.0f;      // used by the latest quantization (current) / next one (delayed)
+  float amax = 0.0f;       // of the latest quantization (or observation)
+  float scale = 1.0f;      // per-tensor recipes: used by the latest (current) / next (delayed)
   float scale_inv = 1.0f;
   std::vector<float> amax_history;  // delayed only
   int64_t quantize_calls = 0;
+  BlockScaleSummary block_scales;   // block recipes: decoded scale_inv of the latest call
+  HealthStats health;               // when health statistics are enabled
 };
 
 class Quantizer {
  public:
-  explicit Quantizer(TensorRole role) : role_(role) {}
+  Quantizer(TensorRole role, std::string recipe, DType format, ScalingMode mode)
+      : role_(role), recipe_(std::move(recipe)), format_(format), mode_(mode) {}
   virtual ~Quantizer() = default;
 
   // x: FP32 [rows, cols]. Produces the requested copies (rowwise [rows, cols],
   // columnwise [cols, rows]).
-  virtual absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x,
-                                                   bool rowwise, bool columnwise) = 0;
+  absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise);
+  // Calibration: records the amax of x without casting.
+  absl::Status Observe(const Context& ctx, const Tensor& x);
   // End of the region this operand belongs to (forward or backward): delayed scaling
   // rolls the history and computes the next scale. No-op for other recipes.
   virtual void EndRegion() {}
-  virtual QuantizerSnapshot Snapshot() const = 0;
+  QuantizerSnapshot Snapshot() const;
 
+  void set_health_stats(bool enabled) { health_stats_ = enabled; }
   TensorRole role() const { return role_; }
+  DType format() const { return format_; }
+
+ protected:
+  virtual absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
+                                                     bool columnwise) = 0;
+  // Delayed scaling records observed amaxes in its history.
+  virtual void RecordAmax(float amax) {}
+  // Per-tensor scale fields and history.
+  virtual void FillSnapshot(QuantizerSnapshot* snapshot) const {}
+  // |x| beyond this overflows the format at the scale in use (delayed scaling); 0 when
+  // the recipe cannot overflow (its scale comes from the tensor itself).
+  virtual float OverflowLimit() const { return 0.0f; }
 
  private:
   TensorRole role_;
+  std::string recipe_;
+  DType format_;
+  ScalingMode mode_;
+  bool health_stats_ = false;
+  float last_amax_ = 0.0f;
+  int64_t calls_ = 0;
+  BlockScaleSummary block_scales_;
+  HealthStats health_;
 };
 
-// The quantizer for `role` under `recipe`; nullptr when the recipe does not quantize
-// (no recipe, or enabled = false).
+// The quantizer for `role` under `recipe`; nullptr when the recipe has none (no recipe,
+// or enabled = false).
 absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, TensorRole role);
+
+// Dequantizes any recipe's copy to FP32 in that copy's layout. An NVFP4 columnwise copy
+// made with the random Hadamard transform stays in the transformed basis (the wgrad
+// GEMM contracts two such copies, so the transform cancels).
+absl::StatusOr<Tensor> DequantizeCopy(const Context& ctx, const QuantizedTensor& q, kernels::Copy copy);
 
 }  // namespace recipes
 }  // namespace teserve

@@ -72,6 +72,38 @@ absl::StatusOr<CurrentScalingConfig> ParseCurrent(const v1::Float8CurrentScaling
   return config;
 }
 
+absl::StatusOr<Fp8Format> ParseBlockFormat(v1::Fp8Format format, absl::string_view field) {
+  // TE's block recipes default to E4M3 everywhere; HYBRID is accepted explicitly.
+  if (format == v1::FP8_FORMAT_UNSPECIFIED) return Fp8Format::kE4M3;
+  return ParseFormat(format, field);
+}
+
+absl::StatusOr<BlockScalingConfig> ParseBlock(const v1::Float8BlockScaling& spec, absl::string_view field) {
+  BlockScalingConfig config;
+  ASSIGN_OR_RETURN(config.fp8_format, ParseBlockFormat(spec.fp8_format(), absl::StrCat(field, ".fp8_format")));
+  if (spec.has_x_block_scaling_dim()) config.x_block_scaling_dim = spec.x_block_scaling_dim();
+  if (spec.has_w_block_scaling_dim()) config.w_block_scaling_dim = spec.w_block_scaling_dim();
+  if (spec.has_grad_block_scaling_dim()) config.grad_block_scaling_dim = spec.grad_block_scaling_dim();
+  // Every GEMM pairs a 1D-scaled operand with a 1D or 2D one (2D x 2D is not used),
+  // and activations/gradients change every step, so they use 1x128 blocks.
+  if (config.x_block_scaling_dim != 1) {
+    return InvalidField(absl::StrCat(field, ".x_block_scaling_dim"), "1 (inputs use 1x128 blocks)",
+                        config.x_block_scaling_dim);
+  }
+  if (config.grad_block_scaling_dim != 1) {
+    return InvalidField(absl::StrCat(field, ".grad_block_scaling_dim"), "1 (gradients use 1x128 blocks)",
+                        config.grad_block_scaling_dim);
+  }
+  if (config.w_block_scaling_dim != 1 && config.w_block_scaling_dim != 2) {
+    return InvalidField(absl::StrCat(field, ".w_block_scaling_dim"), "1 (1x128) or 2 (128x128)",
+                        config.w_block_scaling_dim);
+  }
+  if (spec.has_power_2_scale()) config.power_2_scale = spec.power_2_scale();
+  RETURN_IF_ERROR(CheckFiniteNonNegative(spec.amax_epsilon(), absl::StrCat(field, ".amax_epsilon")));
+  config.amax_epsilon = spec.amax_epsilon();
+  return config;
+}
+
 }  // namespace
 
 absl::string_view TensorRoleName(TensorRole role) {
@@ -88,11 +120,23 @@ bool IsForwardRole(TensorRole role) { return role != TensorRole::kGradOutput; }
 std::string Recipe::name() const {
   if (absl::holds_alternative<DelayedScalingConfig>(config)) return "delayed";
   if (absl::holds_alternative<CurrentScalingConfig>(config)) return "current";
+  if (absl::holds_alternative<Mxfp8Config>(config)) return "mxfp8";
+  if (absl::holds_alternative<BlockScalingConfig>(config)) return "block";
+  if (absl::holds_alternative<Nvfp4Config>(config)) return "nvfp4";
   return "none";
 }
 
-bool Recipe::quantizes() const {
-  return enabled && !calibrating && !absl::holds_alternative<absl::monostate>(config);
+bool Recipe::has_quantizers() const {
+  return enabled && !absl::holds_alternative<absl::monostate>(config);
+}
+
+bool Recipe::quantizes() const { return has_quantizers() && !calibrating; }
+
+int64_t Recipe::block_multiple() const {
+  if (!has_quantizers()) return 1;
+  if (absl::holds_alternative<Mxfp8Config>(config)) return 32;
+  if (absl::holds_alternative<Nvfp4Config>(config)) return 16;
+  return 1;
 }
 
 DType FormatFor(Fp8Format format, TensorRole role) {
@@ -104,10 +148,6 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::RecipeSpec& spec, absl::string_
   Recipe recipe;
   recipe.enabled = spec.has_enabled() ? spec.enabled() : true;
   recipe.calibrating = spec.calibrating();
-  if (recipe.calibrating) {
-    return InvalidField(absl::StrCat(field, ".calibrating"),
-                        "false (calibration mode is not available in this release)", "true");
-  }
   switch (spec.recipe_case()) {
     case v1::RecipeSpec::kDelayed: {
       ASSIGN_OR_RETURN(recipe.config, ParseDelayed(spec.delayed(), absl::StrCat(field, ".delayed")));
@@ -117,12 +157,29 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::RecipeSpec& spec, absl::string_
       ASSIGN_OR_RETURN(recipe.config, ParseCurrent(spec.current(), absl::StrCat(field, ".current")));
       break;
     }
-    case v1::RecipeSpec::kMxfp8:
-    case v1::RecipeSpec::kBlock:
-    case v1::RecipeSpec::kNvfp4:
-      return absl::UnimplementedError(absl::StrCat(
-          field, ": MXFP8, FP8 block scaling and NVFP4 are not available in this build yet"));
+    case v1::RecipeSpec::kMxfp8: {
+      Mxfp8Config config;
+      ASSIGN_OR_RETURN(config.fp8_format, ParseBlockFormat(spec.mxfp8().fp8_format(),
+                                                           absl::StrCat(field, ".mxfp8.fp8_format")));
+      recipe.config = config;
+      break;
+    }
+    case v1::RecipeSpec::kBlock: {
+      ASSIGN_OR_RETURN(recipe.config, ParseBlock(spec.block(), absl::StrCat(field, ".block")));
+      break;
+    }
+    case v1::RecipeSpec::kNvfp4: {
+      Nvfp4Config config;
+      config.random_hadamard = !spec.nvfp4().disable_rht();
+      config.stochastic_rounding = !spec.nvfp4().disable_stochastic_rounding();
+      config.two_d = !spec.nvfp4().disable_2d_quantization();
+      recipe.config = config;
+      break;
+    }
     case v1::RecipeSpec::RECIPE_NOT_SET:
+      if (recipe.calibrating) {
+        return InvalidField(absl::StrCat(field, ".calibrating"), "a recipe to calibrate", "no recipe set");
+      }
       break;
   }
   return recipe;

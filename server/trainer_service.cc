@@ -268,6 +268,18 @@ grpc::ServerUnaryReactor* TrainerService::GetQuantizationState(
       out->set_scale_inv(report.scale_inv);
       for (float a : report.amax_history) out->add_amax_history(a);
       out->set_quantize_calls(report.quantize_calls);
+      if (report.block_scales.valid) {
+        out->mutable_block_scale_inv()->set_min(static_cast<float>(report.block_scales.min));
+        out->mutable_block_scale_inv()->set_max(static_cast<float>(report.block_scales.max));
+        out->mutable_block_scale_inv()->set_mean(static_cast<float>(report.block_scales.mean));
+      }
+      if (report.health.valid) {
+        v1::Fp8HealthStats* health = out->mutable_health();
+        health->set_underflow_ratio(static_cast<float>(report.health.underflow_ratio));
+        health->set_overflow_ratio(static_cast<float>(report.health.overflow_ratio));
+        health->set_mse(static_cast<float>(report.health.mse));
+        health->set_dynamic_range(static_cast<float>(report.health.dynamic_range));
+      }
     }
     return absl::OkStatus();
   });

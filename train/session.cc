@@ -85,6 +85,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
   ASSIGN_OR_RETURN(state->optimizer, OptimizerFromProto(optimizer));
   ASSIGN_OR_RETURN(state->stack, layers::BuildStack(model, state->recipe));
   state->params = state->stack->Parameters();
+  for (const layers::NamedQuantizer& q : state->stack->Quantizers()) {
+    q.quantizer->set_health_stats(recipe.fp8_health_stats());
+  }
   state->max_grad_norm = optimizer.max_grad_norm();
   return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
 }
@@ -263,6 +266,8 @@ std::vector<QuantizerReport> Session::QuantizationState() const {
     r.scale_inv = snap.scale_inv;
     r.amax_history = snap.amax_history;
     r.quantize_calls = snap.quantize_calls;
+    r.block_scales = snap.block_scales;
+    r.health = snap.health;
     reports.push_back(std::move(r));
   }
   return reports;
@@ -275,7 +280,9 @@ SessionSummary Session::Summary() const {
   for (const layers::Parameter* p : state_->params) summary.num_parameters += p->value.numel();
   summary.live_handles = static_cast<int64_t>(state_->pending.size());
   summary.device = state_->ctx.device.ToString();
-  summary.recipe_name = state_->recipe.quantizes() ? state_->recipe.name() : "none";
+  summary.recipe_name = !state_->recipe.has_quantizers() ? "none"
+                        : state_->recipe.calibrating ? state_->recipe.name() + " (calibrating)"
+                                                     : state_->recipe.name();
   for (const auto& module : state_->stack->modules()) {
     LayerSummary layer;
     layer.name = module->name();

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "recipes/health.h"
 #include "teserve/v1/model.pb.h"
 
 namespace teserve {
@@ -44,15 +45,17 @@ struct StepResult {
 struct QuantizerReport {
   std::string layer;
   std::string tensor;        // "input", "weight", "grad_output"
-  std::string recipe;        // "delayed", "current"
+  std::string recipe;        // "delayed", "current", "mxfp8", "block", "nvfp4"
   DType format = DType::kFloat8E4M3;
-  std::string scaling_mode;  // "per_tensor"
+  std::string scaling_mode;  // "per_tensor", "mxfp8_1d", "block_1d", ...
   std::string execution;     // "reference" on the CPU backend
   float amax = 0.0f;         // of the latest quantization
   float scale = 1.0f;
   float scale_inv = 1.0f;
   std::vector<float> amax_history;  // delayed scaling only, TE's slot order
   int64_t quantize_calls = 0;
+  recipes::BlockScaleSummary block_scales;  // block recipes
+  recipes::HealthStats health;              // with RecipeSpec.fp8_health_stats
 };
 
 struct LayerSummary {
