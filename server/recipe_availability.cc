@@ -92,13 +92,12 @@ std::vector<v1::RecipeAvailability> RecipeAvailabilities(const DeviceFacts& fact
   if (!facts.is_cuda) {
     constexpr char kReference[] =
         "CPU reference backend: GEMMs run in FP32 on dequantized operands";
-    constexpr char kNotYet[] = "not implemented yet in this server";
     return {
         Entry("delayed", v1::EMULATED, kReference),
         Entry("current", v1::EMULATED, kReference),
-        Entry("mxfp8", v1::UNAVAILABLE, kNotYet),
-        Entry("block", v1::UNAVAILABLE, kNotYet),
-        Entry("nvfp4", v1::UNAVAILABLE, kNotYet),
+        Entry("mxfp8", v1::EMULATED, kReference),
+        Entry("block", v1::EMULATED, kReference),
+        Entry("nvfp4", v1::EMULATED, kReference),
     };
   }
   const int cc = facts.cc_major * 10 + facts.cc_minor;

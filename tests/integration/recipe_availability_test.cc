@@ -44,9 +44,9 @@ TEST(RecipeAvailability, CpuEmulatesPerTensorFp8AndLacksBlockRecipes) {
       DeviceFacts{},
       {{"delayed", v1::EMULATED, "CPU reference backend: GEMMs run in FP32 on dequantized"},
        {"current", v1::EMULATED, "CPU reference backend"},
-       {"mxfp8", v1::UNAVAILABLE, "not implemented yet in this server"},
-       {"block", v1::UNAVAILABLE, "not implemented yet in this server"},
-       {"nvfp4", v1::UNAVAILABLE, "not implemented yet in this server"}});
+       {"mxfp8", v1::EMULATED, "CPU reference backend"},
+       {"block", v1::EMULATED, "CPU reference backend"},
+       {"nvfp4", v1::EMULATED, "CPU reference backend"}});
 }
 
 TEST(RecipeAvailability, AmpereHasNoFp8) {
