@@ -242,6 +242,59 @@ TEST(Session, RejectsInvalidSpecsWithTheFieldName) {
   EXPECT_THAT(std::string(no_opt.status().message()), HasSubstr("optimizer: expected one of sgd, adamw"));
 }
 
+TEST(Session, RejectsRecipesWhoseBlocksDoNotTileTheModel) {
+  v1::RecipeSpec mxfp8;
+  mxfp8.mutable_mxfp8();
+  auto a = Session::Create(Model(), mxfp8, Sgd(), Context());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(a.status().message()),
+              HasSubstr("model.layers[1].linear.in_features: expected a multiple of 32 (mxfp8 blocks must tile it), got 8"));
+  v1::RecipeSpec nvfp4;
+  nvfp4.mutable_nvfp4();
+  auto b = Session::Create(Model(), nvfp4, Sgd(), Context());
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("expected a multiple of 16 (nvfp4 blocks must tile it)"));
+  v1::RecipeSpec block;
+  block.mutable_block()->set_x_block_scaling_dim(2);
+  auto c = Session::Create(Model(), block, Sgd(), Context());
+  EXPECT_THAT(std::string(c.status().message()),
+              HasSubstr("recipe.block.x_block_scaling_dim: expected 1 (inputs use 1x128 blocks), got 2"));
+  block.mutable_block()->set_x_block_scaling_dim(1);
+  block.mutable_block()->set_w_block_scaling_dim(3);
+  auto d = Session::Create(Model(), block, Sgd(), Context());
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("recipe.block.w_block_scaling_dim: expected 1 (1x128) or 2"));
+  v1::RecipeSpec e5m2;
+  e5m2.mutable_current()->set_fp8_format(v1::E5M2);
+  auto e = Session::Create(Model(), e5m2, Sgd(), Context());
+  EXPECT_THAT(std::string(e.status().message()), HasSubstr("pure E5M2 is not supported"));
+}
+
+TEST(Session, ReportsBlockRecipesAndHealthStatistics) {
+  v1::ModelSpec model;
+  auto* fc = model.add_layers();
+  fc->set_name("fc");
+  fc->mutable_linear()->set_in_features(32);
+  fc->mutable_linear()->set_out_features(32);
+  v1::RecipeSpec recipe;
+  recipe.mutable_nvfp4()->set_disable_stochastic_rounding(true);
+  recipe.set_fp8_health_stats(true);
+  auto session = Session::Create(model, recipe, Sgd(), Context()).value();
+  auto fwd = session->Forward({Random({16, 32}, 1)}, true).value();
+  ASSERT_TRUE(session->Backward(fwd.handle, {Random({16, 32}, 2)}).ok());
+  const auto state = session->QuantizationState();
+  ASSERT_EQ(state.size(), 3u);
+  for (const QuantizerReport& r : state) {
+    EXPECT_EQ(r.recipe, "nvfp4");
+    EXPECT_EQ(r.format, DType::kFloat4E2M1);
+    EXPECT_TRUE(r.block_scales.valid) << r.tensor;
+    EXPECT_GT(r.block_scales.max, 0.0) << r.tensor;
+    ASSERT_TRUE(r.health.valid) << r.tensor;
+    EXPECT_GT(r.health.mse, 0.0) << r.tensor;
+    EXPECT_EQ(r.health.overflow_ratio, 0.0) << r.tensor;  // scales come from the tensor itself
+  }
+  EXPECT_EQ(state[1].scaling_mode, "nvfp4_2d");  // weights use 16x16 blocks
+  EXPECT_EQ(state[0].scaling_mode, "nvfp4_1d");
+}
+
 }  // namespace
 }  // namespace train
 }  // namespace teserve
