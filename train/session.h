@@ -48,7 +48,7 @@ struct QuantizerReport {
   std::string recipe;        // "delayed", "current", "mxfp8", "block", "nvfp4"
   DType format = DType::kFloat8E4M3;
   std::string scaling_mode;  // "per_tensor", "mxfp8_1d", "block_1d", ...
-  std::string execution;     // "reference" on the CPU backend
+  std::string execution;     // "emulated" (dequantized operands, FP32 GEMM) or "native"
   float amax = 0.0f;         // of the latest quantization
   float scale = 1.0f;
   float scale_inv = 1.0f;

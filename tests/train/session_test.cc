@@ -214,7 +214,7 @@ TEST(Session, DelayedScalingUpdatesForwardAndBackwardRegionsSeparately) {
   EXPECT_EQ(state[1].tensor, "weight");
   EXPECT_EQ(state[2].tensor, "grad_output");
   EXPECT_EQ(state[2].format, DType::kFloat8E5M2);
-  EXPECT_EQ(state[0].execution, "reference");
+  EXPECT_EQ(state[0].execution, "emulated");
 
   auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
   state = session->QuantizationState();
