@@ -1,11 +1,12 @@
 // teserve_cli: talk to a teserve server from the shell.
 //
 //   teserve_cli health      [--server=ADDR]
-//   teserve_cli demo        [--server=ADDR] [--steps=N] [--seed=S]
+//   teserve_cli demo        [--server=ADDR] [--steps=N] [--seed=S] [--recipe=R]
 //   teserve_cli quant-state SESSION [--server=ADDR]
 //   teserve_cli server-info [--server=ADDR]
 //
 // Exit codes: 0 success, 1 the server or the call failed, 2 bad usage.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -23,6 +24,8 @@
 ABSL_FLAG(std::string, server, "localhost:50051", "teserve address, host:port");
 ABSL_FLAG(int, steps, 200, "demo: training steps");
 ABSL_FLAG(uint64_t, seed, 1, "demo: seed for parameters and data");
+ABSL_FLAG(std::string, recipe, "delayed",
+          "demo: the student's recipe: delayed, current, mxfp8, block or nvfp4");
 
 namespace {
 
@@ -32,10 +35,13 @@ constexpr int kExitUsage = 2;
 constexpr char kUsage[] =
     "usage: teserve_cli <command> [flags]\n"
     "  health                  health check (grpc.health.v1); exit 0 when SERVING\n"
-    "  demo [--steps=N] [--seed=S]\n"
-    "                          train a small FP8 (DelayedScaling) stack remotely, print the\n"
-    "                          loss per step and the final amax / scale table\n"
-    "  quant-state SESSION     amax history, scale and scale_inv per quantized tensor\n"
+    "  demo [--steps=N] [--seed=S] [--recipe=delayed|current|mxfp8|block|nvfp4]\n"
+    "                          train a small low-precision stack remotely (default recipe\n"
+    "                          delayed), print the loss per step and the final table of\n"
+    "                          recipe, format, scaling mode, amax, scales per tensor\n"
+    "  quant-state SESSION     recipe, format, mode, execution, amax, scale, scale_inv,\n"
+    "                          block scale_inv min/max/mean, FP8 health stats and amax\n"
+    "                          history per quantized tensor\n"
     "  server-info             version, device, library versions, recipe availability\n"
     "common flags: --server=HOST:PORT (default localhost:50051)";
 
@@ -60,14 +66,21 @@ int Demo(teserve::client::Client& client) {
   teserve::client::DemoOptions options;
   options.steps = absl::GetFlag(FLAGS_steps);
   options.seed = absl::GetFlag(FLAGS_seed);
+  options.recipe = absl::GetFlag(FLAGS_recipe);
   options.log = &std::cout;
+  const std::vector<std::string>& recipes = teserve::client::DemoRecipeNames();
+  if (std::find(recipes.begin(), recipes.end(), options.recipe) == recipes.end()) {
+    return Usage(absl::StrFormat("--recipe: expected one of %s, got '%s'",
+                                 absl::StrJoin(recipes, ", "), options.recipe));
+  }
   if (options.steps < 1) return Usage(absl::StrFormat("--steps: expected >= 1, got %d", options.steps));
   absl::StatusOr<teserve::client::DemoResult> result = teserve::client::RunDemo(client, options);
   if (!result.ok()) return Fail("demo", result.status());
   const float first = result->losses.front();
   const float last = result->losses.back();
-  std::cout << absl::StrFormat("loss %.6g -> %.6g (%.1fx lower) in %d steps\n", first, last,
-                               last > 0 ? first / last : 0.0f, options.steps);
+  std::cout << absl::StrFormat("recipe %s: loss %.6g -> %.6g (%.1fx lower) in %d steps\n",
+                               options.recipe, first, last, last > 0 ? first / last : 0.0f,
+                               options.steps);
   std::cout << teserve::client::FormatQuantizationTable(result->quantization);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace teserve {
 namespace client {
@@ -13,7 +14,7 @@ namespace {
 
 constexpr int64_t kIn = 32;
 constexpr int64_t kHidden = 64;
-constexpr int64_t kOut = 16;
+constexpr int64_t kOut = 32;
 // The teacher's Linear init; large enough that the targets are O(1) while the student
 // starts from TE's 0.023, so the loss starts high and has far to fall.
 constexpr float kTeacherInitStd = 0.3f;
@@ -31,7 +32,15 @@ struct Batch {
 
 }  // namespace
 
-v1::CreateSessionRequest DemoSessionRequest(uint64_t seed, float init_std, bool fp8, float lr) {
+const std::vector<std::string>& DemoRecipeNames() {
+  static const auto* names =
+      new std::vector<std::string>{"delayed", "current", "mxfp8", "block", "nvfp4"};
+  return *names;
+}
+
+absl::StatusOr<v1::CreateSessionRequest> DemoSessionRequestFor(uint64_t seed, float init_std,
+                                                               absl::string_view recipe,
+                                                               float lr) {
   v1::CreateSessionRequest request;
   v1::ModelSpec* model = request.mutable_model();
   model->set_seed(seed);
@@ -51,16 +60,35 @@ v1::CreateSessionRequest DemoSessionRequest(uint64_t seed, float init_std, bool 
   fc2->set_out_features(kOut);
   fc2->set_init_std(init_std);
 
-  if (fp8) {
-    v1::DelayedScaling* delayed = request.mutable_recipe()->mutable_delayed();
+  v1::RecipeSpec* spec = request.mutable_recipe();
+  if (recipe == "delayed") {
+    v1::DelayedScaling* delayed = spec->mutable_delayed();
     delayed->set_fp8_format(v1::HYBRID);
     delayed->set_amax_history_len(16);
     delayed->set_amax_compute_algo("max");
-  }  // No recipe: high precision (FP32) everywhere.
+  } else if (recipe == "current") {
+    spec->mutable_current()->set_fp8_format(v1::HYBRID);
+  } else if (recipe == "mxfp8") {
+    spec->mutable_mxfp8();  // E4M3 everywhere (TE's default)
+  } else if (recipe == "block") {
+    spec->mutable_block();  // 1x128 activations/gradients, 128x128 weights, E4M3
+  } else if (recipe == "nvfp4") {
+    spec->mutable_nvfp4();  // RHT, stochastic rounding and 16x16 weight blocks on
+  } else if (recipe.empty()) {
+    request.clear_recipe();  // high precision (FP32) everywhere
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recipe: expected one of ", absl::StrJoin(DemoRecipeNames(), ", "),
+                     ", got '", recipe, "'"));
+  }
   v1::AdamW* adamw = request.mutable_optimizer()->mutable_adamw();
   adamw->set_lr(lr);
   adamw->set_weight_decay(0.0f);
   return request;
+}
+
+v1::CreateSessionRequest DemoSessionRequest(uint64_t seed, float init_std, bool fp8, float lr) {
+  return *DemoSessionRequestFor(seed, init_std, fp8 ? "delayed" : "", lr);
 }
 
 absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options) {
@@ -68,6 +96,9 @@ absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("demo: expected steps >= 1 and batch >= 1, got ",
                                                    options.steps, " and ", options.batch));
   }
+  absl::StatusOr<v1::CreateSessionRequest> student_request =
+      DemoSessionRequestFor(options.seed, 0.023f, options.recipe, options.lr);
+  if (!student_request.ok()) return Annotated(student_request.status(), "demo");
   std::vector<std::string> sessions;
   absl::Cleanup delete_sessions = [&client, &sessions] {
     for (const std::string& id : sessions) client.DeleteSession(id).IgnoreError();
@@ -77,8 +108,7 @@ absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options) {
       options.seed + kTeacherSeedOffset, kTeacherInitStd, /*fp8=*/false, options.lr));
   if (!teacher.ok()) return Annotated(teacher.status(), "creating the teacher session");
   sessions.push_back(teacher->session_id());
-  absl::StatusOr<v1::CreateSessionResponse> student = client.CreateSession(
-      DemoSessionRequest(options.seed, 0.023f, /*fp8=*/true, options.lr));
+  absl::StatusOr<v1::CreateSessionResponse> student = client.CreateSession(*student_request);
   if (!student.ok()) return Annotated(student.status(), "creating the student session");
   sessions.push_back(student->session_id());
   const std::string& student_id = student->session_id();
@@ -149,12 +179,35 @@ absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options) {
 }
 
 std::string FormatQuantizationTable(const v1::QuantizationState& state) {
-  std::string out = absl::StrFormat("%-10s %-12s %-12s %12s %12s %12s\n", "layer", "tensor",
-                                    "format", "amax", "scale", "scale_inv");
+  bool health = false;
+  for (const v1::QuantizedTensorState& t : state.tensors()) health |= t.has_health();
+  std::string out = absl::StrFormat(
+      "%-8s %-12s %-8s %-12s %-10s %-10s %12s %12s %12s %12s %12s %12s", "layer", "tensor",
+      "recipe", "format", "mode", "execution", "amax", "scale", "scale_inv", "bsi_min",
+      "bsi_max", "bsi_mean");
+  if (health) {
+    absl::StrAppendFormat(&out, " %10s %10s %12s %9s", "underflow", "overflow", "mse",
+                          "dyn_range");
+  }
+  out += "\n";
   for (const v1::QuantizedTensorState& t : state.tensors()) {
-    absl::StrAppendFormat(&out, "%-10s %-12s %-12s %12.6g %12.6g %12.6g\n", t.layer(),
-                          t.tensor(), v1::DType_Name(t.format()), t.amax(), t.scale(),
-                          t.scale_inv());
+    absl::StrAppendFormat(&out, "%-8s %-12s %-8s %-12s %-10s %-10s %12.6g %12.6g %12.6g",
+                          t.layer(), t.tensor(), t.recipe(), v1::DType_Name(t.format()),
+                          t.scaling_mode(), t.execution(), t.amax(), t.scale(), t.scale_inv());
+    if (t.has_block_scale_inv()) {
+      absl::StrAppendFormat(&out, " %12.6g %12.6g %12.6g", t.block_scale_inv().min(),
+                            t.block_scale_inv().max(), t.block_scale_inv().mean());
+    } else {
+      absl::StrAppendFormat(&out, " %12s %12s %12s", "-", "-", "-");
+    }
+    if (health && t.has_health()) {
+      absl::StrAppendFormat(&out, " %10.4g %10.4g %12.6g %9.3g", t.health().underflow_ratio(),
+                            t.health().overflow_ratio(), t.health().mse(),
+                            t.health().dynamic_range());
+    } else if (health) {
+      absl::StrAppendFormat(&out, " %10s %10s %12s %9s", "-", "-", "-", "-");
+    }
+    out += "\n";
   }
   return out;
 }

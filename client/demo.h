@@ -5,8 +5,10 @@
 // Task (teacher-student regression): a fixed random teacher of the same architecture
 // (its own session, high precision, larger weights so the targets are O(1)) maps random
 // inputs to targets; the student, LayerNorm(32) -> Linear(32,64) -> RMSNorm(64) ->
-// Linear(64,16) under DelayedScaling (HYBRID, amax_history_len 16) with AdamW, learns it
-// by MSE. The loss and its gradient dL/dy = 2 (y - t) / numel are computed here, on the
+// Linear(64,32) under one recipe (DelayedScaling HYBRID with amax_history_len 16 by
+// default; Float8CurrentScaling, MXFP8, FP8 block scaling or NVFP4 on request) with
+// AdamW, learns it by MSE. Every Linear width and the default batch (64 tokens) are
+// multiples of 32, so MXFP8 (32) and NVFP4 (16) blocks tile them. The loss and its gradient dL/dy = 2 (y - t) / numel are computed here, on the
 // client, and sent to Backward.
 #ifndef TESERVE_CLIENT_DEMO_H_
 #define TESERVE_CLIENT_DEMO_H_
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/client.h"
 #include "teserve/v1/service.pb.h"
 
@@ -28,6 +31,8 @@ struct DemoOptions {
   uint64_t seed = 1;
   int batch = 64;
   float lr = 1e-2f;
+  // The student's recipe: one of DemoRecipeNames().
+  std::string recipe = "delayed";
   // Receives "step N loss X" per step when set.
   std::ostream* log = nullptr;
 };
@@ -37,15 +42,27 @@ struct DemoResult {
   v1::QuantizationState quantization;  // of the student after the last step
 };
 
+// The recipes the demo accepts, in RecipeSpec order: delayed, current, mxfp8, block, nvfp4.
+const std::vector<std::string>& DemoRecipeNames();
+
+// The demo architecture under `recipe` (one of DemoRecipeNames(), or "" for high
+// precision everywhere: the teacher, which never steps). InvalidArgument naming the
+// accepted values for anything else.
+absl::StatusOr<v1::CreateSessionRequest> DemoSessionRequestFor(uint64_t seed, float init_std,
+                                                               absl::string_view recipe,
+                                                               float lr);
+
 // The demo architecture. fp8 selects the student's DelayedScaling recipe; without it the
-// session runs in high precision (the teacher, which never steps).
+// session runs in high precision.
 v1::CreateSessionRequest DemoSessionRequest(uint64_t seed, float init_std, bool fp8,
                                             float lr);
 
 // Runs the demo. Both sessions are deleted before returning, also on error.
 absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options);
 
-// A fixed-width table: layer, tensor, format, amax, scale, scale_inv.
+// A fixed-width table: layer, tensor, recipe, format, mode, execution, amax, scale,
+// scale_inv, then the block scale_inv min/max/mean ("-" for per-tensor recipes) and, when
+// any tensor carries FP8 health stats, underflow/overflow ratio, MSE and dynamic range.
 std::string FormatQuantizationTable(const v1::QuantizationState& state);
 
 }  // namespace client

@@ -20,7 +20,7 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kRows = 4;
 constexpr int64_t kIn = 32;
-constexpr int64_t kOut = 16;
+constexpr int64_t kOut = 32;
 
 class BadInput : public ::testing::Test {
  protected:

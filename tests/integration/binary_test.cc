@@ -141,8 +141,23 @@ TEST(Binaries, ServeDemoScrapeAndStopOnSigterm) {
   EXPECT_EQ(demo.exit_code, 0) << demo.output;
   EXPECT_THAT(demo.output, HasSubstr("step 1 loss "));
   EXPECT_THAT(demo.output, HasSubstr("step 20 loss "));
-  EXPECT_THAT(demo.output, ::testing::ContainsRegex("layer +tensor +format +amax +scale +scale_inv"));
-  EXPECT_THAT(demo.output, ::testing::ContainsRegex("fc2 +grad_output +FLOAT8_E5M2"));
+  EXPECT_THAT(demo.output, HasSubstr("recipe delayed: loss "));
+  EXPECT_THAT(demo.output,
+              ::testing::ContainsRegex("layer +tensor +recipe +format +mode +execution +amax +scale "
+                                       "+scale_inv +bsi_min +bsi_max +bsi_mean"));
+  EXPECT_THAT(demo.output,
+              ::testing::ContainsRegex("fc2 +grad_output +delayed +FLOAT8_E5M2 +per_tensor"));
+
+  CommandResult nvfp4 =
+      RunCommand(absl::StrCat(cli, " demo ", server_flag, " --steps=3 --recipe=nvfp4"));
+  EXPECT_EQ(nvfp4.exit_code, 0) << nvfp4.output;
+  EXPECT_THAT(nvfp4.output, HasSubstr("recipe nvfp4: loss "));
+  EXPECT_THAT(nvfp4.output, ::testing::ContainsRegex("fc1 +weight +nvfp4 +FLOAT4_E2M1"));
+  CommandResult bad_recipe =
+      RunCommand(absl::StrCat(cli, " demo ", server_flag, " --recipe=fp16"));
+  EXPECT_EQ(bad_recipe.exit_code, 2) << bad_recipe.output;
+  EXPECT_THAT(bad_recipe.output,
+              HasSubstr("--recipe: expected one of delayed, current, mxfp8, block, nvfp4, got 'fp16'"));
 
   CommandResult unknown = RunCommand(absl::StrCat(cli, " quant-state 0000000000000000 ", server_flag));
   EXPECT_EQ(unknown.exit_code, 1) << unknown.output;

@@ -55,11 +55,11 @@ TEST_P(Parity, ForwardBackwardStepMatchInProcessBitForBit) {
   // Several steps, so delayed scaling's history and AdamW's moments come into play, and
   // a batch shape with leading dims that must survive the wire ([3, 5, 32]).
   const std::vector<int64_t> in_shape = {3, 5, 32};
-  const std::vector<int64_t> out_shape = {3, 5, 16};
+  const std::vector<int64_t> out_shape = {3, 5, 32};
   for (int step = 0; step < 4; ++step) {
     SCOPED_TRACE(step);
     const std::vector<float> x = testing::PseudoRandomFloats(3 * 5 * 32, 100 + step);
-    const std::vector<float> dy = testing::PseudoRandomFloats(3 * 5 * 16, 200 + step);
+    const std::vector<float> dy = testing::PseudoRandomFloats(3 * 5 * 32, 200 + step);
 
     v1::ForwardRequest forward;
     forward.set_session_id(id);
