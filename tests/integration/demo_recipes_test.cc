@@ -123,5 +123,33 @@ TEST(DemoRecipeNames, UnknownRecipeIsRejectedBeforeAnySessionExists) {
   EXPECT_EQ(sessions->sessions_size(), 0);
 }
 
+// quant-state's table (FormatQuantizationTable) shows the FP8 health columns when the
+// session measures them.
+TEST(DemoRecipeNames, QuantStateTableShowsHealthStats) {
+  testing::LoopbackServer s = testing::StartLoopbackServer();
+  ASSERT_NE(s.server, nullptr);
+  absl::StatusOr<v1::CreateSessionRequest> request =
+      client::DemoSessionRequestFor(5, 0.05f, "mxfp8", 1e-2f);
+  ASSERT_TRUE(request.ok()) << request.status();
+  request->mutable_recipe()->set_fp8_health_stats(true);
+  absl::StatusOr<v1::CreateSessionResponse> created = s.client->CreateSession(*request);
+  ASSERT_TRUE(created.ok()) << created.status();
+  v1::ForwardRequest forward;
+  forward.set_session_id(created->session_id());
+  *forward.add_inputs() =
+      client::MakeFloatTensor(testing::PseudoRandomFloats(32 * 32, 9), {32, 32});
+  absl::StatusOr<v1::ForwardResponse> y = s.client->Forward(forward);
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::StatusOr<v1::QuantizationState> state =
+      s.client->GetQuantizationState(created->session_id());
+  ASSERT_TRUE(state.ok()) << state.status();
+  bool any_health = false;
+  for (const v1::QuantizedTensorState& t : state->tensors()) any_health |= t.has_health();
+  EXPECT_TRUE(any_health);
+  const std::string table = client::FormatQuantizationTable(*state);
+  EXPECT_THAT(table, ::testing::ContainsRegex("bsi_mean +underflow +overflow +mse +dyn_range"));
+  EXPECT_THAT(table, ::testing::ContainsRegex("fc1 +input +mxfp8 +FLOAT8_E4M3 +mxfp8_1d"));
+}
+
 }  // namespace
 }  // namespace teserve
