@@ -85,11 +85,8 @@ absl::StatusOr<std::vector<Shape>> Linear::OutputShapes(const std::vector<Shape>
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.in_features, absl::StrCat(field, "[0]"),
                                  absl::StrCat("in_features of layer '", name(), "'")));
   Shape out = input_shapes[0];
-  const int64_t rows = out.back() == 0 ? 0 : [&] {
-    int64_t n = 1;
-    for (size_t i = 0; i + 1 < out.size(); ++i) n *= out[i];
-    return n;
-  }();
+  int64_t rows = 1;  // tokens: the product of the leading dimensions
+  for (size_t i = 0; i + 1 < out.size(); ++i) rows *= out[i];
   if (rows % row_multiple_ != 0) {
     return InvalidField(absl::StrCat(field, "[0].shape"),
                         absl::StrCat("a token count (product of the leading dimensions) divisible by ", row_multiple_,
