@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -63,6 +62,21 @@ struct Session::State {
     for (const layers::Parameter* p : params) known.push_back(p->name);
     return absl::NotFoundError(absl::StrCat("parameters: no parameter named '", name, "' (this model has ",
                                             absl::StrJoin(known, ", "), ")"));
+  }
+
+  // Deep copies of the named parameters (all when `names` is empty), or of their grads.
+  absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<std::string>& names, bool grads) const {
+    std::vector<layers::Parameter*> selected = names.empty() ? params : std::vector<layers::Parameter*>();
+    for (const std::string& name : names) {
+      ASSIGN_OR_RETURN(layers::Parameter * p, FindParameter(name));
+      selected.push_back(p);
+    }
+    std::vector<NamedTensor> out;
+    for (const layers::Parameter* p : selected) {
+      ASSIGN_OR_RETURN(Tensor copy, (grads ? p->grad : p->value).Clone());
+      out.push_back(NamedTensor{p->name, std::move(copy)});
+    }
+    return out;
   }
 };
 
@@ -186,41 +200,15 @@ void Session::ZeroGrad() {
   }
 }
 
-namespace {
-
-absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<layers::Parameter*>& params,
-                                                     const std::vector<std::string>& names, bool grads,
-                                                     const std::function<absl::StatusOr<layers::Parameter*>(
-                                                         const std::string&)>& find) {
-  std::vector<layers::Parameter*> selected;
-  if (names.empty()) {
-    selected = params;
-  } else {
-    for (const std::string& name : names) {
-      ASSIGN_OR_RETURN(layers::Parameter * p, find(name));
-      selected.push_back(p);
-    }
-  }
-  std::vector<NamedTensor> out;
-  for (const layers::Parameter* p : selected) {
-    ASSIGN_OR_RETURN(Tensor copy, (grads ? p->grad : p->value).Clone());
-    out.push_back(NamedTensor{p->name, std::move(copy)});
-  }
-  return out;
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<NamedTensor>> Session::GetParameters(const std::vector<std::string>& names) const {
   absl::MutexLock lock(&mu_);
-  return CopyTensors(state_->params, names, /*grads=*/false,
-                     [this](const std::string& n) ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_->FindParameter(n); });
+  return state_->CopyTensors(names, /*grads=*/false);
 }
 
 absl::StatusOr<std::vector<NamedTensor>> Session::GetGradients(const std::vector<std::string>& names) const {
   absl::MutexLock lock(&mu_);
-  return CopyTensors(state_->params, names, /*grads=*/true,
-                     [this](const std::string& n) ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_->FindParameter(n); });
+  return state_->CopyTensors(names, /*grads=*/true);
 }
 
 absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) {
