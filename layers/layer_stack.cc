@@ -24,6 +24,15 @@ absl::StatusOr<std::vector<Shape>> LayerStack::OutputShapes(const std::vector<Sh
   return shapes;
 }
 
+absl::Status LayerStack::ValidateSide(const SideInputs& side, const std::vector<Shape>& input_shapes) const {
+  std::vector<Shape> shapes = input_shapes;
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    RETURN_IF_ERROR(modules_[i]->ValidateSide(side, shapes));
+    ASSIGN_OR_RETURN(shapes, modules_[i]->OutputShapes(shapes, "inputs"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ForwardOutput> LayerStack::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                                   const ForwardOptions& options) {
   auto saved = std::make_unique<StackSaved>();
@@ -40,11 +49,12 @@ absl::StatusOr<ForwardOutput> LayerStack::Forward(const Context& ctx, const std:
 }
 
 absl::StatusOr<std::vector<Tensor>> LayerStack::Backward(const Context& ctx, SavedActivations& saved_base,
-                                                         const std::vector<Tensor>& grad_outputs) {
+                                                         const std::vector<Tensor>& grad_outputs,
+                                                         SideGrads* side_grads) {
   auto& saved = static_cast<StackSaved&>(saved_base);
   std::vector<Tensor> grads = grad_outputs;
   for (size_t i = modules_.size(); i-- > 0;) {
-    ASSIGN_OR_RETURN(grads, modules_[i]->Backward(ctx, *saved.per_module[i], grads));
+    ASSIGN_OR_RETURN(grads, modules_[i]->Backward(ctx, *saved.per_module[i], grads, side_grads));
   }
   return grads;
 }

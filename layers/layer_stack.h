@@ -22,10 +22,12 @@ class LayerStack : public Module {
   std::string kind() const override { return "LayerStack"; }
   absl::StatusOr<std::vector<Shape>> OutputShapes(const std::vector<Shape>& input_shapes,
                                                   absl::string_view field) const override;
+  absl::Status ValidateSide(const SideInputs& side, const std::vector<Shape>& input_shapes) const override;
   absl::StatusOr<ForwardOutput> Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                         const ForwardOptions& options) override;
   absl::StatusOr<std::vector<Tensor>> Backward(const Context& ctx, SavedActivations& saved,
-                                               const std::vector<Tensor>& grad_outputs) override;
+                                               const std::vector<Tensor>& grad_outputs,
+                                               SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
 

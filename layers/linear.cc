@@ -129,7 +129,8 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
 }
 
 absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedActivations& saved_base,
-                                                     const std::vector<Tensor>& grad_outputs) {
+                                                     const std::vector<Tensor>& grad_outputs,
+                                                     SideGrads* side_grads) {
   auto& saved = static_cast<LinearSaved&>(saved_base);
   ASSIGN_OR_RETURN(Tensor dy, grad_outputs[0].As2D());
 

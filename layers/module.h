@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/context.h"
 #include "core/tensor.h"
 #include "recipes/quantizer.h"
@@ -33,8 +35,45 @@ class SavedActivations {
   virtual ~SavedActivations() = default;
 };
 
+// Per-call inputs any layer of a stack may read besides the activation stream: TE's
+// forward keyword arguments (attention masks, cu_seqlens, the encoder output of a
+// decoder, GroupedLinear's m_splits). Looked up by name; the session accepts only the
+// names in kSideInputNames and each layer validates the ones it reads (ValidateSide).
+//   attention_mask, enc_dec_attention_mask   BOOL, true = masked out
+//   encoder_output                           FP32, the cross-attention memory
+//   cu_seqlens_q, cu_seqlens_kv              INT32 [batch + 1] (qkv_format thd)
+//   cu_seqlens_q_padded, cu_seqlens_kv_padded
+//   core_attention_bias                      FP32 (pre/post_scale_bias)
+//   alibi_slopes                             FP32 [heads] or [batch, heads]
+//   m_splits                                 INT64 [num_gemms]
+class SideInputs {
+ public:
+  void Set(std::string name, Tensor value) { values_[std::move(name)] = std::move(value); }
+  // Null when absent.
+  const Tensor* Find(absl::string_view name) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? nullptr : &it->second;
+  }
+  bool empty() const { return values_.empty(); }
+  const absl::flat_hash_map<std::string, Tensor>& values() const { return values_; }
+
+ private:
+  absl::flat_hash_map<std::string, Tensor> values_;
+};
+
+inline constexpr absl::string_view kSideInputNames[] = {
+    "attention_mask", "enc_dec_attention_mask", "encoder_output", "cu_seqlens_q",       "cu_seqlens_kv",
+    "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "core_attention_bias", "alibi_slopes", "m_splits"};
+
+// Gradients of side inputs that have one (encoder_output); Backward accumulates into
+// them when the caller passes a SideGrads.
+struct SideGrads {
+  Tensor encoder_output;  // undefined until a layer adds to it
+};
+
 struct ForwardOptions {
   bool save_for_backward = true;
+  const SideInputs* side = nullptr;  // null: no side inputs
 };
 
 struct ForwardOutput {
@@ -63,14 +102,22 @@ class Module {
   virtual absl::StatusOr<std::vector<Shape>> OutputShapes(const std::vector<Shape>& input_shapes,
                                                           absl::string_view field) const = 0;
 
+  // Checks the side inputs this module reads against inputs of `input_shapes`
+  // (INVALID_ARGUMENT naming "side_inputs.<name>"); Forward may assume it passed.
+  virtual absl::Status ValidateSide(const SideInputs& side, const std::vector<Shape>& input_shapes) const {
+    return absl::OkStatus();
+  }
+
   virtual absl::StatusOr<ForwardOutput> Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                                 const ForwardOptions& options) = 0;
 
   // Consumes `saved` (one backward per forward); accumulates parameter gradients and
   // returns the gradients of the forward's inputs. grad_outputs match the forward's
-  // outputs in number and shape (callers validate).
+  // outputs in number and shape (callers validate). Gradients of side inputs are added
+  // to `side_grads` when it is not null.
   virtual absl::StatusOr<std::vector<Tensor>> Backward(const Context& ctx, SavedActivations& saved,
-                                                       const std::vector<Tensor>& grad_outputs) = 0;
+                                                       const std::vector<Tensor>& grad_outputs,
+                                                       SideGrads* side_grads = nullptr) = 0;
 
   virtual std::vector<Parameter*> Parameters() { return {}; }
   virtual std::vector<NamedQuantizer> Quantizers() { return {}; }

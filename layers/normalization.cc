@@ -87,7 +87,8 @@ absl::StatusOr<ForwardOutput> Normalization::Forward(const Context& ctx, const s
 }
 
 absl::StatusOr<std::vector<Tensor>> Normalization::Backward(const Context& ctx, SavedActivations& saved_base,
-                                                            const std::vector<Tensor>& grad_outputs) {
+                                                            const std::vector<Tensor>& grad_outputs,
+                                                            SideGrads* side_grads) {
   auto& saved = static_cast<NormSaved&>(saved_base);
   ASSIGN_OR_RETURN(Tensor dy, grad_outputs[0].As2D());
   kernels::NormBackwardOutputs grads;

@@ -32,7 +32,8 @@ class Normalization : public Module {
   absl::StatusOr<ForwardOutput> Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                         const ForwardOptions& options) override;
   absl::StatusOr<std::vector<Tensor>> Backward(const Context& ctx, SavedActivations& saved,
-                                               const std::vector<Tensor>& grad_outputs) override;
+                                               const std::vector<Tensor>& grad_outputs,
+                                               SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
 
  private:
