@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "layers/module.h"
 #include "google/protobuf/repeated_field.h"
 #include "teserve/v1/tensor.pb.h"
 
@@ -38,6 +39,11 @@ absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_vi
 // DecodeFloatTensor over a repeated field; element i is named "<field>[i]".
 absl::StatusOr<std::vector<Tensor>> DecodeFloatTensors(
     const google::protobuf::RepeatedPtrField<v1::Tensor>& wire, absl::string_view field);
+
+// Side inputs by name ("side_inputs.<name>" in errors): float dtypes decode to FP32,
+// INT32 / INT64 / BOOL stay as they are; other dtypes and repeated names are rejected.
+absl::StatusOr<layers::SideInputs> DecodeSideInputs(
+    const google::protobuf::RepeatedPtrField<v1::NamedTensor>& wire);
 
 // Writes `tensor` (a CPU tensor of any dtype) to the wire as raw bytes.
 absl::Status EncodeTensor(const Tensor& tensor, v1::Tensor* wire);

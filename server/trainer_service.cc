@@ -169,8 +169,9 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
   return Serve(context, "Forward", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
+    ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     ASSIGN_OR_RETURN(train::ForwardResult result,
-                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad()));
+                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
     RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
     response->set_handle(result.handle);
     return absl::OkStatus();
@@ -184,8 +185,14 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                      DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
+    std::vector<train::NamedTensor> side_grads;
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
-                     session->Backward(request->handle(), grads));
+                     session->Backward(request->handle(), grads, &side_grads));
+    for (const train::NamedTensor& g : side_grads) {
+      v1::NamedTensor* wire = response->add_side_grads();
+      wire->set_name(g.name);
+      RETURN_IF_ERROR(EncodeTensor(g.tensor, wire->mutable_tensor()));
+    }
     return EncodeTensors(grad_inputs, response->mutable_grad_inputs());
   });
 }

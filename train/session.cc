@@ -29,6 +29,21 @@ absl::Status CheckFp32Cpu(const Tensor& t, absl::string_view field) {
   return absl::OkStatus();
 }
 
+// Side inputs: known names, CPU tensors; the layers check dtypes and shapes.
+absl::Status CheckSideInputs(const layers::SideInputs& side) {
+  for (const auto& [name, tensor] : side.values()) {
+    const std::string field = absl::StrCat("side_inputs.", name);
+    bool known = false;
+    for (absl::string_view n : layers::kSideInputNames) known = known || n == name;
+    if (!known) {
+      return InvalidField(field, absl::StrCat("a side input name, one of ", absl::StrJoin(layers::kSideInputNames, ", ")),
+                          absl::StrCat("'", name, "'"));
+    }
+    if (!tensor.device().is_cpu()) return InvalidField(absl::StrCat(field, ".device"), "cpu", tensor.device().ToString());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct Session::State {
@@ -106,7 +121,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
   return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
 }
 
-absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs, bool save_for_backward) {
+absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs, bool save_for_backward,
+                                               const layers::SideInputs& side) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
   std::vector<Shape> shapes;
@@ -115,6 +131,8 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
     shapes.push_back(inputs[i].shape());
   }
   ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.stack->OutputShapes(shapes, "inputs"));
+  RETURN_IF_ERROR(CheckSideInputs(side));
+  RETURN_IF_ERROR(s.stack->ValidateSide(side, shapes));
   if (save_for_backward && s.pending.size() >= kMaxLiveHandles) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "forward: ", s.pending.size(), " forwards already await their Backward (limit ", kMaxLiveHandles,
@@ -123,6 +141,7 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
 
   layers::ForwardOptions options;
   options.save_for_backward = save_for_backward;
+  options.side = &side;
   ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, inputs, options));
   s.EndRegion(/*forward=*/true);
 
@@ -135,7 +154,8 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
   return result;
 }
 
-absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs) {
+absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs,
+                                                      std::vector<NamedTensor>* side_grads) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
   auto it = s.pending.find(handle);
@@ -161,7 +181,12 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
                           ShapeToString(grad_outputs[i].shape()));
     }
   }
-  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.stack->Backward(s.ctx, *it->second.saved, grad_outputs));
+  layers::SideGrads layer_side_grads;
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
+                   s.stack->Backward(s.ctx, *it->second.saved, grad_outputs, &layer_side_grads));
+  if (side_grads != nullptr && layer_side_grads.encoder_output.defined()) {
+    side_grads->push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
+  }
   s.pending.erase(it);
   s.EndRegion(/*forward=*/false);
   return grad_inputs;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "layers/module.h"
 #include "recipes/health.h"
 #include "teserve/v1/model.pb.h"
 
@@ -85,11 +86,16 @@ class Session {
   ~Session();
 
   // inputs: FP32 CPU tensors (the server converts wire dtypes). Errors name
-  // "inputs[i]" with expected vs got.
-  absl::StatusOr<ForwardResult> Forward(const std::vector<Tensor>& inputs, bool save_for_backward);
+  // "inputs[i]" with expected vs got. `side`: named per-call inputs (layers/module.h
+  // lists the names); unknown names and inputs the layers reject fail with
+  // INVALID_ARGUMENT naming "side_inputs.<name>".
+  absl::StatusOr<ForwardResult> Forward(const std::vector<Tensor>& inputs, bool save_for_backward,
+                                        const layers::SideInputs& side = layers::SideInputs());
   // NOT_FOUND for an unknown handle or one already consumed (the message says which).
-  absl::StatusOr<std::vector<Tensor>> Backward(uint64_t handle,
-                                               const std::vector<Tensor>& grad_outputs);
+  // Gradients of side inputs that have one (encoder_output) go to `side_grads` when
+  // given.
+  absl::StatusOr<std::vector<Tensor>> Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs,
+                                               std::vector<NamedTensor>* side_grads = nullptr);
   absl::StatusOr<StepResult> Step();
   void ZeroGrad();
 

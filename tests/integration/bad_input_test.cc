@@ -127,6 +127,28 @@ TEST_F(BadInput, WrongDtype) {
                   "FLOAT8_E4M3");
 }
 
+TEST_F(BadInput, BadSideInputs) {
+  v1::ForwardRequest request = GoodForward();
+  v1::NamedTensor* side = request.add_side_inputs();
+  side->set_name("attention_mask_typo");
+  *side->mutable_tensor() = client::MakeFloatTensor({1.0f}, {1});
+  EXPECT_REJECTED(s_.client->Forward(request), kInvalidArgument,
+                  "side_inputs.attention_mask_typo: expected a side input name, one of attention_mask,",
+                  "got 'attention_mask_typo'");
+  side->set_name("encoder_output");
+  side->mutable_tensor()->set_dtype(v1::FLOAT8_E4M3);
+  EXPECT_REJECTED(s_.client->Forward(request), kInvalidArgument,
+                  "side_inputs.encoder_output.dtype: expected one of FLOAT32, BFLOAT16, FLOAT16, INT32, INT64, "
+                  "BOOL, got FLOAT8_E4M3");
+  side->mutable_tensor()->set_dtype(v1::INT64);  // 4 bytes of data for one INT64
+  EXPECT_REJECTED(s_.client->Forward(request), kInvalidArgument,
+                  "side_inputs.encoder_output.data: expected 8 bytes (shape [1] x INT64), got 4");
+  side->mutable_tensor()->set_dtype(v1::FLOAT32);
+  *request.add_side_inputs() = *side;
+  EXPECT_REJECTED(s_.client->Forward(request), kInvalidArgument,
+                  "side_inputs.encoder_output: expected each name once, got a repeated name");
+}
+
 TEST_F(BadInput, WrongShape) {
   v1::ForwardRequest request = GoodForward();
   *request.mutable_inputs(0) =
