@@ -64,12 +64,12 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(std::string name, const L
                    Tensor::Zeros(DType::kFloat32, {options.out_features, options.in_features}));
   ASSIGN_OR_RETURN(layer->weight_.grad,
                    Tensor::Zeros(DType::kFloat32, {options.out_features, options.in_features}));
-  layer->weight_.name = absl::StrCat(name, ".weight");
+  layer->weight_.name = options.weight_name.empty() ? absl::StrCat(name, ".weight") : options.weight_name;
   FillNormal(options.seed, options.init_std, layer->weight_.value.mutable_floats());
   if (options.bias) {
     ASSIGN_OR_RETURN(layer->bias_.value, Tensor::Zeros(DType::kFloat32, {options.out_features}));
     ASSIGN_OR_RETURN(layer->bias_.grad, Tensor::Zeros(DType::kFloat32, {options.out_features}));
-    layer->bias_.name = absl::StrCat(name, ".bias");
+    layer->bias_.name = options.bias_name.empty() ? absl::StrCat(name, ".bias") : options.bias_name;
   }
   ASSIGN_OR_RETURN(layer->input_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kInput));
   ASSIGN_OR_RETURN(layer->weight_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kWeight));

@@ -27,6 +27,10 @@ struct LinearOptions {
   bool return_bias = false;  // return the bias instead of adding it (TE's return_bias)
   float init_std = 0.023f;   // TE's default init_method: normal(0, 0.023)
   uint64_t seed = 0;
+  // Parameter names; empty means "<layer>.weight" / "<layer>.bias" (GroupedLinear names
+  // the weight and bias of GEMM i "<layer>.weight<i>" / "<layer>.bias<i>", as TE does).
+  std::string weight_name;
+  std::string bias_name;
 };
 
 class Linear : public Module {
