@@ -169,6 +169,13 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::RecipeSpec& spec, absl::string_
       break;
     }
     case v1::RecipeSpec::kNvfp4: {
+      const v1::Fp8Format scale_format = spec.nvfp4().fp8_format();
+      if (scale_format != v1::FP8_FORMAT_UNSPECIFIED && scale_format != v1::E4M3) {
+        return InvalidField(absl::StrCat(field, ".nvfp4.fp8_format"),
+                            "E4M3 (NVFP4 block scales are E4M3; per-direction formats do not apply)",
+                            v1::Fp8Format_IsValid(scale_format) ? v1::Fp8Format_Name(scale_format)
+                                                                : absl::StrCat("enum value ", static_cast<int>(scale_format)));
+      }
       Nvfp4Config config;
       config.random_hadamard = !spec.nvfp4().disable_rht();
       config.stochastic_rounding = !spec.nvfp4().disable_stochastic_rounding();

@@ -1,114 +1,21 @@
 #include "server/recipe_availability.h"
 
-#include <utility>
-
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-
 namespace teserve {
 namespace server {
-namespace {
-
-v1::RecipeAvailability Entry(const char* recipe, v1::Availability availability,
-                             std::string reason) {
-  v1::RecipeAvailability entry;
-  entry.set_recipe(recipe);
-  entry.set_availability(availability);
-  entry.set_reason(std::move(reason));
-  return entry;
-}
-
-// True when `version` ("12.9", "13.1.0") is at least major.minor. Unknown versions
-// (empty or unparsable) count as too old: we only claim what we can prove.
-bool VersionAtLeast(const std::string& version, int major, int minor) {
-  std::vector<std::string> parts = absl::StrSplit(version, '.');
-  int got_major = 0;
-  int got_minor = 0;
-  if (parts.size() < 2 || !absl::SimpleAtoi(parts[0], &got_major) ||
-      !absl::SimpleAtoi(parts[1], &got_minor)) {
-    return false;
-  }
-  return got_major > major || (got_major == major && got_minor >= minor);
-}
-
-struct Gpu {
-  int cc;          // 90 for 9.0
-  std::string sm;  // "sm_90"
-  bool hopper() const { return cc / 10 == 9; }
-  bool blackwell_or_newer() const { return cc >= 100; }
-};
-
-// Delayed and current scaling: per-tensor FP8 GEMMs, which Ada (8.9) introduced.
-v1::RecipeAvailability PerTensorFp8(const char* recipe, const Gpu& gpu) {
-  if (gpu.cc >= 89) {
-    return Entry(recipe, v1::NATIVE, absl::StrCat("per-tensor FP8 GEMMs run natively on ", gpu.sm));
-  }
-  return Entry(recipe, v1::UNAVAILABLE,
-               absl::StrCat("FP8 needs compute capability 8.9+ (Ada, Hopper, Blackwell); this "
-                            "device is ",
-                            gpu.sm));
-}
-
-// MXFP8 and NVFP4: hardware block scales exist only on Blackwell; Hopper runs them by
-// dequantizing the operands (numerically the same computation, slower).
-v1::RecipeAvailability MicroBlockScaled(const char* recipe, const char* what, const Gpu& gpu) {
-  if (gpu.blackwell_or_newer()) {
-    return Entry(recipe, v1::NATIVE,
-                 absl::StrCat(what, " block-scaled GEMMs run natively on ", gpu.sm));
-  }
-  if (gpu.hopper()) {
-    return Entry(recipe, v1::EMULATED,
-                 absl::StrCat(what, " GEMMs run natively only on sm_100+; on ", gpu.sm,
-                              " the operands are dequantized and multiplied in BF16/FP32"));
-  }
-  return Entry(recipe, v1::UNAVAILABLE,
-               absl::StrCat(what, " needs compute capability 9.0+ (emulated) or 10.0+ "
-                            "(native); this device is ",
-                            gpu.sm));
-}
-
-// FP8 block scaling: cuBLASLt 12.9 added the VEC128 / BLK128x128 scale modes.
-v1::RecipeAvailability Fp8Block(const Gpu& gpu, const std::string& cublaslt_version) {
-  const std::string cublaslt = cublaslt_version.empty() ? "unknown" : cublaslt_version;
-  if (gpu.cc < 90) {
-    return Entry("block", v1::UNAVAILABLE,
-                 absl::StrCat("FP8 block scaling needs compute capability 9.0+; this device is ",
-                              gpu.sm));
-  }
-  if (VersionAtLeast(cublaslt_version, 12, 9)) {
-    return Entry("block", v1::NATIVE,
-                 absl::StrCat("FP8 block-scaled GEMMs run natively on ", gpu.sm,
-                              " with cuBLASLt ", cublaslt));
-  }
-  return Entry("block", v1::EMULATED,
-               absl::StrCat("native FP8 block scaling needs cuBLASLt >= 12.9, got ", cublaslt,
-                            "; the operands are dequantized instead"));
-}
-
-}  // namespace
 
 std::vector<v1::RecipeAvailability> RecipeAvailabilities(const DeviceFacts& facts) {
-  if (!facts.is_cuda) {
-    constexpr char kReference[] =
-        "CPU reference backend: GEMMs run in FP32 on dequantized operands";
-    return {
-        Entry("delayed", v1::EMULATED, kReference),
-        Entry("current", v1::EMULATED, kReference),
-        Entry("mxfp8", v1::EMULATED, kReference),
-        Entry("block", v1::EMULATED, kReference),
-        Entry("nvfp4", v1::EMULATED, kReference),
-    };
+  std::vector<v1::RecipeAvailability> out;
+  for (const recipes::GemmPlan& plan : recipes::PlanGemms(facts)) {
+    v1::RecipeAvailability& entry = out.emplace_back();
+    entry.set_recipe(plan.recipe);
+    switch (plan.execution) {
+      case recipes::GemmExecution::kNative: entry.set_availability(v1::NATIVE); break;
+      case recipes::GemmExecution::kEmulated: entry.set_availability(v1::EMULATED); break;
+      case recipes::GemmExecution::kUnavailable: entry.set_availability(v1::UNAVAILABLE); break;
+    }
+    entry.set_reason(plan.reason);
   }
-  const int cc = facts.cc_major * 10 + facts.cc_minor;
-  const Gpu gpu{cc, absl::StrCat("sm_", cc)};
-  return {
-      PerTensorFp8("delayed", gpu),
-      PerTensorFp8("current", gpu),
-      MicroBlockScaled("mxfp8", "MXFP8", gpu),
-      Fp8Block(gpu, facts.cublaslt_version),
-      MicroBlockScaled("nvfp4", "NVFP4", gpu),
-  };
+  return out;
 }
 
 }  // namespace server

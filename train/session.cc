@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "layers/layer_stack.h"
 #include "layers/spec.h"
+#include "recipes/gemm_execution.h"
 #include "recipes/recipe.h"
 #include "train/optimizer.h"
 
@@ -58,6 +59,9 @@ struct Session::State {
   std::unique_ptr<Optimizer> optimizer;
   std::vector<layers::Parameter*> params;
   float max_grad_norm = 0.0f;
+  // How this session's quantized GEMMs run. Layer math runs on the CPU reference backend
+  // in this release whatever the selected device, so the plan is the CPU's.
+  recipes::GemmPlan gemm_plan;
   int64_t step = 0;
   uint64_t next_handle = 1;
   absl::flat_hash_map<uint64_t, Pending> pending;
@@ -118,6 +122,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
     q.quantizer->set_health_stats(recipe.fp8_health_stats());
   }
   state->max_grad_norm = optimizer.max_grad_norm();
+  state->gemm_plan = recipes::PlanGemm(state->recipe.name(), recipes::DeviceFacts{});
   return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
 }
 
@@ -273,9 +278,7 @@ std::vector<QuantizerReport> Session::QuantizationState() const {
     r.recipe = snap.recipe;
     r.format = snap.format;
     r.scaling_mode = std::string(ScalingModeName(snap.mode));
-    // Every GEMM of this release dequantizes its operands and multiplies in FP32 (the CPU
-    // reference backend), which is what "emulated" means for a quantized GEMM.
-    r.execution = "emulated";
+    r.execution = std::string(recipes::GemmExecutionName(state_->gemm_plan.execution));
     r.amax = snap.amax;
     r.scale = snap.scale;
     r.scale_inv = snap.scale_inv;

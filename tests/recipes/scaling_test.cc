@@ -167,6 +167,19 @@ TEST(RecipeFromProto, RejectsInvalidConfigurationsNamingTheField) {
        "recipe.current.amax_epsilon"},
       {[](v1::RecipeSpec* s) { s->mutable_current()->set_fp8_format(v1::E5M2); },
        "recipe.current.fp8_format"},
+      {[](v1::RecipeSpec* s) { s->mutable_mxfp8()->set_fp8_format(v1::E5M2); },
+       "recipe.mxfp8.fp8_format: expected HYBRID or E4M3"},
+      {[](v1::RecipeSpec* s) { s->mutable_block()->set_w_block_scaling_dim(3); },
+       "recipe.block.w_block_scaling_dim: expected 1 (1x128) or 2 (128x128), got 3"},
+      {[](v1::RecipeSpec* s) { s->mutable_block()->set_x_block_scaling_dim(2); },
+       "recipe.block.x_block_scaling_dim: expected 1 (inputs use 1x128 blocks), got 2"},
+      {[](v1::RecipeSpec* s) { s->mutable_nvfp4()->set_fp8_format(v1::HYBRID); },
+       "recipe.nvfp4.fp8_format: expected E4M3 (NVFP4 block scales are E4M3; per-direction formats do not "
+       "apply), got HYBRID"},
+      {[](v1::RecipeSpec* s) { s->mutable_nvfp4()->set_fp8_format(v1::E5M2); },
+       "recipe.nvfp4.fp8_format: expected E4M3 (NVFP4 block scales are E4M3; per-direction formats do not "
+       "apply), got E5M2"},
+      {[](v1::RecipeSpec* s) { s->set_calibrating(true); }, "recipe.calibrating: expected a recipe to calibrate"},
   };
   for (const Case& c : cases) {
     v1::RecipeSpec spec;
@@ -175,6 +188,14 @@ TEST(RecipeFromProto, RejectsInvalidConfigurationsNamingTheField) {
     EXPECT_EQ(recipe.status().code(), absl::StatusCode::kInvalidArgument) << c.fragment;
     EXPECT_THAT(std::string(recipe.status().message()), testing::HasSubstr(c.fragment));
   }
+}
+
+TEST(RecipeFromProto, Nvfp4AcceptsE4M3ScalesExplicitly) {
+  v1::RecipeSpec spec;
+  spec.mutable_nvfp4()->set_fp8_format(v1::E4M3);
+  auto recipe = RecipeFromProto(spec);
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->name(), "nvfp4");
 }
 
 TEST(RecipeFromProto, DisabledRecipeDoesNotQuantize) {
