@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "layers/grouped_linear.h"
 #include "layers/init.h"
 #include "layers/linear.h"
 #include "layers/normalization.h"
@@ -17,6 +18,8 @@ namespace {
 
 // Largest single dimension accepted; keeps every product below int64 overflow.
 constexpr int64_t kMaxDim = int64_t{1} << 24;
+// Most GEMMs one GroupedLinear may hold (each is a Linear with its own quantizers).
+constexpr int64_t kMaxGemms = 4096;
 
 absl::Status CheckSize(int64_t value, absl::string_view field) {
   if (value <= 0 || value > kMaxDim) {
@@ -36,6 +39,7 @@ struct LayerPlan {
   int64_t in_width = 0;
   int64_t out_width = 0;
   int64_t num_parameters = 0;
+  std::string in_width_field;  // the field a width mismatch names, when the kind sets it
 };
 
 absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_view field) {
@@ -67,6 +71,24 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.num_parameters = hidden * (ln ? 2 : 1);
       return plan;
     }
+    case v1::LayerSpec::kGroupedLinear: {
+      const v1::GroupedLinearSpec& s = layer.grouped_linear();
+      const std::string f = absl::StrCat(field, ".grouped_linear");
+      if (s.num_gemms() < 1 || s.num_gemms() > kMaxGemms) {
+        return InvalidField(absl::StrCat(f, ".num_gemms"), absl::StrCat("a count in 1..", kMaxGemms), s.num_gemms());
+      }
+      RETURN_IF_ERROR(CheckSize(s.in_features(), absl::StrCat(f, ".in_features")));
+      RETURN_IF_ERROR(CheckSize(s.out_features(), absl::StrCat(f, ".out_features")));
+      if (s.has_init_std() && (!std::isfinite(s.init_std()) || s.init_std() < 0.0f)) {
+        return InvalidField(absl::StrCat(f, ".init_std"), "a finite value >= 0", s.init_std());
+      }
+      plan.in_width = s.in_features();
+      plan.out_width = s.out_features();
+      plan.num_parameters =
+          s.num_gemms() * (s.in_features() * s.out_features() + (s.has_bias() && !s.bias() ? 0 : s.out_features()));
+      plan.in_width_field = absl::StrCat(f, ".in_features");
+      return plan;
+    }
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
@@ -75,6 +97,19 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
 
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
+  if (layer.kind_case() == v1::LayerSpec::kGroupedLinear) {
+    const v1::GroupedLinearSpec& s = layer.grouped_linear();
+    GroupedLinearOptions options;
+    options.num_gemms = s.num_gemms();
+    options.in_features = s.in_features();
+    options.out_features = s.out_features();
+    options.bias = s.has_bias() ? s.bias() : true;
+    options.return_bias = s.return_bias();
+    if (s.has_init_std()) options.init_std = s.init_std();
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<GroupedLinear> grouped, GroupedLinear::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(grouped));
+  }
   if (layer.kind_case() == v1::LayerSpec::kLinear) {
     const v1::LinearSpec& s = layer.linear();
     LinearOptions options;
@@ -127,8 +162,21 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
         }
       }
     }
+    if (layer.kind_case() == v1::LayerSpec::kGroupedLinear && recipe.block_multiple() > 1) {
+      const int64_t multiple = recipe.block_multiple();
+      for (const auto& [dim, value] :
+           {std::pair<const char*, int64_t>{"in_features", layer.grouped_linear().in_features()},
+            {"out_features", layer.grouped_linear().out_features()}}) {
+        if (value % multiple != 0) {
+          return InvalidField(absl::StrCat(field, ".grouped_linear.", dim),
+                              absl::StrCat("a multiple of ", multiple, " (", recipe.name(), " blocks must tile it)"),
+                              value);
+        }
+      }
+    }
     if (!plans.empty() && plan.in_width != plans.back().out_width) {
-      const std::string width_field = layer.kind_case() == v1::LayerSpec::kLinear
+      const std::string width_field = !plan.in_width_field.empty() ? plan.in_width_field
+                                      : layer.kind_case() == v1::LayerSpec::kLinear
                                           ? absl::StrCat(field, ".linear.in_features")
                                           : absl::StrCat(field, layer.kind_case() == v1::LayerSpec::kLayerNorm
                                                                     ? ".layer_norm.hidden_size"
@@ -137,6 +185,11 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
                           absl::StrCat(plans.back().out_width, " (the output width of layer '",
                                        plans.back().name, "')"),
                           plan.in_width);
+    }
+    if (layer.kind_case() == v1::LayerSpec::kGroupedLinear && layer.grouped_linear().return_bias() &&
+        i + 1 != spec.layers_size()) {
+      return InvalidField(absl::StrCat(field, ".grouped_linear.return_bias"),
+                          "false (only the last layer of a stack may return its biases)", "true");
     }
     if (layer.kind_case() == v1::LayerSpec::kLinear && layer.linear().return_bias() &&
         i + 1 != spec.layers_size()) {

@@ -2,6 +2,7 @@
 // every recipe, across steps; empty groups; an FP64 forward reference; finite-difference
 // gradients; m_splits validation naming the field; TE's parameter and quantizer names.
 #include <cmath>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "layers/grouped_linear.h"
 #include "layers/init.h"
 #include "layers/linear.h"
+#include "layers/spec.h"
 #include "tests/layers/grad_check.h"
 
 namespace teserve {
@@ -322,7 +324,7 @@ TEST(GroupedLinear, ParameterAndQuantizerNamesFollowTe) {
 TEST(GroupedLinear, RejectsNumGemmsBelowOne) {
   auto layer = GroupedLinear::Create("moe", Options(0, 4, 4), recipes::Recipe());
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(layer.status().message(), "num_gemms: expected at least 1, got 0");
+  EXPECT_EQ(std::string(layer.status().message()), "num_gemms: expected at least 1, got 0");
 }
 
 struct BadSplitsCase {
@@ -345,7 +347,7 @@ TEST_P(GroupedLinearBadSplitsTest, RejectedNamingTheField) {
   if (c.present) side.Set("m_splits", c.m_splits);
   absl::Status status = layer->ValidateSide(side, {{2, 3, 4}});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(), c.message);
+  EXPECT_EQ(std::string(status.message()), c.message);
   ForwardOptions options;
   options.side = &side;
   auto fwd = layer->Forward(Context(), {RandomTensor({2, 3, 4}, 1)}, options);
@@ -381,7 +383,7 @@ TEST(GroupedLinear, BlockRecipesRejectGroupsThatDoNotTile) {
   // 64 tokens in total (a multiple of 32) but split 40 + 24.
   absl::Status status = layer->ValidateSide(SideWith(Splits({40, 24})), {{64, 32}});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(),
+  EXPECT_EQ(std::string(status.message()),
             "side_inputs.m_splits[0]: expected a multiple of 32 (the recipe's block size, for layer 'moe'), got 40");
   EXPECT_TRUE(layer->ValidateSide(SideWith(Splits({32, 32})), {{64, 32}}).ok());
   EXPECT_TRUE(layer->ValidateSide(SideWith(Splits({0, 64})), {{64, 32}}).ok());
@@ -391,8 +393,91 @@ TEST(GroupedLinear, OutputShapesNameTheInputField) {
   auto layer = GroupedLinear::Create("moe", Options(2, 8, 4), recipes::Recipe()).value();
   auto shapes = layer->OutputShapes({{3, 5}}, "inputs");
   EXPECT_EQ(shapes.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(shapes.status().message(),
+  EXPECT_EQ(std::string(shapes.status().message()),
             "inputs[0].shape: expected last dimension 8 (in_features of layer 'moe'), got [3, 5]");
+}
+
+// ModelSpec -> stack: Linear(32 -> 32) then GroupedLinear(32 -> 8, 3 GEMMs).
+v1::ModelSpec GroupedModel() {
+  v1::ModelSpec spec;
+  auto* fc = spec.add_layers();
+  fc->set_name("fc");
+  fc->mutable_linear()->set_in_features(32);
+  fc->mutable_linear()->set_out_features(32);
+  auto* moe = spec.add_layers();
+  moe->set_name("moe");
+  moe->mutable_grouped_linear()->set_num_gemms(3);
+  moe->mutable_grouped_linear()->set_in_features(32);
+  moe->mutable_grouped_linear()->set_out_features(8);
+  return spec;
+}
+
+TEST(GroupedLinearSpec, BuildsAStackThatReadsMSplits) {
+  auto stack = BuildStack(GroupedModel(), recipes::Recipe()).value();
+  std::vector<std::string> names;
+  for (Parameter* p : stack->Parameters()) names.push_back(p->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"fc.weight", "fc.bias", "moe.weight0", "moe.weight1", "moe.weight2",
+                                             "moe.bias0", "moe.bias1", "moe.bias2"}));
+  EXPECT_EQ(std::string(stack->ValidateSide(SideInputs(), {{4, 32}}).message()),
+            "side_inputs.m_splits: expected an INT64 tensor [3] (the group sizes of GroupedLinear layer 'moe'), "
+            "got none");
+  const SideInputs side = SideWith(Splits({1, 0, 3}));
+  ASSERT_TRUE(stack->ValidateSide(side, {{4, 32}}).ok());
+  ForwardOptions options;
+  options.side = &side;
+  auto out = stack->Forward(Context(), {RandomTensor({4, 32}, 2)}, options).value();
+  EXPECT_EQ(out.outputs[0].shape(), (Shape{4, 8}));
+}
+
+struct BadGroupedSpec {
+  std::string name;
+  std::function<void(v1::GroupedLinearSpec*)> mutate;
+  recipes::Recipe::Config recipe;
+  std::string message;
+};
+
+void PrintTo(const BadGroupedSpec& c, std::ostream* os) { *os << c.name; }
+
+class GroupedLinearSpecErrorTest : public testing::TestWithParam<BadGroupedSpec> {};
+
+TEST_P(GroupedLinearSpecErrorTest, NamesTheField) {
+  const BadGroupedSpec& c = GetParam();
+  v1::ModelSpec spec = GroupedModel();
+  c.mutate(spec.mutable_layers(1)->mutable_grouped_linear());
+  auto stack = BuildStack(spec, Make(c.recipe));
+  EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(stack.status().message()), c.message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GroupedLinearSpecErrorTest,
+    testing::Values(
+        BadGroupedSpec{"zero_gemms", [](v1::GroupedLinearSpec* s) { s->set_num_gemms(0); }, absl::monostate(),
+                       "model.layers[1].grouped_linear.num_gemms: expected a count in 1..4096, got 0"},
+        BadGroupedSpec{"too_many_gemms", [](v1::GroupedLinearSpec* s) { s->set_num_gemms(4097); }, absl::monostate(),
+                       "model.layers[1].grouped_linear.num_gemms: expected a count in 1..4096, got 4097"},
+        BadGroupedSpec{"no_out_features", [](v1::GroupedLinearSpec* s) { s->set_out_features(0); }, absl::monostate(),
+                       "model.layers[1].grouped_linear.out_features: expected a size in 1..16777216, got 0"},
+        BadGroupedSpec{"negative_init_std", [](v1::GroupedLinearSpec* s) { s->set_init_std(-1.0f); },
+                       absl::monostate(), "model.layers[1].grouped_linear.init_std: expected a finite value >= 0, got -1"},
+        BadGroupedSpec{"width_mismatch", [](v1::GroupedLinearSpec* s) { s->set_in_features(31); }, absl::monostate(),
+                       "model.layers[1].grouped_linear.in_features: expected 32 (the output width of layer 'fc'), "
+                       "got 31"},
+        BadGroupedSpec{"mxfp8_out_features", [](v1::GroupedLinearSpec* s) { s->set_out_features(48); },
+                       recipes::Mxfp8Config(),
+                       "model.layers[1].grouped_linear.out_features: expected a multiple of 32 (mxfp8 blocks must "
+                       "tile it), got 48"}),
+    [](const testing::TestParamInfo<BadGroupedSpec>& info) { return info.param.name; });
+
+TEST(GroupedLinearSpec, OnlyTheLastLayerReturnsItsBiases) {
+  v1::ModelSpec spec = GroupedModel();
+  spec.mutable_layers(1)->mutable_grouped_linear()->set_return_bias(true);
+  EXPECT_TRUE(BuildStack(spec, recipes::Recipe()).ok());
+  spec.add_layers()->mutable_layer_norm()->set_hidden_size(8);
+  auto stack = BuildStack(spec, recipes::Recipe());
+  EXPECT_EQ(std::string(stack.status().message()),
+            "model.layers[1].grouped_linear.return_bias: expected false (only the last layer of a stack may return "
+            "its biases), got true");
 }
 
 }  // namespace
