@@ -103,43 +103,46 @@ struct Dims {
   int64_t groups = 0;
 };
 
-absl::Status CheckDim(absl::string_view name, const Tensor& t, int dim, int64_t expected, absl::string_view what) {
-  if (t.dim(dim) == expected) return absl::OkStatus();
+absl::Status CheckDim(absl::string_view name, const Shape& shape, int dim, int64_t expected, absl::string_view what) {
+  if (shape[dim] == expected) return absl::OkStatus();
   return InvalidField(absl::StrCat(name, ".shape"), absl::StrCat("dimension ", dim, " = ", expected, " (", what, ")"),
-                      ShapeToString(t.shape()));
+                      ShapeToString(shape));
 }
 
-absl::StatusOr<Dims> CheckQkv(const Context& ctx, const AttentionConfig& config, const Tensor& q, const Tensor& k,
-                              const Tensor& v) {
+absl::StatusOr<Dims> CheckQkvShapes(const AttentionConfig& config, const Shape& q, const Shape& k, const Shape& v) {
   const bool thd = config.qkv_format == QkvFormat::kThd;
-  const int rank = thd ? 3 : 4;
-  RETURN_IF_ERROR(CheckTensor("q", q, DType::kFloat32, rank, ctx));
-  RETURN_IF_ERROR(CheckTensor("k", k, DType::kFloat32, rank, ctx));
-  RETURN_IF_ERROR(CheckTensor("v", v, DType::kFloat32, rank, ctx));
-  const int head_dim = rank - 2;
+  const size_t rank = thd ? 3 : 4;
+  for (const auto& [name, shape] : {std::pair<const char*, const Shape&>{"q", q}, {"k", k}, {"v", v}}) {
+    if (shape.size() != rank) {
+      return InvalidField(absl::StrCat(name, ".shape"),
+                          absl::StrCat("rank ", rank, " (qkv_format ", QkvFormatName(config.qkv_format), ")"),
+                          absl::StrCat(ShapeToString(shape), " (rank ", shape.size(), ")"));
+    }
+  }
+  const int head_dim = static_cast<int>(rank) - 2;
   Dims dims;
-  dims.heads = q.dim(head_dim);
-  dims.groups = k.dim(head_dim);
+  dims.heads = q[head_dim];
+  dims.groups = k[head_dim];
   if (!thd) {
     const int batch_dim = config.qkv_format == QkvFormat::kSbhd ? 1 : 0;
     const int seq_dim = 1 - batch_dim;
-    dims.batch = q.dim(batch_dim);
-    dims.s_q = q.dim(seq_dim);
-    dims.s_kv = k.dim(seq_dim);
+    dims.batch = q[batch_dim];
+    dims.s_q = q[seq_dim];
+    dims.s_kv = k[seq_dim];
     RETURN_IF_ERROR(CheckDim("k", k, batch_dim, dims.batch, "the batch size of q"));
     dims.t_q = dims.s_q * dims.batch;
     dims.t_kv = dims.s_kv * dims.batch;
   } else {
-    dims.t_q = q.dim(0);
-    dims.t_kv = k.dim(0);
+    dims.t_q = q[0];
+    dims.t_kv = k[0];
   }
-  for (int d = 0; d <= head_dim; ++d) RETURN_IF_ERROR(CheckDim("v", v, d, k.dim(d), "as in k"));
-  RETURN_IF_ERROR(CheckDim("k", k, head_dim + 1, q.dim(head_dim + 1), "the head size of q"));
+  for (int d = 0; d <= head_dim; ++d) RETURN_IF_ERROR(CheckDim("v", v, d, k[d], "as in k"));
+  RETURN_IF_ERROR(CheckDim("k", k, head_dim + 1, q[head_dim + 1], "the head size of q"));
   if (dims.groups < 1 || dims.heads % dims.groups != 0) {
     return InvalidField("k.shape",
                         absl::StrCat("a head count (dimension ", head_dim, ") >= 1 dividing the ", dims.heads,
                                      " heads of q"),
-                        ShapeToString(k.shape()));
+                        ShapeToString(k));
   }
   return dims;
 }
@@ -232,42 +235,42 @@ absl::Status CheckBroadcast(const Context& ctx, absl::string_view name, const Te
 }
 
 absl::Status CheckSide(const Context& ctx, const AttentionConfig& config, const Dims& dims,
-                       const AttentionSideTensors& side) {
+                       const AttentionSideTensors& side, const AttentionSideNames& names) {
   const bool thd = config.qkv_format == QkvFormat::kThd;
   int64_t batch = dims.batch;
   if (thd || HasPadding(config.mask_type)) {
     // thd reads the batch size from cu_seqlens_q, and the padded offsets.
-    RETURN_IF_ERROR(CheckSequences(ctx, config, "cu_seqlens_q", side.cu_seqlens_q,
+    RETURN_IF_ERROR(CheckSequences(ctx, config, names.cu_seqlens_q, side.cu_seqlens_q,
                                    thd ? side.cu_seqlens_q_padded : Tensor(), thd ? -1 : batch, dims.s_q, dims.t_q));
     if (thd) batch = side.cu_seqlens_q.dim(0) - 1;
-    RETURN_IF_ERROR(CheckSequences(ctx, config, "cu_seqlens_kv", side.cu_seqlens_kv,
+    RETURN_IF_ERROR(CheckSequences(ctx, config, names.cu_seqlens_kv, side.cu_seqlens_kv,
                                    thd ? side.cu_seqlens_kv_padded : Tensor(), batch, dims.s_kv, dims.t_kv));
   }
   if (config.mask_type == AttnMaskType::kArbitrary) {
     if (!side.mask.defined()) {
-      return InvalidField("mask", "a BOOL tensor broadcastable to [B, H, S_q, S_kv] (mask type arbitrary)", "none");
+      return InvalidField(names.mask, "a BOOL tensor broadcastable to [B, H, S_q, S_kv] (mask type arbitrary)", "none");
     }
-    RETURN_IF_ERROR(CheckBroadcast(ctx, "mask", side.mask, DType::kBool, dims, /*exact_seq=*/false));
+    RETURN_IF_ERROR(CheckBroadcast(ctx, names.mask, side.mask, DType::kBool, dims, /*exact_seq=*/false));
   }
   if (config.bias_type == AttnBiasType::kPreScaleBias || config.bias_type == AttnBiasType::kPostScaleBias) {
     if (!side.bias.defined()) {
-      return InvalidField("bias", absl::StrCat("an FP32 [1|B, 1|H, S_q, S_kv] tensor (bias type ",
+      return InvalidField(names.bias, absl::StrCat("an FP32 [1|B, 1|H, S_q, S_kv] tensor (bias type ",
                                                AttnBiasTypeName(config.bias_type), ")"),
                           "none");
     }
-    RETURN_IF_ERROR(CheckBroadcast(ctx, "bias", side.bias, DType::kFloat32, dims, /*exact_seq=*/true));
+    RETURN_IF_ERROR(CheckBroadcast(ctx, names.bias, side.bias, DType::kFloat32, dims, /*exact_seq=*/true));
   }
   if (config.bias_type == AttnBiasType::kAlibi) {
     const Tensor& slopes = side.alibi_slopes;
     const std::string expected = absl::StrCat("FP32 [", dims.heads, "] or [", batch, ", ", dims.heads, "]");
-    if (!slopes.defined()) return InvalidField("alibi_slopes", expected, "none");
-    RETURN_IF_ERROR(CheckTensor("alibi_slopes", slopes, DType::kFloat32, kAnyRank, ctx));
+    if (!slopes.defined()) return InvalidField(names.alibi_slopes, expected, "none");
+    RETURN_IF_ERROR(CheckTensor(names.alibi_slopes, slopes, DType::kFloat32, kAnyRank, ctx));
     const bool ok = (slopes.rank() == 1 && slopes.dim(0) == dims.heads) ||
                     (slopes.rank() == 2 && slopes.dim(0) == batch && slopes.dim(1) == dims.heads);
-    if (!ok) return InvalidField("alibi_slopes.shape", expected, ShapeToString(slopes.shape()));
+    if (!ok) return InvalidField(absl::StrCat(names.alibi_slopes, ".shape"), expected, ShapeToString(slopes.shape()));
   }
   if (config.softmax_type == SoftmaxType::kLearnable) {
-    RETURN_IF_ERROR(CheckTensorOfShape("softmax_offset", side.softmax_offset, DType::kFloat32, {dims.heads}, ctx));
+    RETURN_IF_ERROR(CheckTensorOfShape(names.softmax_offset, side.softmax_offset, DType::kFloat32, {dims.heads}, ctx));
   }
   return absl::OkStatus();
 }
@@ -285,8 +288,11 @@ Shape WithoutLastDim(Shape shape) {
 absl::StatusOr<Dims> CheckCall(const Context& ctx, const AttentionConfig& config, const Tensor& q, const Tensor& k,
                                const Tensor& v, const AttentionSideTensors& side) {
   RETURN_IF_ERROR(CheckConfig(config));
-  ASSIGN_OR_RETURN(Dims dims, CheckQkv(ctx, config, q, k, v));
-  RETURN_IF_ERROR(CheckSide(ctx, config, dims, side));
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"q", q}, {"k", k}, {"v", v}}) {
+    RETURN_IF_ERROR(CheckTensor(name, t, DType::kFloat32, kAnyRank, ctx));
+  }
+  ASSIGN_OR_RETURN(Dims dims, CheckQkvShapes(config, q.shape(), k.shape(), v.shape()));
+  RETURN_IF_ERROR(CheckSide(ctx, config, dims, side, AttentionSideNames()));
   return dims;
 }
 
@@ -338,6 +344,13 @@ std::vector<float> DefaultAlibiSlopes(int64_t heads) {
     slopes.push_back(static_cast<float>(std::exp2(-4.0 * (2 * m - 1) / n)));
   }
   return slopes;
+}
+
+absl::Status CheckAttentionCall(const Context& ctx, const AttentionConfig& config, const Shape& q, const Shape& k,
+                                const Shape& v, const AttentionSideTensors& side, const AttentionSideNames& names) {
+  RETURN_IF_ERROR(CheckConfig(config));
+  ASSIGN_OR_RETURN(Dims dims, CheckQkvShapes(config, q, k, v));
+  return CheckSide(ctx, config, dims, side, names);
 }
 
 absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, const AttentionConfig& config,

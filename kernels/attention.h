@@ -84,6 +84,7 @@
 #define TESERVE_KERNELS_ATTENTION_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -176,6 +177,22 @@ struct AttentionBackwardOutputs {
   Tensor dsoftmax_offset;  // [H], learnable only
   Tensor dbias;            // bias's shape, pre/post_scale_bias only
 };
+
+// The names error messages give the side tensors (a layer passes its side-input names).
+struct AttentionSideNames {
+  std::string cu_seqlens_q = "cu_seqlens_q";  // "<name>_padded" for the padded offsets
+  std::string cu_seqlens_kv = "cu_seqlens_kv";
+  std::string mask = "mask";
+  std::string bias = "bias";
+  std::string alibi_slopes = "alibi_slopes";
+  std::string softmax_offset = "softmax_offset";
+};
+
+// The checks AttentionForward runs on the configuration and the side tensors, for
+// q/k/v of the given shapes (q/k/v shape errors name "q.shape", "k.shape", "v.shape").
+absl::Status CheckAttentionCall(const Context& ctx, const AttentionConfig& config, const Shape& q, const Shape& k,
+                                const Shape& v, const AttentionSideTensors& side,
+                                const AttentionSideNames& names = AttentionSideNames());
 
 // Validates every shape, dtype, device, option and cu_seqlens value (INVALID_ARGUMENT
 // naming the argument: "k.shape", "cu_seqlens_q", "config.window_right", ...), then runs.
