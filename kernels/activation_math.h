@@ -1,0 +1,95 @@
+// Scalar activation functions and their derivatives, in FP32, shared by the CPU
+// reference (kernels/cpu/activation_cpu.cc) and future CUDA kernels (TESERVE_HD), so
+// both backends evaluate the same formulas in the same order.
+//
+//   Sigmoid(x)   = 1 / (1 + exp(-x))
+//   GELU(x)      = x/2 (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi) (TE's tanh
+//                  approximation), evaluated as x * Sigmoid(2c (x + 0.044715 x^3)):
+//                  the same function, but 1 + tanh(z) cancels for z << 0 and the
+//                  sigmoid form does not.
+//   QGELU(x)     = x * Sigmoid(alpha x), alpha = 1.702 (quick GELU)
+//   SiLU(x)      = x * Sigmoid(x)
+//   ReLU(x)      = max(x, 0)
+//   SReLU(x)     = max(x, 0)^2 (squared ReLU)
+// Derivatives at the kinks: ReLU'(0) = 0, SReLU'(0) = 0.
+// NaN inputs give NaN outputs in every forward function.
+//
+// Each op is a functor with Value(x) and Grad(x), so element-wise loops take the op as
+// a template parameter.
+#ifndef TESERVE_KERNELS_ACTIVATION_MATH_H_
+#define TESERVE_KERNELS_ACTIVATION_MATH_H_
+
+#include <math.h>
+
+#ifndef TESERVE_HD
+#if defined(__CUDACC__)
+#define TESERVE_HD __host__ __device__ __forceinline__
+#else
+#define TESERVE_HD inline
+#endif
+#endif
+
+namespace teserve {
+namespace kernels {
+namespace act {
+
+inline constexpr float kGeluTanhScale = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluCubic = 0.044715f;
+inline constexpr float kQuickGeluAlpha = 1.702f;
+
+TESERVE_HD float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+struct GeluOp {
+  TESERVE_HD float Value(float x) const { return x * Sigmoid(2.0f * kGeluTanhScale * (x + kGeluCubic * x * x * x)); }
+  // d/dx [x s(u)] = s + x s (1 - s) u',  u = 2c (x + k x^3),  u' = 2c (1 + 3k x^2).
+  TESERVE_HD float Grad(float x) const {
+    const float s = Sigmoid(2.0f * kGeluTanhScale * (x + kGeluCubic * x * x * x));
+    const float du = 2.0f * kGeluTanhScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    return s + x * s * (1.0f - s) * du;
+  }
+};
+
+// x * Sigmoid(alpha x): QGELU with alpha = 1.702, SiLU with alpha = 1.
+struct SigmoidLinearOp {
+  float alpha = 1.0f;
+  TESERVE_HD float Value(float x) const { return x * Sigmoid(alpha * x); }
+  TESERVE_HD float Grad(float x) const {
+    const float s = Sigmoid(alpha * x);
+    return s + alpha * x * s * (1.0f - s);
+  }
+};
+
+struct ReluOp {
+  TESERVE_HD float Value(float x) const { return x < 0.0f ? 0.0f : x; }
+  TESERVE_HD float Grad(float x) const { return x > 0.0f ? 1.0f : 0.0f; }
+};
+
+struct SquaredReluOp {
+  TESERVE_HD float Value(float x) const { return x < 0.0f ? 0.0f : x * x; }
+  TESERVE_HD float Grad(float x) const { return x > 0.0f ? 2.0f * x : 0.0f; }
+};
+
+// How a gated activation treats its two halves a (activated) and b (linear):
+//   out = f(a') * (b' + offset)
+// Plain GLU variants use a' = a, b' = b, offset 0. Clamped SwiGLU (GPT-OSS) clamps
+// a' = min(a, limit), b' = clamp(b, -limit, limit) and adds offset 1; where a clamp is
+// active its input gets no gradient (at exactly the limit the gradient passes).
+struct GateClamp {
+  bool enabled = false;
+  float limit = 0.0f;
+  float offset = 0.0f;
+
+  TESERVE_HD float ActIn(float a) const { return enabled && a > limit ? limit : a; }
+  TESERVE_HD float LinearIn(float b) const {
+    if (!enabled) return b;
+    return b > limit ? limit : (b < -limit ? -limit : b);
+  }
+  TESERVE_HD float ActInGrad(float a) const { return enabled && a > limit ? 0.0f : 1.0f; }
+  TESERVE_HD float LinearInGrad(float b) const { return enabled && (b > limit || b < -limit) ? 0.0f : 1.0f; }
+};
+
+}  // namespace act
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_ACTIVATION_MATH_H_
