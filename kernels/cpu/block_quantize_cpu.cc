@@ -12,13 +12,11 @@
 //   dequantize to exactly transposed values.
 // - Amax propagates NaN (kernels/cpu/block_math.h).
 // - Every product is one FP32 multiplication (what a GPU kernel does in registers),
-//   encoded with core/float_codec.h, which the CUDA kernels compile too.
+//   encoded with core/float_codec.h; the per-block scale arithmetic lives in
+//   kernels/quantize_math.h. The CUDA kernels compile both headers.
 #include "kernels/cpu/block_quantize_cpu.h"
 
 #include <algorithm>
-#include <cfloat>
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -26,13 +24,13 @@
 #include "core/float_codec.h"
 #include "core/status.h"
 #include "kernels/cpu/block_math.h"
+#include "kernels/quantize_math.h"
 
 namespace teserve {
 namespace kernels {
 namespace cpu {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int64_t kSwizzleTileBytes = kMxfp8SwizzleTileRows * kMxfp8SwizzleTileCols;
 // Inside a 128x4 tile, rows are interleaved in four groups of 32: row r lands in
 // 16-byte line r % 32, at column group r / 32.
@@ -86,12 +84,6 @@ void SetCopy(QuantizedTensor& q, Copy copy, Tensor data, Tensor scale_inv) {
 
 // ---- MXFP8 ----
 
-// 2^(127 - code): brings the block under fp8_max. NaN for the NaN code 0xFF.
-float Mxfp8EncodeFactor(uint8_t code) {
-  if (code == 0xFFu) return kNaN;
-  return E8M0ToFloat(static_cast<uint8_t>(0xFEu - code));
-}
-
 void QuantizeMxfp8Copy(const CopyView& v, DType format, uint8_t* data, uint8_t* codes) {
   const Encoder encode = EncoderFor(format);
   const float fp8_max = DTypeMaxFinite(format);
@@ -102,7 +94,7 @@ void QuantizeMxfp8Copy(const CopyView& v, DType format, uint8_t* data, uint8_t* 
       const int64_t end = begin + kMxfp8BlockSize;
       float amax = 0.0f;
       for (int64_t c = begin; c < end; ++c) amax = AbsMaxUpdate(amax, v.at(r, c));
-      const uint8_t code = FloatToE8M0RoundUp(amax / fp8_max);
+      const uint8_t code = Mxfp8ScaleCode(amax, fp8_max);
       codes[r * blocks + b] = code;
       const float factor = Mxfp8EncodeFactor(code);
       for (int64_t c = begin; c < end; ++c) data[r * v.cols + c] = encode(v.at(r, c) * factor);
@@ -206,12 +198,7 @@ int64_t SwizzledOffset(int64_t r, int64_t c, int64_t padded_cols) {
 }  // namespace
 
 float BlockScalingScale(float block_amax, float fp8_max, bool power_2_scale, float amax_epsilon) {
-  const float amax = block_amax < amax_epsilon ? amax_epsilon : block_amax;
-  if (amax == 0.0f || !std::isfinite(amax)) return 1.0f;
-  float scale = fp8_max / amax;
-  if (std::isinf(scale)) scale = FLT_MAX;
-  if (power_2_scale) scale = BitsToFloat(FloatBits(scale) & 0xFF800000u);
-  return scale;
+  return BlockScalingScaleOf(block_amax, fp8_max, power_2_scale, amax_epsilon);
 }
 
 absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context&, const Tensor& x,

@@ -1,8 +1,9 @@
 // CPU reference NVFP4. Design choices:
 // - Every step is the FP32 operation sequence written in kernels/nvfp4.h, through the
-//   integer codecs of core/float_codec.h and the stateless draws of
-//   kernels/stochastic_rounding.h, which the CUDA kernels will compile too. Nothing
-//   here uses double or fused operations, so a GPU can match it bit for bit.
+//   integer codecs of core/float_codec.h, the block-scale arithmetic of
+//   kernels/quantize_math.h and the stateless draws of kernels/stochastic_rounding.h,
+//   which the CUDA kernels compile too. Nothing here uses double or fused operations,
+//   so a GPU can match it bit for bit.
 // - The columnwise copy is quantized from a materialized transpose of x (optionally
 //   Hadamard-transformed). That costs a copy of x, which is fine for a reference and
 //   keeps one 1D routine for both copies: blocks always run along the copy's last dim.
@@ -11,8 +12,6 @@
 // - Packed FP4 buffers come zeroed from Tensor::Zeros; codes are OR-ed into nibbles.
 #include "kernels/cpu/nvfp4_cpu.h"
 
-#include <algorithm>
-#include <cfloat>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -21,6 +20,7 @@
 #include "core/status.h"
 #include "kernels/cpu/block_math.h"
 #include "kernels/hadamard.h"
+#include "kernels/quantize_math.h"
 #include "kernels/stochastic_rounding.h"
 
 namespace teserve {
@@ -40,18 +40,10 @@ struct GlobalScale {
   float inv_s;
 };
 
-struct BlockScale {
-  uint8_t byte;  // stored E4M3 decode scale
-  float e;       // encode factor applied to x
-};
+using BlockScale = Nvfp4BlockScale;
 
 BlockScale ComputeBlockScale(float block_amax, const GlobalScale& g) {
-  BlockScale b;
-  b.byte = FloatToE4M3((block_amax / 6.0f) * g.s);
-  const float sd = E4M3ToFloat(b.byte);
-  b.e = 0.0f;
-  if (sd > 0.0f) b.e = std::min(1.0f / (sd * g.inv_s), FLT_MAX);
-  return b;
+  return Nvfp4BlockScaleOf(block_amax, g.s, g.inv_s);
 }
 
 struct Rounding {
