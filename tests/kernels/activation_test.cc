@@ -281,7 +281,9 @@ TEST_P(ActivationShapes, BackwardMatchesFiniteDifferences) {
       }
     }
   }
-  if (c.rows * c.k > 0) EXPECT_GT(compared, 0);
+  if (c.rows * c.k > 0) {
+    EXPECT_GT(compared, 0);
+  }
   got.resize(compared);
   numeric.resize(compared);
   magnitude.resize(compared);
@@ -339,7 +341,9 @@ TEST(Activation, NanPropagatesThroughEveryForward) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (Activation kind : kAllKinds) {
     EXPECT_TRUE(std::isnan(Forward1(kind, nan))) << ActivationName(kind);
-    if (Gated(kind)) EXPECT_TRUE(std::isnan(Forward1(kind, 1.0f, nan))) << ActivationName(kind);
+    if (Gated(kind)) {
+      EXPECT_TRUE(std::isnan(Forward1(kind, 1.0f, nan))) << ActivationName(kind);
+    }
   }
 }
 

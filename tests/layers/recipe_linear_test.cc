@@ -15,45 +15,22 @@
 #include "layers/linear.h"
 #include "recipes/quantizer.h"
 #include "tests/layers/grad_check.h"
+#include "tests/layers/recipe_reference.h"
 
 namespace teserve {
 namespace layers {
 namespace {
 
 using kernels::Copy;
+using testing_util::ExpectClose;
+using testing_util::kE2M1;
+using testing_util::kE4M3;
+using testing_util::MakeRecipe;
+using testing_util::MatMul;
+using testing_util::Nvfp4;
+using testing_util::QuantizedReference;
 using testing_util::RandomTensor;
-
-struct Tolerance {
-  double rtol, atol;
-};
-
-// Dequantized copy of x as the given recipe's quantizer for `role` would make it.
-Tensor Reference(const recipes::Recipe& recipe, recipes::TensorRole role, const Tensor& x, Copy copy) {
-  auto quantizer = recipes::MakeQuantizer(recipe, role).value();
-  QuantizedTensor q = quantizer->Quantize(Context(), x, true, true).value();
-  return recipes::DequantizeCopy(Context(), q, copy).value();
-}
-
-// C[m, n] = sum_k A(i, k) B(k, j) with A, B read through index functions, in FP64.
-std::vector<double> MatMul(int64_t m, int64_t n, int64_t k, const std::function<double(int64_t, int64_t)>& a,
-                           const std::function<double(int64_t, int64_t)>& b) {
-  std::vector<double> c(m * n, 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p) c[i * n + j] += a(i, p) * b(p, j);
-  return c;
-}
-
-void ExpectClose(const Tensor& got, const std::vector<double>& want, Tolerance tol, const std::string& what) {
-  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
-  int failures = 0;
-  for (size_t i = 0; i < want.size() && failures < 5; ++i) {
-    if (std::fabs(got.floats()[i] - want[i]) > tol.atol + tol.rtol * std::fabs(want[i])) {
-      ADD_FAILURE() << what << "[" << i << "]: got " << got.floats()[i] << ", want " << want[i];
-      ++failures;
-    }
-  }
-}
+using testing_util::Tolerance;
 
 struct RecipeCase {
   std::string name;
@@ -61,20 +38,6 @@ struct RecipeCase {
   int64_t rows, in, out;
   Tolerance te;  // TE's module tolerance for the format
 };
-
-recipes::Recipe Make(recipes::Recipe::Config config) {
-  recipes::Recipe r;
-  r.config = config;
-  return r;
-}
-
-recipes::Nvfp4Config Nvfp4(bool rht, bool sr, bool two_d) {
-  recipes::Nvfp4Config c;
-  c.random_hadamard = rht;
-  c.stochastic_rounding = sr;
-  c.two_d = two_d;
-  return c;
-}
 
 class RecipeLinearTest : public testing::TestWithParam<RecipeCase> {};
 
@@ -96,12 +59,12 @@ TEST_P(RecipeLinearTest, GemmsUseTheSpecifiedCopies) {
   auto dx = linear->Backward(Context(), *fwd.saved, {dy}).value();
 
   using recipes::TensorRole;
-  const Tensor x_row = Reference(c.recipe, TensorRole::kInput, x, Copy::kRowwise);       // [rows, in]
-  const Tensor x_col = Reference(c.recipe, TensorRole::kInput, x, Copy::kColumnwise);    // [in, rows]
-  const Tensor w_row = Reference(c.recipe, TensorRole::kWeight, weight->value, Copy::kRowwise);     // [out, in]
-  const Tensor w_col = Reference(c.recipe, TensorRole::kWeight, weight->value, Copy::kColumnwise);  // [in, out]
-  const Tensor dy_row = Reference(c.recipe, TensorRole::kGradOutput, dy, Copy::kRowwise);     // [rows, out]
-  const Tensor dy_col = Reference(c.recipe, TensorRole::kGradOutput, dy, Copy::kColumnwise);  // [out, rows]
+  const Tensor x_row = QuantizedReference(c.recipe, TensorRole::kInput, x, Copy::kRowwise);       // [rows, in]
+  const Tensor x_col = QuantizedReference(c.recipe, TensorRole::kInput, x, Copy::kColumnwise);    // [in, rows]
+  const Tensor w_row = QuantizedReference(c.recipe, TensorRole::kWeight, weight->value, Copy::kRowwise);     // [out, in]
+  const Tensor w_col = QuantizedReference(c.recipe, TensorRole::kWeight, weight->value, Copy::kColumnwise);  // [in, out]
+  const Tensor dy_row = QuantizedReference(c.recipe, TensorRole::kGradOutput, dy, Copy::kRowwise);     // [rows, out]
+  const Tensor dy_col = QuantizedReference(c.recipe, TensorRole::kGradOutput, dy, Copy::kColumnwise);  // [out, rows]
   auto at = [](const Tensor& t, int64_t cols) {
     return [&t, cols](int64_t i, int64_t j) { return static_cast<double>(t.floats()[i * cols + j]); };
   };
@@ -124,21 +87,18 @@ TEST_P(RecipeLinearTest, GemmsUseTheSpecifiedCopies) {
   ExpectClose(weight->grad, dw_ref, {1e-5, 1e-6}, "dW");
 }
 
-const Tolerance kE4M3{0.125, 0.0675};
-const Tolerance kE2M1{0.25, 0.125};
-
 INSTANTIATE_TEST_SUITE_P(
     Recipes, RecipeLinearTest,
-    testing::Values(RecipeCase{"mxfp8_64x96to32", Make(recipes::Mxfp8Config()), 64, 96, 32, kE4M3},
-                    RecipeCase{"block_weird_111x69to23", Make(recipes::BlockScalingConfig()), 111, 69, 23, kE4M3},
-                    RecipeCase{"block_1d_weights_130x256to129", Make([] {
+    testing::Values(RecipeCase{"mxfp8_64x96to32", MakeRecipe(recipes::Mxfp8Config()), 64, 96, 32, kE4M3},
+                    RecipeCase{"block_weird_111x69to23", MakeRecipe(recipes::BlockScalingConfig()), 111, 69, 23, kE4M3},
+                    RecipeCase{"block_1d_weights_130x256to129", MakeRecipe([] {
                                  recipes::BlockScalingConfig c;
                                  c.w_block_scaling_dim = 1;
                                  return c;
                                }()),
                                130, 256, 129, kE4M3},
-                    RecipeCase{"nvfp4_plain_32x48to16", Make(Nvfp4(false, false, false)), 32, 48, 16, kE2M1},
-                    RecipeCase{"nvfp4_2d_rht_32x64to32", Make(Nvfp4(true, false, true)), 32, 64, 32, kE2M1}),
+                    RecipeCase{"nvfp4_plain_32x48to16", MakeRecipe(Nvfp4(false, false, false)), 32, 48, 16, kE2M1},
+                    RecipeCase{"nvfp4_2d_rht_32x64to32", MakeRecipe(Nvfp4(true, false, true)), 32, 64, 32, kE2M1}),
     [](const testing::TestParamInfo<RecipeCase>& info) { return info.param.name; });
 
 TEST(RecipeLinear, Nvfp4StochasticRoundingIsReproducibleAndUnbiasedEnough) {
@@ -147,7 +107,7 @@ TEST(RecipeLinear, Nvfp4StochasticRoundingIsReproducibleAndUnbiasedEnough) {
   options.out_features = 32;
   options.init_std = 0.1f;
   auto run = [&](uint64_t seed) {
-    auto linear = Linear::Create("fc", options, Make(Nvfp4(true, true, true))).value();
+    auto linear = Linear::Create("fc", options, MakeRecipe(Nvfp4(true, true, true))).value();
     Context ctx;
     ctx.seed = seed;
     const Tensor x = RandomTensor({32, 64}, 5);
@@ -161,7 +121,7 @@ TEST(RecipeLinear, Nvfp4StochasticRoundingIsReproducibleAndUnbiasedEnough) {
 }
 
 TEST(RecipeLinear, CalibrationObservesAmaxesButComputesInHighPrecision) {
-  recipes::Recipe calibrating = Make(recipes::DelayedScalingConfig());
+  recipes::Recipe calibrating = MakeRecipe(recipes::DelayedScalingConfig());
   calibrating.calibrating = true;
   LinearOptions options;
   options.in_features = 16;
@@ -183,7 +143,7 @@ TEST(RecipeLinear, Mxfp8RejectsTokenCountsThatDoNotTile) {
   LinearOptions options;
   options.in_features = 32;
   options.out_features = 32;
-  auto linear = Linear::Create("fc", options, Make(recipes::Mxfp8Config())).value();
+  auto linear = Linear::Create("fc", options, MakeRecipe(recipes::Mxfp8Config())).value();
   auto shapes = linear->OutputShapes({{3, 10, 32}}, "inputs");
   EXPECT_EQ(shapes.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(shapes.status().message()).find("divisible by 32"), std::string::npos) << shapes.status();

@@ -1,0 +1,190 @@
+#include "layers/layernorm_mlp.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/cast.h"
+#include "kernels/gemm.h"
+#include "layers/init.h"
+#include "layers/layernorm_linear.h"
+#include "layers/shape_check.h"
+
+namespace teserve {
+namespace layers {
+
+using kernels::Copy;
+using recipes::TensorRole;
+
+struct LayerNormMLP::Saved : public SavedActivations {
+  std::unique_ptr<SavedActivations> norm;
+  std::unique_ptr<SavedActivations> fc1;
+  std::unique_ptr<SavedActivations> fc2;
+  Tensor fc1_out;  // [tokens, fc1_width]; undefined under checkpoint
+  // checkpoint only: what the recomputation of fc1_out needs.
+  Tensor input;
+  FpropQuantization input_quantization;
+  FpropQuantization weight_quantization;
+};
+
+absl::StatusOr<std::unique_ptr<LayerNormMLP>> LayerNormMLP::Create(std::string name,
+                                                                   const LayerNormMLPOptions& options,
+                                                                   const recipes::Recipe& recipe) {
+  std::unique_ptr<LayerNormMLP> layer(new LayerNormMLP(name, options));
+  ASSIGN_OR_RETURN(layer->norm_, CreateLayerNorm(name, options.normalization, options.hidden_size, options.eps,
+                                                 options.zero_centered_gamma));
+  LinearOptions fc1;
+  fc1.in_features = options.hidden_size;
+  fc1.out_features = layer->fc1_width();
+  fc1.bias = options.bias;
+  fc1.init_std = options.init_std;
+  fc1.seed = DeriveSeed(options.seed, 1);
+  fc1.weight_name = absl::StrCat(name, ".fc1_weight");
+  fc1.bias_name = absl::StrCat(name, ".fc1_bias");
+  ASSIGN_OR_RETURN(layer->fc1_, Linear::Create(absl::StrCat(name, ".fc1"), fc1, recipe));
+  LinearOptions fc2;
+  fc2.in_features = options.ffn_hidden_size;
+  fc2.out_features = options.hidden_size;
+  fc2.bias = options.bias;
+  fc2.return_bias = options.return_bias;
+  fc2.init_std = options.init_std;
+  fc2.seed = DeriveSeed(options.seed, 2);
+  fc2.weight_name = absl::StrCat(name, ".fc2_weight");
+  fc2.bias_name = absl::StrCat(name, ".fc2_bias");
+  ASSIGN_OR_RETURN(layer->fc2_, Linear::Create(absl::StrCat(name, ".fc2"), fc2, recipe));
+  if (options.checkpoint && recipe.quantizes()) {
+    ASSIGN_OR_RETURN(layer->replay_input_, recipes::MakeQuantizer(recipe, TensorRole::kInput));
+    ASSIGN_OR_RETURN(layer->replay_weight_, recipes::MakeQuantizer(recipe, TensorRole::kWeight));
+  }
+  return layer;
+}
+
+absl::StatusOr<std::vector<Shape>> LayerNormMLP::OutputShapes(const std::vector<Shape>& input_shapes,
+                                                              absl::string_view field) const {
+  RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
+  RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.hidden_size, absl::StrCat(field, "[0]"),
+                                 absl::StrCat("hidden_size of layer '", name(), "'")));
+  // fc1 checks the token count against the recipe's block size; fc2 sees the same rows.
+  RETURN_IF_ERROR(fc1_->OutputShapes(input_shapes, field).status());
+  std::vector<Shape> shapes{input_shapes[0]};
+  if (returns_bias()) shapes.push_back({options_.hidden_size});
+  if (options_.return_layernorm_output) shapes.push_back(input_shapes[0]);
+  return shapes;
+}
+
+LayerNormMLP::FpropQuantization LayerNormMLP::Record(TensorRole role) const {
+  FpropQuantization how;
+  if (replay_input_ == nullptr) return how;  // not checkpointing a quantizing recipe
+  for (const NamedQuantizer& q : fc1_->Quantizers()) {
+    if (q.quantizer->role() != role) continue;
+    const recipes::QuantizerSnapshot snapshot = q.quantizer->Snapshot();
+    how.quantized = true;
+    how.per_tensor = snapshot.mode == ScalingMode::kPerTensor;
+    how.format = snapshot.format;
+    how.scale = snapshot.scale;  // delayed: the scale in use until the region ends; current: the latest
+  }
+  return how;
+}
+
+absl::StatusOr<Tensor> LayerNormMLP::RequantizeRowwise(const Context& ctx, const FpropQuantization& how,
+                                                       recipes::Quantizer* replay, const Tensor& x) const {
+  if (!how.quantized) return x;
+  QuantizedTensor q;
+  if (how.per_tensor) {
+    kernels::PerTensorQuantizeOptions options;
+    options.format = how.format;
+    options.scale = how.scale;
+    options.rowwise = true;
+    options.columnwise = false;
+    ASSIGN_OR_RETURN(q, kernels::QuantizePerTensor(ctx, x, options));
+  } else {
+    // Both copies, as fc1's saving forward requested them: NVFP4 derives one global
+    // scale from x and its transformed columnwise copy, so the rowwise copy depends on it.
+    ASSIGN_OR_RETURN(q, replay->Quantize(ctx, x, /*rowwise=*/true, /*columnwise=*/true));
+  }
+  return recipes::DequantizeCopy(ctx, q, Copy::kRowwise);
+}
+
+absl::StatusOr<Tensor> LayerNormMLP::RecomputeFc1(const Context& ctx, const Saved& saved) const {
+  ForwardOptions no_save;
+  no_save.save_for_backward = false;
+  ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, {saved.input}, no_save));
+  ASSIGN_OR_RETURN(Tensor ln_out, normed.outputs[0].As2D());
+  std::vector<Parameter*> fc1_params = fc1_->Parameters();  // weight, [bias]
+  ASSIGN_OR_RETURN(Tensor x_fprop,
+                   RequantizeRowwise(ctx, saved.input_quantization, replay_input_.get(), ln_out));
+  ASSIGN_OR_RETURN(Tensor w_fprop, RequantizeRowwise(ctx, saved.weight_quantization, replay_weight_.get(),
+                                                     fc1_params[0]->value));
+  // fc1's fprop as Linear computes it: y = x W^T, then + b.
+  ASSIGN_OR_RETURN(Tensor fc1_out, Tensor::Zeros(DType::kFloat32, {ln_out.dim(0), fc1_width()}));
+  RETURN_IF_ERROR(kernels::Gemm(ctx, x_fprop, false, w_fprop, true, 1.0f, 0.0f, &fc1_out));
+  if (options_.bias) RETURN_IF_ERROR(kernels::AddBias(ctx, fc1_params[1]->value, &fc1_out));
+  return fc1_out;
+}
+
+absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
+                                                    const ForwardOptions& options) {
+  ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, inputs, options));
+  ASSIGN_OR_RETURN(ForwardOutput fc1, fc1_->Forward(ctx, {normed.outputs[0]}, options));
+  ASSIGN_OR_RETURN(Tensor fc1_out, fc1.outputs[0].As2D());
+  ASSIGN_OR_RETURN(Tensor act,
+                   kernels::ActivationForward(ctx, options_.activation, options_.activation_params, fc1_out));
+  Shape act_shape = inputs[0].shape();
+  act_shape.back() = options_.ffn_hidden_size;
+  ASSIGN_OR_RETURN(act, act.Reshape(act_shape));
+  ASSIGN_OR_RETURN(ForwardOutput fc2, fc2_->Forward(ctx, {act}, options));
+
+  ForwardOutput out;
+  out.outputs = std::move(fc2.outputs);
+  if (options_.return_layernorm_output) out.outputs.push_back(normed.outputs[0]);
+  if (options.save_for_backward) {
+    auto saved = std::make_unique<Saved>();
+    saved->norm = std::move(normed.saved);
+    saved->fc1 = std::move(fc1.saved);
+    saved->fc2 = std::move(fc2.saved);
+    if (options_.checkpoint) {
+      saved->input = inputs[0];
+      saved->input_quantization = Record(TensorRole::kInput);
+      saved->weight_quantization = Record(TensorRole::kWeight);
+    } else {
+      saved->fc1_out = fc1_out;
+    }
+    out.saved = std::move(saved);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Tensor>> LayerNormMLP::Backward(const Context& ctx, SavedActivations& saved_base,
+                                                           const std::vector<Tensor>& grad_outputs,
+                                                           SideGrads* side_grads) {
+  auto& saved = static_cast<Saved&>(saved_base);
+  std::vector<Tensor> fc2_grads{grad_outputs[0]};
+  if (returns_bias()) fc2_grads.push_back(grad_outputs[1]);
+  ASSIGN_OR_RETURN(std::vector<Tensor> d_act, fc2_->Backward(ctx, *saved.fc2, fc2_grads));
+  ASSIGN_OR_RETURN(Tensor d_act_2d, d_act[0].As2D());
+
+  Tensor fc1_out = saved.fc1_out;
+  if (options_.checkpoint) {
+    ASSIGN_OR_RETURN(fc1_out, RecomputeFc1(ctx, saved));
+  }
+  ASSIGN_OR_RETURN(Tensor d_fc1, kernels::ActivationBackward(ctx, options_.activation, options_.activation_params,
+                                                             d_act_2d, fc1_out));
+  ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, fc1_->Backward(ctx, *saved.fc1, {d_fc1}));
+  // d_ln[0] is a fresh tensor of Linear's: the returned ln_out's gradient joins in place.
+  if (options_.return_layernorm_output) RETURN_IF_ERROR(AccumulateInto(grad_outputs.back(), &d_ln[0]));
+  return norm_->Backward(ctx, *saved.norm, d_ln);
+}
+
+std::vector<Parameter*> LayerNormMLP::Parameters() {
+  std::vector<Parameter*> params = norm_->Parameters();
+  for (Parameter* p : fc1_->Parameters()) params.push_back(p);
+  for (Parameter* p : fc2_->Parameters()) params.push_back(p);
+  return params;
+}
+
+std::vector<NamedQuantizer> LayerNormMLP::Quantizers() {
+  std::vector<NamedQuantizer> out = fc1_->Quantizers();
+  for (const NamedQuantizer& q : fc2_->Quantizers()) out.push_back(q);
+  return out;
+}
+
+}  // namespace layers
+}  // namespace teserve
