@@ -216,6 +216,11 @@ absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest&
   return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Backward, request);
 }
 
+absl::StatusOr<v1::ForwardBackwardResponse> Client::ForwardBackward(
+    const v1::ForwardBackwardRequest& request) {
+  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::ForwardBackward, request);
+}
+
 absl::StatusOr<v1::StepResponse> Client::Step(const std::string& session_id, bool zero_grad) {
   v1::StepRequest request = ForSession<v1::StepRequest>(session_id);
   request.set_zero_grad(zero_grad);
@@ -253,6 +258,14 @@ v1::Tensor MakeFloatTensor(absl::Span<const float> values, std::vector<int64_t> 
   tensor.set_dtype(v1::FLOAT32);
   for (int64_t d : shape) tensor.add_shape(d);
   tensor.set_data(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return tensor;
+}
+
+v1::Tensor MakeInt64Tensor(absl::Span<const int64_t> values, std::vector<int64_t> shape) {
+  v1::Tensor tensor;
+  tensor.set_dtype(v1::INT64);
+  for (int64_t d : shape) tensor.add_shape(d);
+  tensor.set_data(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
   return tensor;
 }
 

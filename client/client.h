@@ -46,6 +46,8 @@ class Client {
   absl::Status DeleteSession(const std::string& session_id);
   absl::StatusOr<v1::ForwardResponse> Forward(const v1::ForwardRequest& request);
   absl::StatusOr<v1::BackwardResponse> Backward(const v1::BackwardRequest& request);
+  // Forward, built-in loss (MSE or cross entropy) and Backward in one call.
+  absl::StatusOr<v1::ForwardBackwardResponse> ForwardBackward(const v1::ForwardBackwardRequest& request);
   absl::StatusOr<v1::StepResponse> Step(const std::string& session_id, bool zero_grad = false);
   absl::Status ZeroGrad(const std::string& session_id);
   absl::StatusOr<v1::GetParametersResponse> GetParameters(const v1::GetParametersRequest& request);
@@ -67,6 +69,8 @@ class Client {
 // A FLOAT32 wire tensor holding `values` (row-major) with `shape`. The caller keeps the
 // counts consistent; the server checks them anyway.
 v1::Tensor MakeFloatTensor(absl::Span<const float> values, std::vector<int64_t> shape);
+// An INT64 wire tensor (class labels for cross entropy, m_splits) with `shape`.
+v1::Tensor MakeInt64Tensor(absl::Span<const int64_t> values, std::vector<int64_t> shape);
 // The values of a FLOAT32 wire tensor; INVALID_ARGUMENT for other dtypes or a data
 // length that does not match the shape.
 absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& tensor);

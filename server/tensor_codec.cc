@@ -106,6 +106,29 @@ absl::StatusOr<std::vector<Tensor>> DecodeFloatTensors(
   return out;
 }
 
+absl::StatusOr<Tensor> DecodeTensor(const v1::Tensor& t, absl::string_view field) {
+  const int dtype = t.dtype();
+  if (dtype == v1::FLOAT32 || dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) return DecodeFloatTensor(t, field);
+  if (dtype != v1::INT32 && dtype != v1::INT64 && dtype != v1::BOOL) {
+    return InvalidField(absl::StrCat(field, ".dtype"), "one of FLOAT32, BFLOAT16, FLOAT16, INT32, INT64, BOOL",
+                        WireDTypeName(dtype));
+  }
+  ASSIGN_OR_RETURN(const DType core_dtype, DTypeFromWire(dtype, absl::StrCat(field, ".dtype")));
+  const std::string shape_field = absl::StrCat(field, ".shape");
+  Shape shape(t.shape().begin(), t.shape().end());
+  ASSIGN_OR_RETURN(const int64_t numel, CheckedNumElements(shape, shape_field));
+  absl::StatusOr<int64_t> nbytes = DTypeStorageBytes(core_dtype, numel);
+  if (!nbytes.ok()) return InvalidField(shape_field, "a size that fits in int64 bytes", ShapeToString(shape));
+  if (static_cast<int64_t>(t.data().size()) != *nbytes) {
+    return InvalidField(absl::StrCat(field, ".data"),
+                        absl::StrCat(*nbytes, " bytes (shape ", ShapeToString(shape), " x ", DTypeName(core_dtype), ")"),
+                        t.data().size());
+  }
+  ASSIGN_OR_RETURN(Tensor value, Tensor::Zeros(core_dtype, shape));
+  if (*nbytes > 0) std::memcpy(value.raw_data(), t.data().data(), static_cast<size_t>(*nbytes));
+  return value;
+}
+
 absl::StatusOr<layers::SideInputs> DecodeSideInputs(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& wire) {
   layers::SideInputs side;
@@ -114,30 +137,7 @@ absl::StatusOr<layers::SideInputs> DecodeSideInputs(
     const std::string field = absl::StrCat("side_inputs.", named.name());
     if (named.name().empty()) return InvalidField(absl::StrCat("side_inputs[", i, "].name"), "a name", "''");
     if (side.Find(named.name()) != nullptr) return InvalidField(field, "each name once", "a repeated name");
-    const v1::Tensor& t = named.tensor();
-    const int dtype = t.dtype();
-    if (dtype == v1::FLOAT32 || dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) {
-      ASSIGN_OR_RETURN(Tensor value, DecodeFloatTensor(t, field));
-      side.Set(named.name(), std::move(value));
-      continue;
-    }
-    if (dtype != v1::INT32 && dtype != v1::INT64 && dtype != v1::BOOL) {
-      return InvalidField(absl::StrCat(field, ".dtype"), "one of FLOAT32, BFLOAT16, FLOAT16, INT32, INT64, BOOL",
-                          WireDTypeName(dtype));
-    }
-    ASSIGN_OR_RETURN(const DType core_dtype, DTypeFromWire(dtype, absl::StrCat(field, ".dtype")));
-    const std::string shape_field = absl::StrCat(field, ".shape");
-    Shape shape(t.shape().begin(), t.shape().end());
-    ASSIGN_OR_RETURN(const int64_t numel, CheckedNumElements(shape, shape_field));
-    absl::StatusOr<int64_t> nbytes = DTypeStorageBytes(core_dtype, numel);
-    if (!nbytes.ok()) return InvalidField(shape_field, "a size that fits in int64 bytes", ShapeToString(shape));
-    if (static_cast<int64_t>(t.data().size()) != *nbytes) {
-      return InvalidField(absl::StrCat(field, ".data"),
-                          absl::StrCat(*nbytes, " bytes (shape ", ShapeToString(shape), " x ", DTypeName(core_dtype), ")"),
-                          t.data().size());
-    }
-    ASSIGN_OR_RETURN(Tensor value, Tensor::Zeros(core_dtype, shape));
-    if (*nbytes > 0) std::memcpy(value.raw_data(), t.data().data(), static_cast<size_t>(*nbytes));
+    ASSIGN_OR_RETURN(Tensor value, DecodeTensor(named.tensor(), field));
     side.Set(named.name(), std::move(value));
   }
   return side;

@@ -40,8 +40,12 @@ absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_vi
 absl::StatusOr<std::vector<Tensor>> DecodeFloatTensors(
     const google::protobuf::RepeatedPtrField<v1::Tensor>& wire, absl::string_view field);
 
-// Side inputs by name ("side_inputs.<name>" in errors): float dtypes decode to FP32,
-// INT32 / INT64 / BOOL stay as they are; other dtypes and repeated names are rejected.
+// One tensor of any accepted element type: FLOAT32 / BFLOAT16 / FLOAT16 decode to FP32,
+// INT32 / INT64 / BOOL stay as they are; other dtypes are rejected naming `field`.
+absl::StatusOr<Tensor> DecodeTensor(const v1::Tensor& wire, absl::string_view field);
+
+// Side inputs by name ("side_inputs.<name>" in errors), each decoded by DecodeTensor;
+// repeated names are rejected.
 absl::StatusOr<layers::SideInputs> DecodeSideInputs(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& wire);
 

@@ -15,6 +15,7 @@
 #include "server/recipe_availability.h"
 #include "server/tensor_codec.h"
 #include "server/unknown_fields.h"
+#include "train/loss.h"
 #include "train/session.h"
 
 namespace teserve {
@@ -194,6 +195,27 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
       RETURN_IF_ERROR(EncodeTensor(g.tensor, wire->mutable_tensor()));
     }
     return EncodeTensors(grad_inputs, response->mutable_grad_inputs());
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerContext* context,
+                                                          const v1::ForwardBackwardRequest* request,
+                                                          v1::ForwardBackwardResponse* response) {
+  return Serve(context, "ForwardBackward", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
+    ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
+    ASSIGN_OR_RETURN(train::LossOptions loss, train::LossFromProto(request->loss()));
+    if (!request->has_target()) return InvalidField("target", "a tensor", "none");
+    ASSIGN_OR_RETURN(Tensor target, DecodeTensor(request->target(), "target"));
+    ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
+                     session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
+                                              request->return_outputs()));
+    response->set_loss(result.loss);
+    response->set_num_tokens(result.num_tokens);
+    RETURN_IF_ERROR(EncodeTensors(result.grad_inputs, response->mutable_grad_inputs()));
+    RETURN_IF_ERROR(EncodeNamed(result.side_grads, response->mutable_side_grads()));
+    return EncodeTensors(result.outputs, response->mutable_outputs());
   });
 }
 

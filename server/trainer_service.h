@@ -60,6 +60,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* Backward(grpc::CallbackServerContext* context,
                                      const v1::BackwardRequest* request,
                                      v1::BackwardResponse* response) override;
+  grpc::ServerUnaryReactor* ForwardBackward(grpc::CallbackServerContext* context,
+                                            const v1::ForwardBackwardRequest* request,
+                                            v1::ForwardBackwardResponse* response) override;
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
                                  const v1::StepRequest* request,
                                  v1::StepResponse* response) override;

@@ -73,6 +73,21 @@ struct Session::State {
     }
   }
 
+  // The checks every forward runs before touching state: FP32 CPU inputs the stack
+  // accepts, known side inputs the layers accept. Returns the output shapes.
+  absl::StatusOr<std::vector<Shape>> ValidateForward(const std::vector<Tensor>& inputs,
+                                                     const layers::SideInputs& side) const {
+    std::vector<Shape> shapes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      RETURN_IF_ERROR(CheckFp32Cpu(inputs[i], absl::StrCat("inputs[", i, "]")));
+      shapes.push_back(inputs[i].shape());
+    }
+    ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, stack->OutputShapes(shapes, "inputs"));
+    RETURN_IF_ERROR(CheckSideInputs(side));
+    RETURN_IF_ERROR(stack->ValidateSide(side, shapes));
+    return output_shapes;
+  }
+
   absl::StatusOr<layers::Parameter*> FindParameter(const std::string& name) const {
     for (layers::Parameter* p : params) {
       if (p->name == name) return p;
@@ -130,14 +145,7 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
                                                const layers::SideInputs& side) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
-  std::vector<Shape> shapes;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    RETURN_IF_ERROR(CheckFp32Cpu(inputs[i], absl::StrCat("inputs[", i, "]")));
-    shapes.push_back(inputs[i].shape());
-  }
-  ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.stack->OutputShapes(shapes, "inputs"));
-  RETURN_IF_ERROR(CheckSideInputs(side));
-  RETURN_IF_ERROR(s.stack->ValidateSide(side, shapes));
+  ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.ValidateForward(inputs, side));
   if (save_for_backward && s.pending.size() >= kMaxLiveHandles) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "forward: ", s.pending.size(), " forwards already await their Backward (limit ", kMaxLiveHandles,
@@ -195,6 +203,42 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
   s.pending.erase(it);
   s.EndRegion(/*forward=*/false);
   return grad_inputs;
+}
+
+absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector<Tensor>& inputs,
+                                                               const layers::SideInputs& side,
+                                                               const LossOptions& loss, const Tensor& target,
+                                                               bool return_input_grad, bool return_outputs) {
+  absl::MutexLock lock(&mu_);
+  State& s = *state_;
+  ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.ValidateForward(inputs, side));
+  if (output_shapes.size() != 1) {
+    return InvalidField("loss", "a model with one output (the last layer must not return its bias)",
+                        absl::StrCat(output_shapes.size(), " outputs"));
+  }
+  RETURN_IF_ERROR(ValidateLossTarget(loss, output_shapes[0], target));
+
+  layers::ForwardOptions options;
+  options.side = &side;
+  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, inputs, options));
+  s.EndRegion(/*forward=*/true);
+  ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(s.ctx, loss, out.outputs[0], target));
+  layers::SideGrads layer_side_grads;
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
+                   s.stack->Backward(s.ctx, *out.saved, {loss_result.grad_output}, &layer_side_grads));
+  s.EndRegion(/*forward=*/false);
+
+  ForwardBackwardResult result;
+  result.loss = loss_result.loss;
+  result.num_tokens = loss_result.num_tokens;
+  if (return_input_grad) {
+    result.grad_inputs = std::move(grad_inputs);
+    if (layer_side_grads.encoder_output.defined()) {
+      result.side_grads.push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
+    }
+  }
+  if (return_outputs) result.outputs = std::move(out.outputs);
+  return result;
 }
 
 absl::StatusOr<StepResult> Session::Step() {

@@ -21,6 +21,7 @@
 #include "core/tensor.h"
 #include "layers/module.h"
 #include "recipes/health.h"
+#include "train/loss.h"
 #include "teserve/v1/model.pb.h"
 
 namespace teserve {
@@ -34,6 +35,14 @@ struct NamedTensor {
 struct ForwardResult {
   std::vector<Tensor> outputs;  // FP32
   uint64_t handle = 0;          // 0 when no activations were saved
+};
+
+struct ForwardBackwardResult {
+  float loss = 0.0f;
+  int64_t num_tokens = 0;                // see train/loss.h
+  std::vector<Tensor> grad_inputs;       // with return_input_grad
+  std::vector<NamedTensor> side_grads;   // with return_input_grad
+  std::vector<Tensor> outputs;           // with return_outputs
 };
 
 struct StepResult {
@@ -96,6 +105,15 @@ class Session {
   // given.
   absl::StatusOr<std::vector<Tensor>> Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs,
                                                std::vector<NamedTensor>* side_grads = nullptr);
+  // Forward (saving activations), the loss on the single output, Backward with its
+  // gradient, in one locked call; regions end as after Forward then Backward. The
+  // inputs, side inputs, loss and target are all validated first (errors name
+  // "inputs[i]", "side_inputs.<name>", "loss...", "target..."), so a rejected call
+  // changes nothing. No handle is kept.
+  absl::StatusOr<ForwardBackwardResult> ForwardBackward(const std::vector<Tensor>& inputs,
+                                                        const layers::SideInputs& side, const LossOptions& loss,
+                                                        const Tensor& target, bool return_input_grad,
+                                                        bool return_outputs);
   absl::StatusOr<StepResult> Step();
   void ZeroGrad();
 
