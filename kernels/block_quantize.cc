@@ -1,9 +1,9 @@
 // Checked entry points of kernels/block_quantize.h. Each validates tensor metadata
 // (dtype, rank, shape, device, divisibility, options; errors name the argument and say
-// expected vs got), then runs the CPU reference. There is no CUDA kernel for these
-// ops yet: CUDA tensors are answered UNIMPLEMENTED after the metadata checks, so a
-// caller learns about a malformed request first. Tensors must live on the Context's
-// device; nothing here copies between devices.
+// expected vs got), then dispatches on the Context's device: kernels/cpu for the CPU,
+// kernels/cuda when the CUDA backend is compiled in (TESERVE_WITH_CUDA from
+// //tools/cuda:config); without it CUDA tensors get FAILED_PRECONDITION. Tensors must
+// live on the Context's device; nothing here copies between devices.
 #include "kernels/block_quantize.h"
 
 #include "absl/status/status.h"
@@ -13,6 +13,10 @@
 #include "kernels/cpu/block_quantize_cpu.h"
 #include "kernels/tensor_checks.h"
 
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/block_quantize_cuda.h"
+#endif
+
 namespace teserve {
 namespace kernels {
 namespace {
@@ -21,6 +25,13 @@ using cpu::CeilDiv;
 using cpu::RoundUp;
 
 constexpr char kBlockModes[] = "one of mxfp8_1d, block_1d, block_2d";
+
+#if !TESERVE_WITH_CUDA
+absl::Status NoCudaBackend(absl::string_view op) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+}
+#endif
 
 absl::Status CheckCopies(absl::string_view field, DType format, bool rowwise, bool columnwise) {
   RETURN_IF_ERROR(CheckFloat8(absl::StrCat(field, ".format"), format));
@@ -77,8 +88,12 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
   RETURN_IF_ERROR(CheckMxfp8Divisible(x, options));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("QuantizeMxfp8");
-  return cpu::QuantizeMxfp8(ctx, x, options);
+  if (ctx.device.is_cpu()) return cpu::QuantizeMxfp8(ctx, x, options);
+#if TESERVE_WITH_CUDA
+  return cuda::QuantizeMxfp8(ctx, x, options);
+#else
+  return NoCudaBackend("QuantizeMxfp8");
+#endif
 }
 
 absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const Tensor& x,
@@ -86,20 +101,32 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
   RETURN_IF_ERROR(CheckFiniteNonNegative("options.amax_epsilon", options.amax_epsilon));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("QuantizeBlockScaling");
-  return cpu::QuantizeBlockScaling(ctx, x, options);
+  if (ctx.device.is_cpu()) return cpu::QuantizeBlockScaling(ctx, x, options);
+#if TESERVE_WITH_CUDA
+  return cuda::QuantizeBlockScaling(ctx, x, options);
+#else
+  return NoCudaBackend("QuantizeBlockScaling");
+#endif
 }
 
 absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckBlockCopy(q, copy, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("DequantizeBlock");
-  return cpu::DequantizeBlock(ctx, q, copy);
+  if (ctx.device.is_cpu()) return cpu::DequantizeBlock(ctx, q, copy);
+#if TESERVE_WITH_CUDA
+  return cuda::DequantizeBlock(ctx, q, copy);
+#else
+  return NoCudaBackend("DequantizeBlock");
+#endif
 }
 
 absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context& ctx, const Tensor& scales) {
   RETURN_IF_ERROR(CheckTensor("scales", scales, DType::kFloat8E8M0, 2, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("SwizzleMxfp8Scales");
-  return cpu::SwizzleMxfp8Scales(ctx, scales);
+  if (ctx.device.is_cpu()) return cpu::SwizzleMxfp8Scales(ctx, scales);
+#if TESERVE_WITH_CUDA
+  return cuda::SwizzleMxfp8Scales(ctx, scales);
+#else
+  return NoCudaBackend("SwizzleMxfp8Scales");
+#endif
 }
 
 absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context& ctx, const Tensor& swizzled,
@@ -110,15 +137,23 @@ absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context& ctx, const Tensor& sw
   RETURN_IF_ERROR(
       CheckShape("swizzled", swizzled,
                  {RoundUp(rows, kMxfp8SwizzleTileRows), RoundUp(cols, kMxfp8SwizzleTileCols)}));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("UnswizzleMxfp8Scales");
-  return cpu::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols);
+  if (ctx.device.is_cpu()) return cpu::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols);
+#if TESERVE_WITH_CUDA
+  return cuda::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols);
+#else
+  return NoCudaBackend("UnswizzleMxfp8Scales");
+#endif
 }
 
 absl::StatusOr<Tensor> BlockScalesGemmLayout(const Context& ctx, const Tensor& scale_inv,
                                              bool two_d) {
   RETURN_IF_ERROR(CheckTensor("scale_inv", scale_inv, DType::kFloat32, 2, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("BlockScalesGemmLayout");
-  return cpu::BlockScalesGemmLayout(ctx, scale_inv, two_d);
+  if (ctx.device.is_cpu()) return cpu::BlockScalesGemmLayout(ctx, scale_inv, two_d);
+#if TESERVE_WITH_CUDA
+  return cuda::BlockScalesGemmLayout(ctx, scale_inv, two_d);
+#else
+  return NoCudaBackend("BlockScalesGemmLayout");
+#endif
 }
 
 }  // namespace kernels

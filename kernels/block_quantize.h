@@ -59,9 +59,9 @@
 //     (k_block, m_block) at k_block + m_block * roundup(ceil(K/128), 4).
 //
 // Errors: INVALID_ARGUMENT naming the argument with expected vs got (dtype, rank,
-// device, divisibility, options); tensors on a CUDA device give UNIMPLEMENTED
-// ("no CUDA kernel yet for <op>"). The CPU versions in kernels/cpu are the numerical
-// reference; CUDA kernels must match them bit for bit.
+// device, divisibility, options); CUDA tensors in a build without the CUDA backend give
+// FAILED_PRECONDITION. The CPU versions in kernels/cpu are the numerical reference; the
+// CUDA kernels (kernels/cuda/block_quantize_cuda.h) match them bit for bit.
 #ifndef TESERVE_KERNELS_BLOCK_QUANTIZE_H_
 #define TESERVE_KERNELS_BLOCK_QUANTIZE_H_
 

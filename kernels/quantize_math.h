@@ -1,7 +1,7 @@
 // Per-block scale arithmetic of the block-scaled recipes, shared by the CPU reference
 // (kernels/cpu) and the CUDA kernels (kernels/cuda) so both compute the same bits:
-// the MXFP8 E8M0 code and encode factor, the FP8 block-scaling scale, and the NVFP4
-// block decode scale and encode factor. The formulas are those of
+// the MXFP8 E8M0 code and encode factor, the FP8 block-scaling scale, the NVFP4 block
+// decode scale and encode factor, and the byte order of swizzled MXFP8 scales. The formulas are those of
 // kernels/block_quantize.h and kernels/nvfp4.h.
 //
 // Header-only and free of abseil (nvcc compiles it). FP32 division and multiplication
@@ -83,6 +83,21 @@ TESERVE_HD Nvfp4BlockScale Nvfp4BlockScaleOf(float block_amax, float s, float in
     b.e = e < FLT_MAX ? e : FLT_MAX;
   }
   return b;
+}
+
+// Byte offset of E8M0 scale (r, c) in cuBLASLt's VEC32_UE8M0 layout of a scale matrix
+// padded to `padded_cols` (a multiple of 4) columns: 128x4 tiles of 512 bytes in
+// row-major tile order; inside a tile, row r sits in 16-byte line r % 32 at column
+// group r / 32 (kernels/block_quantize.h, SwizzleMxfp8Scales).
+TESERVE_HD int64_t Mxfp8SwizzledOffset(int64_t r, int64_t c, int64_t padded_cols) {
+  constexpr int64_t kTileRows = 128;
+  constexpr int64_t kTileCols = 4;
+  constexpr int64_t kRowGroup = 32;
+  constexpr int64_t kTileBytes = kTileRows * kTileCols;
+  const int64_t tile = (r / kTileRows) * (padded_cols / kTileCols) + c / kTileCols;
+  const int64_t tr = r % kTileRows;
+  return tile * kTileBytes + (tr % kRowGroup) * (kTileBytes / kRowGroup) +
+         (tr / kRowGroup) * kTileCols + c % kTileCols;
 }
 
 }  // namespace kernels

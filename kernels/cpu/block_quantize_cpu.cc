@@ -31,11 +31,6 @@ namespace kernels {
 namespace cpu {
 namespace {
 
-constexpr int64_t kSwizzleTileBytes = kMxfp8SwizzleTileRows * kMxfp8SwizzleTileCols;
-// Inside a 128x4 tile, rows are interleaved in four groups of 32: row r lands in
-// 16-byte line r % 32, at column group r / 32.
-constexpr int64_t kSwizzleRowGroup = 32;
-
 using Encoder = uint8_t (*)(float);
 
 Encoder EncoderFor(DType format) {
@@ -181,20 +176,6 @@ void QuantizeBlock2DCopy(const CopyView& v, const TileGrid& grid, bool transpose
   }
 }
 
-// ---- Layouts ----
-
-// Byte offset of scale (r, c) in the VEC32_UE8M0 tiled layout of a matrix padded to
-// `padded_cols` scale columns.
-int64_t SwizzledOffset(int64_t r, int64_t c, int64_t padded_cols) {
-  const int64_t tile = (r / kMxfp8SwizzleTileRows) * (padded_cols / kMxfp8SwizzleTileCols) +
-                       c / kMxfp8SwizzleTileCols;
-  const int64_t tr = r % kMxfp8SwizzleTileRows;
-  const int64_t tc = c % kMxfp8SwizzleTileCols;
-  return tile * kSwizzleTileBytes +
-         (tr % kSwizzleRowGroup) * (kSwizzleTileBytes / kSwizzleRowGroup) +
-         (tr / kSwizzleRowGroup) * kMxfp8SwizzleTileCols + tc;
-}
-
 }  // namespace
 
 float BlockScalingScale(float block_amax, float fp8_max, bool power_2_scale, float amax_epsilon) {
@@ -276,7 +257,9 @@ absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context&, const Tensor& scales) 
   const uint8_t* src = scales.data<uint8_t>();
   uint8_t* dst = out.data<uint8_t>();
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[SwizzledOffset(r, c, padded_cols)] = src[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[Mxfp8SwizzledOffset(r, c, padded_cols)] = src[r * cols + c];
+    }
   }
   return out;
 }
@@ -288,7 +271,9 @@ absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context&, const Tensor& swizzl
   const uint8_t* src = swizzled.data<uint8_t>();
   uint8_t* dst = out.data<uint8_t>();
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src[SwizzledOffset(r, c, padded_cols)];
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[r * cols + c] = src[Mxfp8SwizzledOffset(r, c, padded_cols)];
+    }
   }
   return out;
 }

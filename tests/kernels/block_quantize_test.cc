@@ -300,19 +300,28 @@ TEST(BlockQuantizeErrors, RejectBadInputsAndOptions) {
       HasError(kInvalid, "x.shape: expected rank 2, got [2, 2, 2]"));
 }
 
-TEST(BlockQuantizeErrors, CudaTensorsAreUnimplemented) {
+// The CUDA kernels themselves are tested against this reference in tests/gpu.
+TEST(BlockQuantizeErrors, CudaTensorsNeedACudaContext) {
+  float storage[32 * 32] = {};
+  const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {32, 32}, Device::Cuda(0));
+  EXPECT_THAT(QuantizeMxfp8(Context::Cpu(), x, MxOptions(Copy::kRowwise)),
+              HasError(kInvalid, "x.device: expected cpu, got cuda:0"));
+}
+
+#if !TESERVE_WITH_CUDA
+TEST(BlockQuantizeErrors, CudaTensorsWithoutCudaBackendFailPrecondition) {
   float storage[32 * 32] = {};
   Context cuda;
   cuda.device = Device::Cuda(0);
   const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {32, 32}, Device::Cuda(0));
   EXPECT_THAT(QuantizeMxfp8(cuda, x, MxOptions(Copy::kRowwise)),
-              HasError(absl::StatusCode::kUnimplemented, "no CUDA kernel yet for QuantizeMxfp8"));
-  EXPECT_THAT(
-      QuantizeBlockScaling(cuda, x, {}),
-      HasError(absl::StatusCode::kUnimplemented, "no CUDA kernel yet for QuantizeBlockScaling"));
-  EXPECT_THAT(QuantizeMxfp8(Context::Cpu(), x, MxOptions(Copy::kRowwise)),
-              HasError(kInvalid, "x.device: expected cpu, got cuda:0"));
+              HasError(absl::StatusCode::kFailedPrecondition,
+                       "QuantizeMxfp8 on a CUDA device: teserve was built without CUDA"));
+  EXPECT_THAT(QuantizeBlockScaling(cuda, x, {}),
+              HasError(absl::StatusCode::kFailedPrecondition,
+                       "QuantizeBlockScaling on a CUDA device: teserve was built without CUDA"));
 }
+#endif
 
 TEST(BlockQuantizeErrors, DequantizeChecksModeCopyAndScales) {
   const Tensor x = Tensor::Zeros(DType::kFloat32, {32, 64}).value();

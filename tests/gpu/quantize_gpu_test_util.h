@@ -1,0 +1,140 @@
+// Helpers shared by block_quantize_gpu_test.cc and nvfp4_gpu_test.cc: test inputs that
+// hit the block-scaling edge cases, host/device copies, and byte-exact comparisons that
+// report the first differing element.
+#ifndef TESERVE_TESTS_GPU_QUANTIZE_GPU_TEST_UTIL_H_
+#define TESERVE_TESTS_GPU_QUANTIZE_GPU_TEST_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/context.h"
+#include "core/float_codec.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cast_cuda.h"
+
+namespace teserve {
+namespace testing {
+
+inline uint32_t FloatBitsOf(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+// Values over many binades (2^-24 .. 2^8, both signs, +-0), with, at random places:
+// whole 16-element runs of zeros, of FP32 subnormals and of one value 448 * 2^k or
+// 6 * 2^k (block amaxes on an exact power-of-two boundary), ties of the FP8 grids, and,
+// when `specials`, a few NaN and +-Inf. Deterministic in `seed`.
+inline std::vector<float> QuantizeTestValues(int64_t n, uint32_t seed, bool specials) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> binade(-24, 8);
+  std::uniform_int_distribution<int> kind(0, 99);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = std::ldexp(normal(rng), binade(rng));
+  constexpr int64_t kRun = 16;
+  for (int64_t start = 0; start + kRun <= n; start += kRun) {
+    const int k = kind(rng);
+    if (k == 0) {
+      for (int64_t i = start; i < start + kRun; ++i) v[i] = (i % 2) ? -0.0f : 0.0f;
+    } else if (k == 1) {
+      for (int64_t i = start; i < start + kRun; ++i) v[i] = std::ldexp(normal(rng), -135);
+    } else if (k == 2) {
+      v[start + 3] = std::ldexp(448.0f, binade(rng));
+    } else if (k == 3) {
+      v[start + 5] = -std::ldexp(6.0f, binade(rng));
+    } else if (k == 4) {
+      // 1.0625 and 1.1875: exact ties of the E4M3 grid at scale 1 (step 0.125).
+      v[start + 7] = 1.0625f;
+      v[start + 8] = -1.1875f;
+    }
+  }
+  if (specials && n > 100) {
+    v[n / 7] = std::numeric_limits<float>::quiet_NaN();
+    v[n / 3] = std::numeric_limits<float>::infinity();
+    v[(2 * n) / 3] = -std::numeric_limits<float>::infinity();
+  }
+  if (n > 0) v[0] = -0.0f;
+  return v;
+}
+
+inline Context GpuContext() {
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  return ctx;
+}
+
+// Host copy of a device tensor (undefined stays undefined; CPU tensors pass through).
+inline Tensor OnHost(const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  auto host = kernels::cuda::CopyToHost(Context{}, t);
+  EXPECT_TRUE(host.ok()) << host.status();
+  return host.ok() ? *host : Tensor();
+}
+
+inline Tensor OnDevice(const Tensor& host) {
+  auto device = kernels::cuda::CopyToDevice(Context{}, host, Device::Cuda(0));
+  EXPECT_TRUE(device.ok()) << device.status();
+  return device.ok() ? *device : Tensor();
+}
+
+// BF16 host tensor [rows, cols] of the values (RNE) and the FP32 tensor of its exact
+// widening, which is what the CPU reference quantizes.
+struct Bf16Input {
+  std::vector<uint16_t> codes;
+  Tensor bf16;     // borrows `codes`
+  Tensor widened;  // FP32
+};
+
+inline void MakeBf16Input(const std::vector<float>& values, int64_t rows, int64_t cols,
+                          Bf16Input* out) {
+  out->codes.resize(values.size());
+  std::vector<float> widened(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    out->codes[i] = FloatToBf16(values[i]);
+    widened[i] = Bf16ToFloat(out->codes[i]);
+  }
+  out->bf16 = Tensor::Borrow(out->codes.data(), DType::kBFloat16, {rows, cols});
+  out->widened = Tensor::FromFloats(widened, {rows, cols}).value();
+}
+
+// Same dtype, shape and bytes; on failure names the first differing byte.
+inline void ExpectSameBytes(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  const Tensor gpu_host = OnHost(gpu);
+  ASSERT_EQ(gpu_host.defined(), cpu.defined()) << what;
+  if (!cpu.defined()) return;
+  ASSERT_EQ(gpu_host.shape(), cpu.shape()) << what;
+  ASSERT_EQ(gpu_host.dtype(), cpu.dtype()) << what;
+  ASSERT_EQ(gpu_host.nbytes(), cpu.nbytes()) << what;
+  const uint8_t* a = gpu_host.data<uint8_t>();
+  const uint8_t* b = cpu.data<uint8_t>();
+  int64_t differing = 0;
+  int64_t first = -1;
+  for (int64_t i = 0; i < cpu.nbytes(); ++i) {
+    if (a[i] != b[i]) {
+      if (first < 0) first = i;
+      ++differing;
+    }
+  }
+  if (differing > 0) {
+    ADD_FAILURE() << what << ": " << differing << " of " << cpu.nbytes()
+                  << " bytes differ; first at byte " << first << " (gpu 0x" << std::hex
+                  << int{a[first]} << ", cpu 0x" << int{b[first]} << ")";
+  }
+}
+
+inline void ExpectSameAmax(float gpu, float cpu) {
+  EXPECT_EQ(FloatBitsOf(gpu), FloatBitsOf(cpu)) << "amax gpu " << gpu << " cpu " << cpu;
+}
+
+}  // namespace testing
+}  // namespace teserve
+
+#endif  // TESERVE_TESTS_GPU_QUANTIZE_GPU_TEST_UTIL_H_
