@@ -10,6 +10,7 @@
 #include "layers/grouped_linear.h"
 #include "layers/dot_product_attention_spec.h"
 #include "layers/init.h"
+#include "layers/layernorm_spec.h"
 #include "layers/linear.h"
 #include "layers/normalization.h"
 
@@ -41,9 +42,11 @@ struct LayerPlan {
   int64_t out_width = 0;
   int64_t num_parameters = 0;
   std::string in_width_field;  // the field a width mismatch names, when the kind sets it
+  std::string extra_outputs_field;  // set: a flag adding outputs, allowed on the last layer only
 };
 
-absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_view field) {
+absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_view field,
+                                    const recipes::Recipe& recipe) {
   LayerPlan plan;
   switch (layer.kind_case()) {
     case v1::LayerSpec::kLinear: {
@@ -90,6 +93,29 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.in_width_field = absl::StrCat(f, ".in_features");
       return plan;
     }
+    case v1::LayerSpec::kLayerNormLinear: {
+      const std::string f = absl::StrCat(field, ".layer_norm_linear");
+      ASSIGN_OR_RETURN(LayerNormLinearOptions o, LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, f));
+      plan.in_width = o.in_features;
+      plan.out_width = o.out_features;
+      plan.num_parameters = ParameterCount(o);
+      plan.in_width_field = absl::StrCat(f, ".in_features");
+      if (o.return_bias || o.return_layernorm_output) {
+        plan.extra_outputs_field = absl::StrCat(f, o.return_bias ? ".return_bias" : ".return_layernorm_output");
+      }
+      return plan;
+    }
+    case v1::LayerSpec::kLayerNormMlp: {
+      const std::string f = absl::StrCat(field, ".layer_norm_mlp");
+      ASSIGN_OR_RETURN(LayerNormMLPOptions o, LayerNormMLPOptionsFromSpec(layer.layer_norm_mlp(), recipe, f));
+      plan.in_width = plan.out_width = o.hidden_size;
+      plan.num_parameters = ParameterCount(o);
+      plan.in_width_field = absl::StrCat(f, ".hidden_size");
+      if (o.return_bias || o.return_layernorm_output) {
+        plan.extra_outputs_field = absl::StrCat(f, o.return_bias ? ".return_bias" : ".return_layernorm_output");
+      }
+      return plan;
+    }
     case v1::LayerSpec::kDotProductAttention: {
       // Three inputs (query, key, value): no single input width; first layer only.
       ASSIGN_OR_RETURN(DotProductAttentionOptions o,
@@ -113,6 +139,20 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
     options.seed = seed;
     ASSIGN_OR_RETURN(std::unique_ptr<DotProductAttention> attention, DotProductAttention::Create(name, options));
     return std::unique_ptr<Module>(std::move(attention));
+  }
+  if (layer.kind_case() == v1::LayerSpec::kLayerNormLinear) {
+    ASSIGN_OR_RETURN(LayerNormLinearOptions options,
+                     LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"));
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<LayerNormLinear> fused, LayerNormLinear::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(fused));
+  }
+  if (layer.kind_case() == v1::LayerSpec::kLayerNormMlp) {
+    ASSIGN_OR_RETURN(LayerNormMLPOptions options,
+                     LayerNormMLPOptionsFromSpec(layer.layer_norm_mlp(), recipe, "layer_norm_mlp"));
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<LayerNormMLP> mlp, LayerNormMLP::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(mlp));
   }
   if (layer.kind_case() == v1::LayerSpec::kGroupedLinear) {
     const v1::GroupedLinearSpec& s = layer.grouped_linear();
@@ -162,7 +202,7 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
     const std::string field = absl::StrCat("model.layers[", i, "]");
-    ASSIGN_OR_RETURN(LayerPlan plan, PlanLayer(layer, field));
+    ASSIGN_OR_RETURN(LayerPlan plan, PlanLayer(layer, field, recipe));
     plan.name = layer.name().empty() ? absl::StrCat("layers.", i) : layer.name();
     if (!names.insert(plan.name).second) {
       return InvalidField(absl::StrCat(field, ".name"), "a name unique within the model",
@@ -190,6 +230,10 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
                               value);
         }
       }
+    }
+    if (!plan.extra_outputs_field.empty() && i + 1 != spec.layers_size()) {
+      return InvalidField(plan.extra_outputs_field, "false (only the last layer of a stack may return extra outputs)",
+                          "true");
     }
     if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
       RETURN_IF_ERROR(CheckDotProductAttentionPlace(layer.dot_product_attention(), i, spec.layers_size(), field));
