@@ -1,0 +1,871 @@
+// MultiheadAttention: central finite-difference gradients of hidden_states,
+// encoder_output and every parameter per option family (fused/separate QKV, input
+// layernorm, cross-attention, GQA/MQA, RoPE interleaved or not, each qk_norm_type before
+// and after RoPE, thd, return_bias, learnable softmax); the forward against an
+// independent double implementation of the documented formula (TE's interleaved QKV
+// layout, RoPE, L2 qk norm, GQA, causal softmax); fused/separate equivalence with equal
+// weights; thd positions restarting per sequence; every recipe against high precision
+// (normalized error within TE's per-GEMM rtol compounded over the GEMMs on the path);
+// parameter and quantizer names; option and side-input errors.
+#include "layers/multihead_attention.h"
+
+#include <cmath>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "layers/init.h"
+#include "tests/layers/grad_check.h"
+
+namespace teserve {
+namespace layers {
+namespace {
+
+using kernels::AttnMaskType;
+using kernels::QkvFormat;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing_util::RandomTensor;
+using testing_util::WeightedSum;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+Tensor CuSeqlens(const std::vector<int32_t>& cu) {
+  Tensor t = Tensor::Zeros(DType::kInt32, {static_cast<int64_t>(cu.size())}).value();
+  for (size_t i = 0; i < cu.size(); ++i) t.data<int32_t>()[i] = cu[i];
+  return t;
+}
+
+// hidden 32, 4 heads of 8, 2 GQA groups; no dropout so the layer is deterministic.
+MultiheadAttentionOptions BaseOptions() {
+  MultiheadAttentionOptions o;
+  o.hidden_size = 32;
+  o.num_attention_heads = 4;
+  o.num_gqa_groups = 2;
+  o.attention_dropout = 0.0f;
+  o.init_std = 0.15f;
+  o.output_layer_init_std = 0.15f;
+  o.seed = 5;
+  return o;
+}
+
+Parameter* FindParameter(Module& m, absl::string_view name) {
+  for (Parameter* p : m.Parameters()) {
+    if (p->name == name) return p;
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return nullptr;
+}
+
+std::vector<std::string> ParameterNames(Module& m) {
+  std::vector<std::string> names;
+  for (Parameter* p : m.Parameters()) names.push_back(p->name);
+  return names;
+}
+
+// Non-zero biases and norm parameters, so the gradient checks and references use them.
+void PerturbSmallParameters(Module& m) {
+  uint64_t stream = 100;
+  for (Parameter* p : m.Parameters()) {
+    if (p->value.rank() != 1) continue;
+    std::vector<float> delta(p->value.numel());
+    FillNormal(stream++, 0.1f, absl::MakeSpan(delta));
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.mutable_floats()[i] += delta[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Finite differences over hidden_states, encoder_output and every parameter.
+
+struct Problem {
+  Tensor x;
+  Tensor encoder_output;  // cross-attention only (shares its buffer with side)
+  SideInputs side;
+};
+
+double Loss(MultiheadAttention& m, const Problem& p, const std::vector<Tensor>& weights) {
+  ForwardOptions options;
+  options.save_for_backward = false;
+  options.side = &p.side;
+  auto out = m.Forward(Context(), {p.x}, options);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? WeightedSum(out->outputs, weights) : 0.0;
+}
+
+void CheckGradients(MultiheadAttention& m, Problem& p, double tol = 2e-3) {
+  for (Parameter* param : m.Parameters()) {
+    for (float& g : param->grad.mutable_floats()) g = 0.0f;
+  }
+  ASSERT_TRUE(m.ValidateSide(p.side, {p.x.shape()}).ok()) << m.ValidateSide(p.side, {p.x.shape()});
+  ForwardOptions options;
+  options.side = &p.side;
+  auto forward = m.Forward(Context(), {p.x}, options);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  auto shapes = m.OutputShapes({p.x.shape()}, "inputs");
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_EQ(forward->outputs.size(), shapes->size());
+  std::vector<Tensor> weights;
+  for (size_t i = 0; i < forward->outputs.size(); ++i) {
+    EXPECT_EQ(forward->outputs[i].shape(), (*shapes)[i]) << "output " << i;
+    weights.push_back(RandomTensor(forward->outputs[i].shape(), 1000 + i));
+  }
+  SideGrads side_grads;
+  auto grads = m.Backward(Context(), *forward->saved, weights, &side_grads);
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  ASSERT_EQ(grads->size(), 1u);
+  ASSERT_EQ((*grads)[0].shape(), p.x.shape());
+  ASSERT_EQ(side_grads.encoder_output.defined(), p.encoder_output.defined());
+
+  const float h = 1e-2f;
+  auto check = [&](absl::Span<float> values, absl::Span<const float> analytic, const std::string& what) {
+    ASSERT_EQ(values.size(), analytic.size()) << what;
+    const int64_t n = static_cast<int64_t>(values.size());
+    const int64_t stride = std::max<int64_t>(1, n / 24);
+    for (int64_t i = 0; i < n; i += stride) {
+      const float saved = values[i];
+      values[i] = saved + h;
+      const double plus = Loss(m, p, weights);
+      values[i] = saved - h;
+      const double minus = Loss(m, p, weights);
+      values[i] = saved;
+      const double numeric = (plus - minus) / (2.0 * h);
+      EXPECT_NEAR(analytic[i], numeric, tol + tol * std::fabs(numeric)) << what << "[" << i << "]";
+    }
+  };
+  check(p.x.mutable_floats(), (*grads)[0].floats(), "hidden_states");
+  if (p.encoder_output.defined()) {
+    check(p.encoder_output.mutable_floats(), side_grads.encoder_output.floats(), "encoder_output");
+  }
+  for (Parameter* param : m.Parameters()) check(param->value.mutable_floats(), param->grad.floats(), param->name);
+}
+
+struct GradCase {
+  std::string name;
+  std::function<void(MultiheadAttentionOptions*)> configure;
+  Shape x_shape;
+  Shape encoder_shape;               // cross only
+  std::vector<int32_t> cu_q, cu_kv;  // thd only
+};
+
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
+
+class MultiheadAttentionGrad : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(MultiheadAttentionGrad, MatchesFiniteDifferences) {
+  const GradCase& c = GetParam();
+  MultiheadAttentionOptions o = BaseOptions();
+  c.configure(&o);
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe());
+  ASSERT_TRUE(m.ok()) << m.status();
+  PerturbSmallParameters(**m);
+  Problem p;
+  p.x = RandomTensor(c.x_shape, 11);
+  if (!c.encoder_shape.empty()) {
+    p.encoder_output = RandomTensor(c.encoder_shape, 12);
+    p.side.Set("encoder_output", p.encoder_output);
+  }
+  if (!c.cu_q.empty()) {
+    p.side.Set("cu_seqlens_q", CuSeqlens(c.cu_q));
+    p.side.Set("cu_seqlens_kv", CuSeqlens(c.cu_kv.empty() ? c.cu_q : c.cu_kv));
+  }
+  CheckGradients(**m, p);
+}
+
+auto Set(std::function<void(MultiheadAttentionOptions*)> f) { return f; }
+
+void Rope(MultiheadAttentionOptions* o, bool interleaved, double percent = 1.0) {
+  o->rotary = RotaryEmbeddingOptions{};
+  o->rotary->rotary_percent = percent;
+  o->rotary_pos_interleaved = interleaved;
+}
+
+std::vector<GradCase> GradCases() {
+  std::vector<GradCase> cases = {
+      {"SelfFusedInterleaved_Sbhd_Causal", Set([](auto* o) { o->fuse_qkv_params = true; }), {5, 2, 32}},
+      {"SelfFusedConcatenated_Bshd_NoMask",
+       Set([](auto* o) {
+         o->fuse_qkv_params = true;
+         o->qkv_weight_interleaved = false;
+         o->attn_mask_type = AttnMaskType::kNoMask;
+       }),
+       {2, 4, 32}},
+      {"SelfSeparate_Sbhd_Mqa", Set([](auto* o) { o->num_gqa_groups = 1; }), {4, 2, 32}},
+      {"SelfSeparate_Bshd_Mha_CausalBottomRight",
+       Set([](auto* o) {
+         o->num_gqa_groups = 0;
+         o->qkv_format = QkvFormat::kBshd;
+         o->attn_mask_type = AttnMaskType::kCausalBottomRight;
+       }),
+       {2, 3, 32}},
+      {"InputLayerNorm_Fused_ReturnLayerNormOutput",
+       Set([](auto* o) {
+         o->input_layernorm = true;
+         o->fuse_qkv_params = true;
+         o->return_layernorm_output = true;
+       }),
+       {4, 2, 32}},
+      {"InputRmsNormZeroCentered_Separate_ReturnBias",
+       Set([](auto* o) {
+         o->input_layernorm = true;
+         o->normalization = NormKind::kRmsNorm;
+         o->zero_centered_gamma = true;
+         o->return_bias = true;
+       }),
+       {3, 2, 32}},
+      {"CrossFused_Sbhd_NoMask",
+       Set([](auto* o) {
+         o->attention_type = AttentionType::kCross;
+         o->fuse_qkv_params = true;
+         o->attn_mask_type = AttnMaskType::kNoMask;
+       }),
+       {4, 2, 32},
+       {6, 2, 32}},
+      {"CrossSeparate_Bshd_InputLayerNorm_CausalBottomRight",
+       Set([](auto* o) {
+         o->attention_type = AttentionType::kCross;
+         o->qkv_format = QkvFormat::kBshd;
+         o->input_layernorm = true;
+         o->return_layernorm_output = true;
+         o->attn_mask_type = AttnMaskType::kCausalBottomRight;
+       }),
+       {2, 3, 32},
+       {2, 5, 32}},
+      {"CrossFusedConcatenated_RopeInterleaved_QkL2",
+       Set([](auto* o) {
+         o->attention_type = AttentionType::kCross;
+         o->fuse_qkv_params = true;
+         o->qkv_weight_interleaved = false;
+         o->attn_mask_type = AttnMaskType::kNoMask;
+         o->qk_norm_type = QkNormType::kL2Normalization;
+         Rope(o, true);
+       }),
+       {3, 2, 32},
+       {5, 2, 32}},
+      {"RopeHalves_Sbhd", Set([](auto* o) { Rope(o, false); }), {6, 2, 32}},
+      {"RopeInterleaved_Bshd_Percent50",
+       Set([](auto* o) {
+         o->qkv_format = QkvFormat::kBshd;
+         Rope(o, true, 0.5);
+       }),
+       {2, 5, 32}},
+      {"Thd_PaddingCausal_Rope_QkRmsNorm",
+       Set([](auto* o) {
+         o->qkv_format = QkvFormat::kThd;
+         o->attn_mask_type = AttnMaskType::kPaddingCausal;
+         o->qk_norm_type = QkNormType::kRmsNorm;
+         Rope(o, false);
+       }),
+       {7, 32},
+       {},
+       {0, 3, 7}},
+      {"CrossThd_Padding_RopeInterleaved",
+       Set([](auto* o) {
+         o->attention_type = AttentionType::kCross;
+         o->qkv_format = QkvFormat::kThd;
+         o->attn_mask_type = AttnMaskType::kPadding;
+         Rope(o, true);
+       }),
+       {5, 32},
+       {6, 32},
+       {0, 2, 5},
+       {0, 4, 6}},
+      {"LearnableSoftmax_NoBias",
+       Set([](auto* o) {
+         o->softmax_type = kernels::SoftmaxType::kLearnable;
+         o->bias = false;
+       }),
+       {4, 2, 32}},
+      {"ExplicitKvChannels_NotDividingHidden",
+       Set([](auto* o) {
+         o->hidden_size = 30;
+         o->kv_channels = 6;
+         Rope(o, false);
+       }),
+       {3, 2, 30}},
+  };
+  for (QkNormType norm : {QkNormType::kL2Normalization, QkNormType::kRmsNorm, QkNormType::kLayerNorm}) {
+    for (bool before : {false, true}) {
+      for (bool interleaved : {false, true}) {
+        const std::string name =
+            absl::StrCat(norm == QkNormType::kL2Normalization ? "QkL2Normalization"
+                         : norm == QkNormType::kRmsNorm       ? "QkRmsNorm"
+                                                              : "QkLayerNorm",
+                         before ? "_BeforeRope" : "_AfterRope", interleaved ? "Interleaved" : "Halves");
+        cases.push_back({name,
+                         [=](MultiheadAttentionOptions* o) {
+                           o->qk_norm_type = norm;
+                           o->qk_norm_before_rope = before;
+                           o->fuse_qkv_params = interleaved;  // both projection layouts
+                           Rope(o, interleaved);
+                         },
+                         {5, 2, 32}});
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MultiheadAttentionGrad, ::testing::ValuesIn(GradCases()),
+                         [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------------
+// Forward against a direct double implementation.
+
+TEST(MultiheadAttention, ForwardMatchesDoubleReference) {
+  // Self-attention, sbhd, fused interleaved QKV (TE's default layout), GQA 4:2, RoPE
+  // halves, L2 qk norm after RoPE, causal.
+  MultiheadAttentionOptions o = BaseOptions();
+  o.fuse_qkv_params = true;
+  o.qk_norm_type = QkNormType::kL2Normalization;
+  Rope(&o, false);
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  PerturbSmallParameters(*m);
+  const int64_t S = 5, B = 2, hidden = 32, H = 4, G = 2, D = 8;
+  const Tensor x = RandomTensor({S, B, hidden}, 3);
+  ForwardOptions options;
+  auto out = m->Forward(Context(), {x}, options);
+  ASSERT_TRUE(out.ok()) << out.status();
+
+  const Parameter* wqkv = FindParameter(*m, "mha.qkv.weight");
+  const Parameter* bqkv = FindParameter(*m, "mha.qkv.bias");
+  const Parameter* wp = FindParameter(*m, "mha.proj.weight");
+  const Parameter* bp = FindParameter(*m, "mha.proj.bias");
+  ASSERT_TRUE(wqkv && bqkv && wp && bp);
+  const int64_t width = (H + 2 * G) * D;
+  // Row of the fused weight for (part, head, channel): [G][H/G q, k, v][D].
+  auto qkv_row = [&](int part, int64_t head, int64_t d) {
+    const int64_t per = H / G;
+    const int64_t group = part == 0 ? head / per : head;
+    const int64_t slot = part == 0 ? head % per : per + part - 1;
+    return (group * (per + 2) + slot) * D + d;
+  };
+  // q[s][b][h][d] etc. in double.
+  std::vector<double> q(S * B * H * D), k(S * B * G * D), v(S * B * G * D);
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* xr = x.data<float>() + (s * B + b) * hidden;
+      auto project = [&](int64_t row) {
+        double acc = bqkv->value.floats()[row];
+        for (int64_t i = 0; i < hidden; ++i) acc += static_cast<double>(wqkv->value.floats()[row * hidden + i]) * xr[i];
+        return acc;
+      };
+      for (int part = 0; part < 3; ++part) {
+        const int64_t heads = part == 0 ? H : G;
+        std::vector<double>& dst = part == 0 ? q : part == 1 ? k : v;
+        for (int64_t h = 0; h < heads; ++h) {
+          std::vector<double> vec(D);
+          for (int64_t d = 0; d < D; ++d) vec[d] = project(qkv_row(part, h, d));
+          if (part < 2) {
+            // RoPE, halves: pair (i, i + D/2) rotated by s / 10000^(2i/D).
+            std::vector<double> rotated(vec);
+            for (int64_t i = 0; i < D / 2; ++i) {
+              const double angle = s / std::pow(10000.0, 2.0 * i / D);
+              rotated[i] = vec[i] * std::cos(angle) - vec[i + D / 2] * std::sin(angle);
+              rotated[i + D / 2] = vec[i + D / 2] * std::cos(angle) + vec[i] * std::sin(angle);
+            }
+            double norm = 0.0;
+            for (double r : rotated) norm += r * r;
+            for (int64_t d = 0; d < D; ++d) vec[d] = rotated[d] / std::sqrt(norm + 1e-6);
+          }
+          for (int64_t d = 0; d < D; ++d) dst[((s * B + b) * heads + h) * D + d] = vec[d];
+        }
+      }
+    }
+  }
+  std::vector<double> context(S * B * H * D, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      for (int64_t i = 0; i < S; ++i) {
+        std::vector<double> score(i + 1);  // causal: keys 0..i
+        double max_score = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < D; ++d) dot += q[((i * B + b) * H + h) * D + d] * k[((j * B + b) * G + g) * D + d];
+          score[j] = dot / std::sqrt(static_cast<double>(D));
+          max_score = std::max(max_score, score[j]);
+        }
+        double total = 0.0;
+        for (double& sc : score) total += (sc = std::exp(sc - max_score));
+        for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t d = 0; d < D; ++d) {
+            context[((i * B + b) * H + h) * D + d] += score[j] / total * v[((j * B + b) * G + g) * D + d];
+          }
+        }
+      }
+    }
+  }
+  const Tensor& y = out->outputs[0];
+  ASSERT_EQ(y.shape(), (Shape{S, B, hidden}));
+  for (int64_t n = 0; n < S * B; ++n) {
+    for (int64_t o2 = 0; o2 < hidden; ++o2) {
+      double ref = bp->value.floats()[o2];
+      for (int64_t c = 0; c < H * D; ++c) ref += wp->value.floats()[o2 * H * D + c] * context[n * H * D + c];
+      EXPECT_NEAR(y.floats()[n * hidden + o2], ref, 1e-5 + 1e-5 * std::fabs(ref)) << "token " << n << " out " << o2;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Fused and separate QKV with equal weights.
+
+struct RunResult {
+  std::vector<Tensor> outputs;
+  Tensor dx, denc;
+};
+
+RunResult RunForwardBackward(MultiheadAttention& m, const Tensor& x, const Tensor* encoder_output) {
+  for (Parameter* p : m.Parameters()) {
+    for (float& g : p->grad.mutable_floats()) g = 0.0f;
+  }
+  SideInputs side;
+  if (encoder_output != nullptr) side.Set("encoder_output", *encoder_output);
+  ForwardOptions options;
+  options.side = &side;
+  RunResult r;
+  auto fwd = m.Forward(Context(), {x}, options);
+  EXPECT_TRUE(fwd.ok()) << fwd.status();
+  if (!fwd.ok()) return r;
+  r.outputs = fwd->outputs;
+  std::vector<Tensor> dy;
+  for (size_t i = 0; i < r.outputs.size(); ++i) dy.push_back(RandomTensor(r.outputs[i].shape(), 77 + i));
+  SideGrads side_grads;
+  auto dx = m.Backward(Context(), *fwd->saved, dy, &side_grads);
+  EXPECT_TRUE(dx.ok()) << dx.status();
+  if (dx.ok()) r.dx = (*dx)[0];
+  r.denc = side_grads.encoder_output;
+  return r;
+}
+
+void ExpectNear(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  int failures = 0;
+  for (int64_t i = 0; i < got.numel() && failures < 5; ++i) {
+    if (std::fabs(got.floats()[i] - want.floats()[i]) > tol * (1.0 + std::fabs(want.floats()[i]))) {
+      ADD_FAILURE() << what << "[" << i << "]: " << got.floats()[i] << " vs " << want.floats()[i];
+      ++failures;
+    }
+  }
+}
+
+// Copies rows [begin, begin + rows) of `block` into `fused` at row offsets given by
+// `row_of(r)` for r in the block (weights [rows, cols] or biases [rows]).
+void ScatterRows(const Tensor& block, Tensor& fused, const std::function<int64_t(int64_t)>& row_of) {
+  const int64_t cols = block.rank() == 2 ? block.dim(1) : 1;
+  for (int64_t r = 0; r < block.dim(0); ++r) {
+    for (int64_t c = 0; c < cols; ++c) fused.mutable_floats()[row_of(r) * cols + c] = block.floats()[r * cols + c];
+  }
+}
+
+class FusedVersusSeparate : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(FusedVersusSeparate, AgreeWithEqualWeights) {
+  const auto [cross, interleaved] = GetParam();
+  MultiheadAttentionOptions o = BaseOptions();
+  o.attention_type = cross ? AttentionType::kCross : AttentionType::kSelf;
+  if (cross) o.attn_mask_type = AttnMaskType::kNoMask;
+  Rope(&o, false);
+  MultiheadAttentionOptions fused_options = o;
+  fused_options.fuse_qkv_params = true;
+  fused_options.qkv_weight_interleaved = interleaved;
+  fused_options.seed = 99;  // different initial weights: the copy below must make them equal
+  auto separate = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  auto fused = MultiheadAttention::Create("mha", fused_options, recipes::Recipe()).value();
+  PerturbSmallParameters(*separate);
+  const int64_t H = 4, G = 2, D = 8, per = H / G;
+  // Fused row of row r of a separate block (part 0 query, 1 key, 2 value).
+  auto fused_row = [&](int part, int64_t r) -> int64_t {
+    const int64_t head = r / D, d = r % D;
+    if (cross) return interleaved ? (2 * head + (part - 1)) * D + d : (part - 1) * G * D + r;
+    if (!interleaved) return (part == 0 ? 0 : part == 1 ? H * D : (H + G) * D) + r;
+    const int64_t group = part == 0 ? head / per : head;
+    const int64_t slot = part == 0 ? head % per : per + part - 1;
+    return (group * (per + 2) + slot) * D + d;
+  };
+  // Each separate parameter, the fused parameter holding it, and its part (-1: same name).
+  struct Pair {
+    Parameter* separate;
+    Parameter* fused;
+    int part;
+  };
+  std::vector<Pair> pairs;
+  for (Parameter* p : separate->Parameters()) {
+    const std::string& name = p->name;
+    const bool is_bias = absl::EndsWith(name, "_bias");
+    const std::string stem = cross ? "mha.key_value." : "mha.qkv.";
+    if (!absl::StartsWith(name, stem) || name == stem + "weight" || name == stem + "bias") {
+      pairs.push_back({p, FindParameter(*fused, name), -1});
+      continue;
+    }
+    const absl::string_view block = absl::string_view(name).substr(stem.size());  // "key_weight", ...
+    const int part = absl::StartsWith(block, "query") ? 0 : absl::StartsWith(block, "key") ? 1 : 2;
+    pairs.push_back({p, FindParameter(*fused, stem + (is_bias ? "bias" : "weight")), part});
+  }
+  for (const Pair& pair : pairs) {
+    ASSERT_NE(pair.fused, nullptr) << pair.separate->name;
+    if (pair.part < 0) {
+      std::copy_n(pair.separate->value.floats().begin(), pair.separate->value.numel(),
+                  pair.fused->value.mutable_floats().begin());
+    } else {
+      ScatterRows(pair.separate->value, pair.fused->value, [&](int64_t r) { return fused_row(pair.part, r); });
+    }
+  }
+  const Tensor x = RandomTensor({4, 2, 32}, 21);
+  const Tensor enc = RandomTensor({5, 2, 32}, 22);
+  const RunResult a = RunForwardBackward(*separate, x, cross ? &enc : nullptr);
+  const RunResult b = RunForwardBackward(*fused, x, cross ? &enc : nullptr);
+  ASSERT_EQ(a.outputs.size(), b.outputs.size());
+  // The same GEMM; only the column order of the projection output differs.
+  ExpectNear(b.outputs[0], a.outputs[0], 1e-6, "output");
+  ExpectNear(b.dx, a.dx, 1e-6, "d hidden_states");
+  if (cross) ExpectNear(b.denc, a.denc, 1e-6, "d encoder_output");
+  // Parameter gradients map back through the same layout.
+  for (const Pair& pair : pairs) {
+    if (pair.part < 0) {
+      ExpectNear(pair.fused->grad, pair.separate->grad, 1e-6, pair.separate->name + " grad");
+      continue;
+    }
+    Tensor gathered = Tensor::Zeros(DType::kFloat32, pair.separate->grad.shape()).value();
+    const int64_t cols = gathered.rank() == 2 ? gathered.dim(1) : 1;
+    for (int64_t r = 0; r < gathered.dim(0); ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        gathered.mutable_floats()[r * cols + c] = pair.fused->grad.floats()[fused_row(pair.part, r) * cols + c];
+      }
+    }
+    ExpectNear(gathered, pair.separate->grad, 1e-6, pair.separate->name + " grad");
+  }
+  if (!cross && !interleaved) {
+    // Concatenated layout: the separate views are exactly the fused weight's rows.
+    EXPECT_TRUE(BitwiseEqual(a.outputs[0], b.outputs[0]));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, FusedVersusSeparate, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& info) {
+                           return absl::StrCat(std::get<0>(info.param) ? "Cross" : "Self",
+                                               std::get<1>(info.param) ? "_Interleaved" : "_Concatenated");
+                         });
+
+TEST(MultiheadAttention, SeparateParametersAreViewsOfOneGemm) {
+  MultiheadAttentionOptions o = BaseOptions();
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  EXPECT_THAT(ParameterNames(*m),
+              ElementsAre("mha.qkv.query_weight", "mha.qkv.key_weight", "mha.qkv.value_weight", "mha.qkv.query_bias",
+                          "mha.qkv.key_bias", "mha.qkv.value_bias", "mha.proj.weight", "mha.proj.bias"));
+  EXPECT_EQ(FindParameter(*m, "mha.qkv.query_weight")->value.shape(), (Shape{32, 32}));
+  EXPECT_EQ(FindParameter(*m, "mha.qkv.key_weight")->value.shape(), (Shape{16, 32}));
+  EXPECT_EQ(FindParameter(*m, "mha.qkv.value_bias")->value.shape(), (Shape{16}));
+  std::vector<std::string> quantized;
+  for (const NamedQuantizer& q : m->Quantizers()) quantized.push_back(q.layer);
+  EXPECT_TRUE(quantized.empty());  // high precision: no quantizers
+}
+
+TEST(MultiheadAttention, ParameterNamesFollowTe) {
+  MultiheadAttentionOptions o = BaseOptions();
+  o.input_layernorm = true;
+  o.fuse_qkv_params = true;
+  o.qk_norm_type = QkNormType::kLayerNorm;
+  o.softmax_type = kernels::SoftmaxType::kLearnable;
+  EXPECT_THAT(ParameterNames(*MultiheadAttention::Create("mha", o, recipes::Recipe()).value()),
+              ElementsAre("mha.layernorm_qkv.layer_norm_weight", "mha.layernorm_qkv.layer_norm_bias",
+                          "mha.layernorm_qkv.weight", "mha.layernorm_qkv.bias", "mha.q_norm.weight", "mha.q_norm.bias",
+                          "mha.k_norm.weight", "mha.k_norm.bias", "mha.core_attention.softmax_offset",
+                          "mha.proj.weight", "mha.proj.bias"));
+  MultiheadAttentionOptions cross = BaseOptions();
+  cross.attention_type = AttentionType::kCross;
+  cross.bias = false;
+  cross.qk_norm_type = QkNormType::kRmsNorm;
+  EXPECT_THAT(ParameterNames(*MultiheadAttention::Create("x", cross, recipes::Recipe()).value()),
+              ElementsAre("x.query_layer.weight", "x.key_value.key_weight", "x.key_value.value_weight",
+                          "x.q_norm.weight", "x.k_norm.weight", "x.proj.weight"));
+  cross.input_layernorm = true;
+  cross.normalization = NormKind::kRmsNorm;
+  cross.qk_norm_type = QkNormType::kL2Normalization;  // no parameters
+  EXPECT_THAT(ParameterNames(*MultiheadAttention::Create("x", cross, recipes::Recipe()).value()),
+              ElementsAre("x.layernorm_query.layer_norm_weight", "x.layernorm_query.query_weight",
+                          "x.key_value.key_weight", "x.key_value.value_weight", "x.proj.weight"));
+}
+
+TEST(MultiheadAttention, ThdPositionsRestartPerSequence) {
+  // Two sequences packed as thd (padding_causal) give what a bshd batch of the same two
+  // sequences gives (causal): RoPE positions and the causal diagonal restart at each.
+  MultiheadAttentionOptions o = BaseOptions();
+  o.qk_norm_type = QkNormType::kRmsNorm;
+  Rope(&o, true);
+  MultiheadAttentionOptions bshd = o, thd = o;
+  bshd.qkv_format = QkvFormat::kBshd;
+  thd.qkv_format = QkvFormat::kThd;
+  thd.attn_mask_type = AttnMaskType::kPaddingCausal;
+  auto a = MultiheadAttention::Create("mha", bshd, recipes::Recipe()).value();
+  auto b = MultiheadAttention::Create("mha", thd, recipes::Recipe()).value();  // same seed: same weights
+  const Tensor x = RandomTensor({2, 6, 32}, 8);
+  SideInputs side;
+  side.Set("cu_seqlens_q", CuSeqlens({0, 6, 12}));
+  side.Set("cu_seqlens_kv", CuSeqlens({0, 6, 12}));
+  ForwardOptions with_side;
+  with_side.side = &side;
+  auto ya = a->Forward(Context(), {x}, ForwardOptions());
+  auto yb = b->Forward(Context(), {x.Reshape({12, 32}).value()}, with_side);
+  ASSERT_TRUE(ya.ok()) << ya.status();
+  ASSERT_TRUE(yb.ok()) << yb.status();
+  ExpectNear(yb->outputs[0], ya->outputs[0].Reshape({12, 32}).value(), 1e-6, "thd vs bshd");
+}
+
+TEST(MultiheadAttention, ReturnBiasAndLayerNormOutput) {
+  MultiheadAttentionOptions o = BaseOptions();
+  o.input_layernorm = true;
+  o.return_layernorm_output = true;
+  o.return_bias = true;
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  PerturbSmallParameters(*m);
+  const Tensor x = RandomTensor({3, 2, 32}, 4);
+  auto out = m->Forward(Context(), {x}, ForwardOptions()).value();
+  ASSERT_EQ(out.outputs.size(), 3u);
+  EXPECT_TRUE(BitwiseEqual(out.outputs[1], FindParameter(*m, "mha.proj.bias")->value));
+  // The layernorm output: LayerNorm of x with the layernorm_qkv gamma and beta.
+  const Parameter* gamma = FindParameter(*m, "mha.layernorm_qkv.layer_norm_weight");
+  const Parameter* beta = FindParameter(*m, "mha.layernorm_qkv.layer_norm_bias");
+  for (int64_t n = 0; n < 6; ++n) {
+    double mean = 0.0, var = 0.0;
+    for (int64_t j = 0; j < 32; ++j) mean += x.floats()[n * 32 + j] / 32.0;
+    for (int64_t j = 0; j < 32; ++j) var += std::pow(x.floats()[n * 32 + j] - mean, 2) / 32.0;
+    for (int64_t j = 0; j < 32; ++j) {
+      const double want =
+          (x.floats()[n * 32 + j] - mean) / std::sqrt(var + 1e-5) * gamma->value.floats()[j] + beta->value.floats()[j];
+      EXPECT_NEAR(out.outputs[2].floats()[n * 32 + j], want, 1e-5) << n << "," << j;
+    }
+  }
+  // return_layernorm_output without input_layernorm is ignored, as in TE.
+  o.input_layernorm = false;
+  auto plain = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  EXPECT_EQ(plain->OutputShapes({{3, 2, 32}}, "inputs")->size(), 2u);
+}
+
+// ---------------------------------------------------------------------------------
+// Recipes.
+
+struct RecipeCase {
+  std::string name;
+  recipes::Recipe recipe;
+  double rtol;  // TE's module rtol for the format (E4M3 0.125, E2M1 0.25)
+};
+
+recipes::Recipe MakeRecipe(recipes::Recipe::Config config) {
+  recipes::Recipe r;
+  r.config = config;
+  return r;
+}
+
+void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
+
+class MultiheadAttentionRecipes : public ::testing::TestWithParam<RecipeCase> {};
+
+// ||got - want|| / ||want|| over a tensor.
+double RelativeError(const Tensor& got, const Tensor& want) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    num += std::pow(static_cast<double>(got.floats()[i]) - want.floats()[i], 2);
+    den += std::pow(static_cast<double>(want.floats()[i]), 2);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+bool AllFinite(const Tensor& t) {
+  for (float v : t.floats()) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+TEST_P(MultiheadAttentionRecipes, ForwardAndBackwardCloseToHighPrecision) {
+  const RecipeCase& c = GetParam();
+  // Every GEMM dimension and the token count (16 x 2) tile the 32- and 16-blocks.
+  MultiheadAttentionOptions o;
+  o.hidden_size = 64;
+  o.num_attention_heads = 4;
+  o.num_gqa_groups = 2;
+  o.attention_dropout = 0.0f;
+  o.input_layernorm = true;
+  o.fuse_qkv_params = true;
+  o.qk_norm_type = QkNormType::kRmsNorm;
+  o.init_std = o.output_layer_init_std = 0.125f;  // ~1/sqrt(hidden): activations of order 1
+  o.seed = 3;
+  Rope(&o, false);
+  auto reference = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  auto quantized = MultiheadAttention::Create("mha", o, c.recipe).value();
+  const Tensor x = RandomTensor({16, 2, 64}, 31);
+  const RunResult want = RunForwardBackward(*reference, x, nullptr);
+  const RunResult got = RunForwardBackward(*quantized, x, nullptr);
+  ASSERT_EQ(got.outputs.size(), 1u);
+  ASSERT_TRUE(AllFinite(got.outputs[0]));
+  ASSERT_TRUE(AllFinite(got.dx));
+  // TE's tolerance bounds one GEMM against its dequantized operands; here n quantized
+  // GEMMs with independent errors lie between the input and what is compared, so the
+  // normalized error is held to rtol * sqrt(n): the output follows the qkv and proj
+  // fprops (n = 2); the gradients add the proj and qkv dgrads or a wgrad to the
+  // forward's activations (n = 3).
+  const double forward_bound = c.rtol * std::sqrt(2.0), backward_bound = c.rtol * std::sqrt(3.0);
+  const double output_error = RelativeError(got.outputs[0], want.outputs[0]);
+  EXPECT_LT(output_error, forward_bound) << "output";
+  EXPECT_GT(output_error, 1e-3) << "the GEMMs should have quantized";
+  EXPECT_LT(RelativeError(got.dx, want.dx), backward_bound) << "d hidden_states";
+  for (Parameter* p : quantized->Parameters()) {
+    ASSERT_TRUE(AllFinite(p->grad)) << p->name;
+    EXPECT_LT(RelativeError(p->grad, FindParameter(*reference, p->name)->grad), backward_bound) << p->name;
+  }
+  std::vector<std::string> layers;
+  for (const NamedQuantizer& q : quantized->Quantizers()) layers.push_back(q.layer);
+  EXPECT_THAT(layers, ElementsAre("mha.layernorm_qkv", "mha.layernorm_qkv", "mha.layernorm_qkv", "mha.proj", "mha.proj",
+                                  "mha.proj"));
+}
+
+recipes::Nvfp4Config Nvfp4NoStochasticRounding() {
+  recipes::Nvfp4Config c;
+  c.stochastic_rounding = false;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Recipes, MultiheadAttentionRecipes,
+    ::testing::Values(RecipeCase{"DelayedScaling", MakeRecipe(recipes::DelayedScalingConfig()), 0.125},
+                      RecipeCase{"CurrentScaling", MakeRecipe(recipes::CurrentScalingConfig()), 0.125},
+                      RecipeCase{"Mxfp8", MakeRecipe(recipes::Mxfp8Config()), 0.125},
+                      RecipeCase{"BlockScaling", MakeRecipe(recipes::BlockScalingConfig()), 0.125},
+                      RecipeCase{"Nvfp4", MakeRecipe(recipes::Nvfp4Config()), 0.25},
+                      RecipeCase{"Nvfp4NoStochasticRounding", MakeRecipe(Nvfp4NoStochasticRounding()), 0.25}),
+    [](const ::testing::TestParamInfo<RecipeCase>& info) { return info.param.name; });
+
+TEST(MultiheadAttentionRecipes, BlockRecipesCheckTokenCountsOfBothInputs) {
+  MultiheadAttentionOptions o = BaseOptions();
+  o.attention_type = AttentionType::kCross;
+  o.attn_mask_type = AttnMaskType::kNoMask;
+  auto m = MultiheadAttention::Create("mha", o, MakeRecipe(recipes::Mxfp8Config())).value();
+  EXPECT_THAT(m->OutputShapes({{5, 2, 32}}, "inputs").status().message(), HasSubstr("divisible by 32"));
+  SideInputs side;
+  side.Set("encoder_output", RandomTensor({3, 2, 32}, 1));
+  const absl::Status status = m->ValidateSide(side, {{16, 2, 32}});
+  EXPECT_EQ(status.code(), kInvalid);
+  EXPECT_THAT(status.message(), HasSubstr("side_inputs.encoder_output[0].shape"));
+  EXPECT_THAT(status.message(), HasSubstr("divisible by 32"));
+}
+
+// ---------------------------------------------------------------------------------
+// Errors.
+
+struct OptionError {
+  std::string name;
+  std::function<void(MultiheadAttentionOptions*)> mutate;
+  std::string message;
+};
+
+void PrintTo(const OptionError& c, std::ostream* os) { *os << c.name; }
+
+class MultiheadAttentionOptionErrors : public ::testing::TestWithParam<OptionError> {};
+
+TEST_P(MultiheadAttentionOptionErrors, NameTheField) {
+  MultiheadAttentionOptions o = BaseOptions();
+  GetParam().mutate(&o);
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe());
+  EXPECT_EQ(m.status().code(), kInvalid);
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, MultiheadAttentionOptionErrors,
+    ::testing::Values(
+        OptionError{"HiddenNotDivisibleByHeads", Set([](auto* o) { o->num_attention_heads = 5; }),
+                    "options.num_attention_heads: expected a divisor of hidden_size 32"},
+        OptionError{"HeadsNotDivisibleByGroups", Set([](auto* o) { o->num_gqa_groups = 3; }),
+                    "options.num_gqa_groups: expected a divisor of num_attention_heads 4"},
+        OptionError{"NegativeKvChannels", Set([](auto* o) { o->kv_channels = -2; }), "options.kv_channels"},
+        OptionError{"NoHeads", Set([](auto* o) { o->num_attention_heads = 0; }), "options.num_attention_heads"},
+        OptionError{"OddRotaryDim", Set([](auto* o) { Rope(o, false, 0.375); }),
+                    "options.rotary.rotary_percent: expected a rotary dimension floor(8 * rotary_percent) that is "
+                    "even and > 0, got 3"},
+        OptionError{"OddHeadDimRotary", Set([](auto* o) {
+                      o->kv_channels = 7;
+                      Rope(o, false);
+                    }),
+                    "options.rotary.rotary_percent"},
+        OptionError{"RotaryPercentAboveOne", Set([](auto* o) { Rope(o, false, 1.5); }),
+                    "options.rotary.rotary_percent: expected a value in (0, 1]"},
+        OptionError{"RotaryBase", Set([](auto* o) {
+                      Rope(o, false);
+                      o->rotary->rotary_base = -1.0f;
+                    }),
+                    "options.rotary.rotary_base"},
+        OptionError{"ThdWithoutPadding", Set([](auto* o) { o->qkv_format = QkvFormat::kThd; }),
+                    "options.attn_mask_type: expected padding, padding_causal or padding_causal_bottom_right with "
+                    "qkv_format thd"},
+        OptionError{"Dropout", Set([](auto* o) { o->attention_dropout = 1.0f; }), "options.attention_dropout"},
+        OptionError{"CausalWindow", Set([](auto* o) {
+                      o->window_size = AttentionWindow{4, 2};
+                    }),
+                    "options.window_size.right"},
+        OptionError{"QkNormEps", Set([](auto* o) { o->qk_norm_eps = 0.0f; }), "options.qk_norm_eps"},
+        OptionError{"LayerNormEps", Set([](auto* o) { o->layernorm_epsilon = NAN; }), "options.layernorm_epsilon"},
+        OptionError{"InitStd", Set([](auto* o) { o->output_layer_init_std = -1.0f; }),
+                    "options.output_layer_init_std"}),
+    [](const ::testing::TestParamInfo<OptionError>& info) { return info.param.name; });
+
+TEST(MultiheadAttention, ParsesTeNames) {
+  EXPECT_EQ(ParseAttentionType("cross", "f").value(), AttentionType::kCross);
+  EXPECT_EQ(ParseQkNormType("", "f").value(), QkNormType::kNone);
+  EXPECT_EQ(ParseQkNormType("L2Normalization", "f").value(), QkNormType::kL2Normalization);
+  EXPECT_EQ(ParseQkNormType("RMSNorm", "f").value(), QkNormType::kRmsNorm);
+  EXPECT_EQ(ParseQkNormType("LayerNorm", "f").value(), QkNormType::kLayerNorm);
+  EXPECT_THAT(ParseQkNormType("rmsnorm", "qk_norm_type").status().message(),
+              HasSubstr("qk_norm_type: expected one of none, L2Normalization, RMSNorm, LayerNorm, got 'rmsnorm'"));
+  EXPECT_THAT(ParseAttentionType("encoder", "attention_type").status().message(),
+              HasSubstr("attention_type: expected one of self, cross, got 'encoder'"));
+}
+
+TEST(MultiheadAttention, RejectsBadInputsAndSideInputsWithoutCrashing) {
+  MultiheadAttentionOptions o = BaseOptions();
+  o.attention_type = AttentionType::kCross;
+  o.attn_mask_type = AttnMaskType::kNoMask;
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  EXPECT_THAT(m->OutputShapes({{4, 32}}, "inputs").status().message(),
+              HasSubstr("inputs[0].shape: expected [S, B, hidden_size] (qkv_format sbhd of layer 'mha'), got [4, 32]"));
+  EXPECT_THAT(m->OutputShapes({{4, 2, 31}}, "inputs").status().message(),
+              HasSubstr("expected last dimension 32 (hidden_size of layer 'mha')"));
+  const Shape x{4, 2, 32};
+  SideInputs side;
+  EXPECT_THAT(m->ValidateSide(side, {x}).message(), HasSubstr("side_inputs.encoder_output: expected an FP32 tensor"));
+  side.Set("encoder_output", RandomTensor({6, 3, 32}, 1));
+  EXPECT_THAT(m->ValidateSide(side, {x}).message(),
+              HasSubstr("side_inputs.encoder_output.shape: expected [S_kv, B, 32] with the batch size of "
+                        "hidden_states (cross-attention of layer 'mha'), got [6, 3, 32]"));
+  side.Set("encoder_output", Tensor::Zeros(DType::kInt32, {6, 2, 32}).value());
+  EXPECT_THAT(m->ValidateSide(side, {x}).message(),
+              HasSubstr("side_inputs.encoder_output.dtype: expected FLOAT32, got INT32"));
+  // Forward checks too (it never reads a missing side input).
+  ForwardOptions no_side;
+  auto out = m->Forward(Context(), {RandomTensor(x, 2)}, no_side);
+  EXPECT_EQ(out.status().code(), kInvalid);
+  EXPECT_THAT(out.status().message(), HasSubstr("side_inputs.encoder_output"));
+  side.Set("encoder_output", RandomTensor({6, 2, 32}, 1));
+  EXPECT_TRUE(m->ValidateSide(side, {x}).ok()) << m->ValidateSide(side, {x});
+
+  // thd: the sequence lengths are required (by the attention and the rotary embedding).
+  MultiheadAttentionOptions t = BaseOptions();
+  t.qkv_format = QkvFormat::kThd;
+  t.attn_mask_type = AttnMaskType::kPadding;
+  Rope(&t, false);
+  auto thd = MultiheadAttention::Create("mha", t, recipes::Recipe()).value();
+  SideInputs none;
+  EXPECT_FALSE(thd->ValidateSide(none, {{6, 32}}).ok());
+  ForwardOptions with_none;
+  with_none.side = &none;
+  EXPECT_EQ(thd->Forward(Context(), {RandomTensor({6, 32}, 3)}, with_none).status().code(), kInvalid);
+}
+
+}  // namespace
+}  // namespace layers
+}  // namespace teserve
