@@ -12,6 +12,7 @@
 #include "layers/init.h"
 #include "layers/layernorm_spec.h"
 #include "layers/linear.h"
+#include "layers/multihead_attention_spec.h"
 #include "layers/normalization.h"
 
 namespace teserve {
@@ -125,6 +126,20 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.num_parameters = o.softmax_type == kernels::SoftmaxType::kLearnable ? o.num_attention_heads : 0;
       return plan;
     }
+    case v1::LayerSpec::kMultiheadAttention: {
+      const std::string f = absl::StrCat(field, ".multihead_attention");
+      ASSIGN_OR_RETURN(MultiheadAttentionOptions o,
+                       MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, f));
+      plan.in_width = plan.out_width = o.hidden_size;
+      plan.num_parameters = ParameterCount(o);
+      plan.in_width_field = absl::StrCat(f, ".hidden_size");
+      if (o.bias && o.return_bias) {
+        plan.extra_outputs_field = absl::StrCat(f, ".return_bias");
+      } else if (o.input_layernorm && o.return_layernorm_output) {
+        plan.extra_outputs_field = absl::StrCat(f, ".return_layernorm_output");
+      }
+      return plan;
+    }
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
@@ -133,6 +148,13 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
 
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
+  if (layer.kind_case() == v1::LayerSpec::kMultiheadAttention) {
+    ASSIGN_OR_RETURN(MultiheadAttentionOptions options,
+                     MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"));
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<MultiheadAttention> attention, MultiheadAttention::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(attention));
+  }
   if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
     ASSIGN_OR_RETURN(DotProductAttentionOptions options,
                      DotProductAttentionOptionsFromSpec(layer.dot_product_attention(), "dot_product_attention"));

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "layers/init.h"
+#include "layers/spec.h"
 #include "tests/layers/grad_check.h"
 
 namespace teserve {
@@ -865,6 +866,155 @@ TEST(MultiheadAttention, RejectsBadInputsAndSideInputsWithoutCrashing) {
   with_none.side = &none;
   EXPECT_EQ(thd->Forward(Context(), {RandomTensor({6, 32}, 3)}, with_none).status().code(), kInvalid);
 }
+
+// ---------------------------------------------------------------------------------
+// ModelSpec.
+
+v1::ModelSpec AttentionModel() {
+  v1::ModelSpec spec;
+  v1::LayerSpec* layer = spec.add_layers();
+  layer->set_name("attn");
+  v1::MultiheadAttentionSpec* a = layer->mutable_multihead_attention();
+  a->set_hidden_size(32);
+  a->set_num_attention_heads(4);
+  a->set_num_gqa_groups(2);
+  a->set_attention_dropout(0.0f);
+  a->set_qk_norm_type("RMSNorm");
+  a->mutable_rotary()->set_rotary_percent(0.5);
+  a->set_rotary_pos_interleaved(true);
+  spec.add_layers()->mutable_layer_norm()->set_hidden_size(32);
+  return spec;
+}
+
+TEST(MultiheadAttentionSpec, BuildsTheLayerWithTeDefaultsAndRuns) {
+  auto stack = BuildStack(AttentionModel(), recipes::Recipe());
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  auto* attention = dynamic_cast<MultiheadAttention*>((*stack)->modules()[0].get());
+  ASSERT_NE(attention, nullptr);
+  const MultiheadAttentionOptions& o = attention->options();
+  EXPECT_EQ(o.attn_mask_type, AttnMaskType::kCausal);
+  EXPECT_EQ(o.qkv_format, QkvFormat::kSbhd);
+  EXPECT_EQ(o.layernorm_epsilon, 1e-5f);
+  EXPECT_EQ(o.qk_norm_eps, 1e-6f);
+  EXPECT_EQ(o.init_std, 0.023f);
+  ASSERT_TRUE(o.rotary.has_value());
+  EXPECT_EQ(o.rotary->rotary_percent, 0.5);
+  EXPECT_EQ(o.rotary->rotary_base, 10000.0f);
+  EXPECT_TRUE(o.rotary_pos_interleaved);
+  EXPECT_THAT(
+      ParameterNames(**stack),
+      ElementsAre("attn.qkv.query_weight", "attn.qkv.key_weight", "attn.qkv.value_weight", "attn.qkv.query_bias",
+                  "attn.qkv.key_bias", "attn.qkv.value_bias", "attn.q_norm.weight", "attn.k_norm.weight",
+                  "attn.proj.weight", "attn.proj.bias", "layers.1.weight", "layers.1.bias"));
+  auto out = (*stack)->Forward(Context(), {RandomTensor({3, 2, 32}, 1)}, ForwardOptions());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->outputs[0].shape(), (Shape{3, 2, 32}));
+  // TE's default attention_dropout is 0.1.
+  v1::ModelSpec defaults = AttentionModel();
+  defaults.mutable_layers(0)->mutable_multihead_attention()->clear_attention_dropout();
+  auto with_dropout = BuildStack(defaults, recipes::Recipe()).value();
+  EXPECT_EQ(dynamic_cast<MultiheadAttention*>(with_dropout->modules()[0].get())->options().attention_dropout, 0.1f);
+}
+
+struct SpecError {
+  std::string name;
+  std::function<void(v1::ModelSpec*)> mutate;
+  std::string message;
+  recipes::Recipe recipe;
+};
+
+void PrintTo(const SpecError& c, std::ostream* os) { *os << c.name; }
+
+class MultiheadAttentionSpecErrors : public ::testing::TestWithParam<SpecError> {};
+
+TEST_P(MultiheadAttentionSpecErrors, NameTheField) {
+  v1::ModelSpec spec = AttentionModel();
+  GetParam().mutate(&spec);
+  auto stack = BuildStack(spec, GetParam().recipe);
+  EXPECT_EQ(stack.status().code(), kInvalid);
+  EXPECT_THAT(std::string(stack.status().message()), HasSubstr(GetParam().message));
+}
+
+v1::MultiheadAttentionSpec* Attention(v1::ModelSpec* spec) {
+  return spec->mutable_layers(0)->mutable_multihead_attention();
+}
+
+std::vector<SpecError> SpecErrors() {
+  const std::string f = "model.layers[0].multihead_attention.";
+  recipes::Recipe mxfp8 = MakeRecipe(recipes::Mxfp8Config());
+  return {
+      {"HiddenNotDivisibleByHeads", [](auto* s) { Attention(s)->set_num_attention_heads(5); },
+       f + "num_attention_heads: expected a divisor of hidden_size 32"},
+      {"HeadsNotDivisibleByGroups", [](auto* s) { Attention(s)->set_num_gqa_groups(3); },
+       f + "num_gqa_groups: expected a divisor of num_attention_heads 4"},
+      {"ZeroHidden", [](auto* s) { Attention(s)->set_hidden_size(0); }, f + "hidden_size: expected a size in 1.."},
+      {"ZeroKvChannels", [](auto* s) { Attention(s)->set_kv_channels(0); }, f + "kv_channels: expected a size in 1.."},
+      {"QueryWidthTooLarge",
+       [](auto* s) {
+         Attention(s)->set_num_attention_heads(1 << 13);
+         Attention(s)->set_num_gqa_groups(1);
+         Attention(s)->set_kv_channels(1 << 12);
+       },
+       f + "num_attention_heads: expected num_attention_heads * kv_channels in 1..16777216, got 33554432"},
+      {"OddRotaryDim", [](auto* s) { Attention(s)->mutable_rotary()->set_rotary_percent(0.375); },
+       f + "rotary.rotary_percent: expected a rotary dimension floor(8 * rotary_percent) that is even and > 0, got 3"
+           " (rotary_percent 0.375)"},
+      {"RotaryBase", [](auto* s) { Attention(s)->mutable_rotary()->set_rotary_base(0.0f); },
+       f + "rotary.rotary_base: expected a finite value > 0, got 0"},
+      {"QkNormType", [](auto* s) { Attention(s)->set_qk_norm_type("l2"); },
+       f + "qk_norm_type: expected one of none, L2Normalization, RMSNorm, LayerNorm, got 'l2'"},
+      {"AttentionType", [](auto* s) { Attention(s)->set_attention_type("decoder"); },
+       f + "attention_type: expected one of self, cross, got 'decoder'"},
+      {"Normalization", [](auto* s) { Attention(s)->set_normalization("rmsnorm"); },
+       f + "normalization: expected one of LayerNorm, RMSNorm, got 'rmsnorm'"},
+      {"MaskTypeName", [](auto* s) { Attention(s)->set_attn_mask_type("causal_top_left"); }, f + "attn_mask_type"},
+      {"QkvFormatName", [](auto* s) { Attention(s)->set_qkv_format("hbsd"); }, f + "qkv_format"},
+      {"SoftmaxTypeName", [](auto* s) { Attention(s)->set_softmax_type("sink"); }, f + "softmax_type"},
+      {"ThdNeedsPaddingMask", [](auto* s) { Attention(s)->set_qkv_format("thd"); },
+       f + "attn_mask_type: expected padding, padding_causal or padding_causal_bottom_right with qkv_format thd, "
+           "got causal"},
+      {"CausalWindow",
+       [](auto* s) {
+         Attention(s)->mutable_window_size()->set_left(3);
+         Attention(s)->mutable_window_size()->set_right(1);
+       },
+       f + "window_size.right: expected 0 for attn_mask_type causal"},
+      {"Dropout", [](auto* s) { Attention(s)->set_attention_dropout(-0.5f); }, f + "attention_dropout"},
+      {"LayerNormEpsilon", [](auto* s) { Attention(s)->set_layernorm_epsilon(0.0f); },
+       f + "layernorm_epsilon: expected a finite value > 0, got 0"},
+      {"QkNormEps", [](auto* s) { Attention(s)->set_qk_norm_eps(-1.0f); }, f + "qk_norm_eps"},
+      {"InitStd", [](auto* s) { Attention(s)->set_init_std(-0.1f); }, f + "init_std: expected a finite value >= 0"},
+      {"ReturnBiasNotLast", [](auto* s) { Attention(s)->set_return_bias(true); },
+       f + "return_bias: expected false (only the last layer of a stack may return extra outputs)"},
+      {"ReturnLayerNormOutputNotLast",
+       [](auto* s) {
+         Attention(s)->set_input_layernorm(true);
+         Attention(s)->set_return_layernorm_output(true);
+       },
+       f + "return_layernorm_output: expected false"},
+      {"WidthMismatch", [](auto* s) { s->mutable_layers(1)->mutable_layer_norm()->set_hidden_size(16); },
+       "model.layers[1].layer_norm.hidden_size: expected 32 (the output width of layer 'attn'), got 16"},
+      {"Mxfp8HiddenNotTiled",
+       [](auto* s) {
+         Attention(s)->set_hidden_size(48);
+         s->mutable_layers(1)->mutable_layer_norm()->set_hidden_size(48);
+       },
+       f + "hidden_size: expected a multiple of 32 (mxfp8 blocks must tile it), got 48", mxfp8},
+      {"Mxfp8KeyValueWidthNotTiled",
+       [](auto* s) {
+         Attention(s)->set_hidden_size(64);
+         Attention(s)->set_num_attention_heads(8);
+         Attention(s)->set_num_gqa_groups(2);
+         s->mutable_layers(1)->mutable_layer_norm()->set_hidden_size(64);
+       },
+       f + "num_gqa_groups: expected num_gqa_groups * the head size (the key/value width) to be a multiple of 32 "
+           "(mxfp8 blocks must tile it), got 16",
+       mxfp8},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Spec, MultiheadAttentionSpecErrors, ::testing::ValuesIn(SpecErrors()),
+                         [](const ::testing::TestParamInfo<SpecError>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace layers
