@@ -137,6 +137,7 @@ DotProductAttentionOptions AttentionOptions(const MultiheadAttentionOptions& o) 
   a.attn_mask_type = o.attn_mask_type;
   a.window_size = o.window_size;
   a.softmax_type = o.softmax_type;
+  a.checkpoint_core_attention = o.checkpoint_core_attention;
   a.attention_mask_input = o.attention_type == AttentionType::kCross ? "enc_dec_attention_mask" : "attention_mask";
   a.seed = DeriveSeed(o.seed, kAttentionSeed);
   return a;
@@ -220,8 +221,9 @@ absl::Status ValidateMultiheadAttentionOptions(const MultiheadAttentionOptions& 
   auto name = [&](absl::string_view option) { return absl::StrCat(field, ".", option); };
   if (o.hidden_size < 1) return InvalidField(name("hidden_size"), ">= 1", o.hidden_size);
   if (o.num_attention_heads < 1) return InvalidField(name("num_attention_heads"), ">= 1", o.num_attention_heads);
-  if (o.kv_channels < 0)
+  if (o.kv_channels < 0) {
     return InvalidField(name("kv_channels"), ">= 1 (or 0: hidden_size / num_attention_heads)", o.kv_channels);
+  }
   if (o.kv_channels == 0 && o.hidden_size % o.num_attention_heads != 0) {
     return InvalidField(name("num_attention_heads"),
                         absl::StrCat("a divisor of hidden_size ", o.hidden_size,

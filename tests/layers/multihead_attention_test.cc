@@ -152,6 +152,7 @@ struct GradCase {
   Shape x_shape;
   Shape encoder_shape;               // cross only
   std::vector<int32_t> cu_q, cu_kv;  // thd only
+  std::vector<int32_t> cu_q_padded;  // thd with tokens between sequences (self-attention)
 };
 
 void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
@@ -174,6 +175,10 @@ TEST_P(MultiheadAttentionGrad, MatchesFiniteDifferences) {
   if (!c.cu_q.empty()) {
     p.side.Set("cu_seqlens_q", CuSeqlens(c.cu_q));
     p.side.Set("cu_seqlens_kv", CuSeqlens(c.cu_kv.empty() ? c.cu_q : c.cu_kv));
+  }
+  if (!c.cu_q_padded.empty()) {
+    p.side.Set("cu_seqlens_q_padded", CuSeqlens(c.cu_q_padded));
+    p.side.Set("cu_seqlens_kv_padded", CuSeqlens(c.cu_q_padded));
   }
   CheckGradients(**m, p);
 }
@@ -263,6 +268,18 @@ std::vector<GradCase> GradCases() {
          Rope(o, false);
        }),
        {7, 32},
+       {},
+       {0, 3, 7}},
+      {"Thd_PaddedBetweenSequences_Rope_QkL2",
+       Set([](auto* o) {
+         o->qkv_format = QkvFormat::kThd;
+         o->attn_mask_type = AttnMaskType::kPaddingCausalBottomRight;
+         o->qk_norm_type = QkNormType::kL2Normalization;
+         Rope(o, false);
+       }),
+       {7, 32},
+       {},
+       {0, 2, 5},
        {},
        {0, 3, 7}},
       {"CrossThd_Padding_RopeInterleaved",
@@ -618,6 +635,54 @@ TEST(MultiheadAttention, ThdPositionsRestartPerSequence) {
   ExpectNear(yb->outputs[0], ya->outputs[0].Reshape({12, 32}).value(), 1e-6, "thd vs bshd");
 }
 
+TEST(MultiheadAttention, TokensBetweenThdSequencesDoNotChangeTheRealTokens) {
+  // With cu_seqlens_q_padded the rotary positions restart at each padded start (TE's
+  // pad_between_seqs); the real tokens then get what the unpadded packing gives them.
+  MultiheadAttentionOptions o = BaseOptions();
+  o.qkv_format = QkvFormat::kThd;
+  o.attn_mask_type = AttnMaskType::kPaddingCausal;
+  Rope(&o, true);
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  const Tensor packed = RandomTensor({5, 32}, 6);
+  Tensor padded = RandomTensor({7, 32}, 7);  // rows 2 and 6 are padding
+  const int64_t real_rows[5] = {0, 1, 3, 4, 5};
+  for (int64_t i = 0; i < 5; ++i) {
+    std::copy_n(packed.floats().begin() + i * 32, 32, padded.mutable_floats().begin() + real_rows[i] * 32);
+  }
+  SideInputs plain, with_padding;
+  for (SideInputs* side : {&plain, &with_padding}) {
+    side->Set("cu_seqlens_q", CuSeqlens({0, 2, 5}));
+    side->Set("cu_seqlens_kv", CuSeqlens({0, 2, 5}));
+  }
+  with_padding.Set("cu_seqlens_q_padded", CuSeqlens({0, 3, 7}));
+  with_padding.Set("cu_seqlens_kv_padded", CuSeqlens({0, 3, 7}));
+  ForwardOptions a_options, b_options;
+  a_options.side = &plain;
+  b_options.side = &with_padding;
+  auto a = m->Forward(Context(), {packed}, a_options);
+  auto b = m->Forward(Context(), {padded}, b_options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (int64_t i = 0; i < 5; ++i) {
+    for (int64_t j = 0; j < 32; ++j) {
+      EXPECT_NEAR(b->outputs[0].floats()[real_rows[i] * 32 + j], a->outputs[0].floats()[i * 32 + j], 1e-6)
+          << "token " << i << " channel " << j;
+    }
+  }
+}
+
+TEST(MultiheadAttention, EmptyBatchRunsForwardAndBackward) {
+  MultiheadAttentionOptions o = BaseOptions();
+  o.input_layernorm = true;
+  o.qk_norm_type = QkNormType::kL2Normalization;
+  Rope(&o, false);
+  auto m = MultiheadAttention::Create("mha", o, recipes::Recipe()).value();
+  const RunResult r = RunForwardBackward(*m, Tensor::Zeros(DType::kFloat32, {0, 2, 32}).value(), nullptr);
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_EQ(r.outputs[0].shape(), (Shape{0, 2, 32}));
+  EXPECT_EQ(r.dx.shape(), (Shape{0, 2, 32}));
+}
+
 TEST(MultiheadAttention, ReturnBiasAndLayerNormOutput) {
   MultiheadAttentionOptions o = BaseOptions();
   o.input_layernorm = true;
@@ -694,7 +759,9 @@ TEST_P(MultiheadAttentionRecipes, ForwardAndBackwardCloseToHighPrecision) {
   o.attention_dropout = 0.0f;
   o.input_layernorm = true;
   o.fuse_qkv_params = true;
-  o.qk_norm_type = QkNormType::kRmsNorm;
+  // qk norm in FP32 either way; L2 has no weights, whose gradients (sums that cancel)
+  // would measure cancellation rather than the recipe.
+  o.qk_norm_type = QkNormType::kL2Normalization;
   o.init_std = o.output_layer_init_std = 0.125f;  // ~1/sqrt(hidden): activations of order 1
   o.seed = 3;
   Rope(&o, false);
