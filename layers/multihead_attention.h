@@ -121,6 +121,9 @@ struct MultiheadAttentionOptions {
   kernels::SoftmaxType softmax_type = kernels::SoftmaxType::kVanilla;
   float init_std = 0.023f;               // QKV weights ~ N(0, init_std^2) (TE's init_method)
   float output_layer_init_std = 0.023f;  // proj weight (TE's output_layer_init_method)
+  // Recompute the core attention in the backward (DotProductAttention's option; the
+  // gradients are bit-exact against the stored path).
+  bool checkpoint_core_attention = false;
   uint64_t seed = 0;
 };
 

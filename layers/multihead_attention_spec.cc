@@ -110,6 +110,7 @@ absl::StatusOr<MultiheadAttentionOptions> MultiheadAttentionOptionsFromSpec(cons
   RETURN_IF_ERROR(
       CheckInitStd(s.has_output_layer_init_std(), s.output_layer_init_std(), name("output_layer_init_std")));
   if (s.has_output_layer_init_std()) o.output_layer_init_std = s.output_layer_init_std();
+  o.checkpoint_core_attention = s.checkpoint_core_attention();
 
   RETURN_IF_ERROR(ValidateMultiheadAttentionOptions(o, field));
   // The projection widths: bounded like every other size, and tiled by the recipe's blocks.

@@ -14,6 +14,7 @@
 #include "layers/linear.h"
 #include "layers/multihead_attention_spec.h"
 #include "layers/normalization.h"
+#include "layers/transformer_layer_spec.h"
 
 namespace teserve {
 namespace layers {
@@ -94,6 +95,15 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.in_width_field = absl::StrCat(f, ".in_features");
       return plan;
     }
+    case v1::LayerSpec::kDotProductAttention: {
+      // Three inputs (query, key, value): no single input width; first layer only.
+      ASSIGN_OR_RETURN(DotProductAttentionOptions o,
+                       DotProductAttentionOptionsFromSpec(layer.dot_product_attention(),
+                                                          absl::StrCat(field, ".dot_product_attention")));
+      plan.out_width = DotProductAttentionOutputWidth(o);
+      plan.num_parameters = o.softmax_type == kernels::SoftmaxType::kLearnable ? o.num_attention_heads : 0;
+      return plan;
+    }
     case v1::LayerSpec::kLayerNormLinear: {
       const std::string f = absl::StrCat(field, ".layer_norm_linear");
       ASSIGN_OR_RETURN(LayerNormLinearOptions o, LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, f));
@@ -117,15 +127,6 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       }
       return plan;
     }
-    case v1::LayerSpec::kDotProductAttention: {
-      // Three inputs (query, key, value): no single input width; first layer only.
-      ASSIGN_OR_RETURN(DotProductAttentionOptions o,
-                       DotProductAttentionOptionsFromSpec(layer.dot_product_attention(),
-                                                          absl::StrCat(field, ".dot_product_attention")));
-      plan.out_width = DotProductAttentionOutputWidth(o);
-      plan.num_parameters = o.softmax_type == kernels::SoftmaxType::kLearnable ? o.num_attention_heads : 0;
-      return plan;
-    }
     case v1::LayerSpec::kMultiheadAttention: {
       const std::string f = absl::StrCat(field, ".multihead_attention");
       ASSIGN_OR_RETURN(MultiheadAttentionOptions o,
@@ -140,6 +141,14 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       }
       return plan;
     }
+    case v1::LayerSpec::kTransformerLayer: {
+      const std::string f = absl::StrCat(field, ".transformer_layer");
+      ASSIGN_OR_RETURN(TransformerLayerOptions o, TransformerLayerOptionsFromSpec(layer.transformer_layer(), recipe, f));
+      plan.in_width = plan.out_width = o.self_attention.hidden_size;
+      plan.num_parameters = ParameterCount(o);
+      plan.in_width_field = absl::StrCat(f, ".hidden_size");
+      return plan;
+    }
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
@@ -148,20 +157,6 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
 
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
-  if (layer.kind_case() == v1::LayerSpec::kMultiheadAttention) {
-    ASSIGN_OR_RETURN(MultiheadAttentionOptions options,
-                     MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<MultiheadAttention> attention, MultiheadAttention::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(attention));
-  }
-  if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
-    ASSIGN_OR_RETURN(DotProductAttentionOptions options,
-                     DotProductAttentionOptionsFromSpec(layer.dot_product_attention(), "dot_product_attention"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<DotProductAttention> attention, DotProductAttention::Create(name, options));
-    return std::unique_ptr<Module>(std::move(attention));
-  }
   if (layer.kind_case() == v1::LayerSpec::kLayerNormLinear) {
     ASSIGN_OR_RETURN(LayerNormLinearOptions options,
                      LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"));
@@ -175,6 +170,27 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
     options.seed = seed;
     ASSIGN_OR_RETURN(std::unique_ptr<LayerNormMLP> mlp, LayerNormMLP::Create(name, options, recipe));
     return std::unique_ptr<Module>(std::move(mlp));
+  }
+  if (layer.kind_case() == v1::LayerSpec::kMultiheadAttention) {
+    ASSIGN_OR_RETURN(MultiheadAttentionOptions options,
+                     MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"));
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<MultiheadAttention> attention, MultiheadAttention::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(attention));
+  }
+  if (layer.kind_case() == v1::LayerSpec::kTransformerLayer) {
+    ASSIGN_OR_RETURN(TransformerLayerOptions options,
+                     TransformerLayerOptionsFromSpec(layer.transformer_layer(), recipe, "transformer_layer"));
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<TransformerLayer> block, TransformerLayer::Create(name, options, recipe));
+    return std::unique_ptr<Module>(std::move(block));
+  }
+  if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
+    ASSIGN_OR_RETURN(DotProductAttentionOptions options,
+                     DotProductAttentionOptionsFromSpec(layer.dot_product_attention(), "dot_product_attention"));
+    options.seed = seed;
+    ASSIGN_OR_RETURN(std::unique_ptr<DotProductAttention> attention, DotProductAttention::Create(name, options));
+    return std::unique_ptr<Module>(std::move(attention));
   }
   if (layer.kind_case() == v1::LayerSpec::kGroupedLinear) {
     const v1::GroupedLinearSpec& s = layer.grouped_linear();
@@ -253,12 +269,12 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
         }
       }
     }
+    if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
+      RETURN_IF_ERROR(CheckDotProductAttentionPlace(layer.dot_product_attention(), i, spec.layers_size(), field));
+    }
     if (!plan.extra_outputs_field.empty() && i + 1 != spec.layers_size()) {
       return InvalidField(plan.extra_outputs_field, "false (only the last layer of a stack may return extra outputs)",
                           "true");
-    }
-    if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
-      RETURN_IF_ERROR(CheckDotProductAttentionPlace(layer.dot_product_attention(), i, spec.layers_size(), field));
     }
     if (!plans.empty() && plan.in_width != plans.back().out_width) {
       const std::string width_field = !plan.in_width_field.empty() ? plan.in_width_field

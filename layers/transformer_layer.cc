@@ -1,0 +1,413 @@
+#include "layers/transformer_layer.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/stochastic_rounding.h"
+#include "layers/init.h"
+#include "layers/shape_check.h"
+
+namespace teserve {
+namespace layers {
+namespace {
+
+using kernels::QkvFormat;
+
+// Random-draw copy ids of the three bias-dropout-add sites and of the two drop path
+// sites (the attention's dropout uses kernels::kDropoutCopyId = 2; quantization uses 0
+// and 1).
+constexpr uint32_t kSelfAttentionSite = 16;
+constexpr uint32_t kInterAttentionSite = 17;
+constexpr uint32_t kMlpSite = 18;
+constexpr uint32_t kMlpDropPathSite = 19;
+constexpr uint32_t kSelfAttentionDropPathSite = 20;
+
+// The outputs of an attention or MLP block: out, then its bias (when the blocks have
+// biases), then its layernorm output (when asked for).
+struct BlockOutputs {
+  Tensor out;
+  Tensor bias;  // undefined without biases
+  Tensor ln;    // undefined unless returned
+};
+
+BlockOutputs SplitOutputs(std::vector<Tensor>& outputs, bool has_bias, bool has_ln) {
+  BlockOutputs b;
+  size_t i = 0;
+  b.out = std::move(outputs[i++]);
+  if (has_bias) b.bias = std::move(outputs[i++]);
+  if (has_ln) b.ln = std::move(outputs[i++]);
+  return b;
+}
+
+// Where a bias-dropout-add draws its random numbers; inactive in inference forwards.
+struct BdaRandom {
+  bool active = false;
+  uint64_t seed = 0;    // ctx.seed
+  uint64_t stream = 0;  // per layer and forward
+  float dropout = 0.0f;
+  float drop_path = 0.0f;
+  QkvFormat format = QkvFormat::kSbhd;
+};
+
+// A bias-dropout-add site: its dropout draw and, where drop path applies (the self
+// attention and MLP residuals, as TE; not the cross attention), its drop path draw.
+struct BdaSite {
+  uint32_t dropout;
+  std::optional<uint32_t> drop_path;
+};
+constexpr BdaSite kSelfAttentionBda{kSelfAttentionSite, kSelfAttentionDropPathSite};
+constexpr BdaSite kInterAttentionBda{kInterAttentionSite, std::nullopt};
+constexpr BdaSite kMlpBda{kMlpSite, kMlpDropPathSite};
+
+// The factor each element of h + bias is multiplied by: Dropout's keep / (1 - p) times
+// DropPath's per-sample keep / (1 - rate). Empty when nothing is dropped.
+std::vector<float> BdaFactors(const BdaRandom& random, const BdaSite& site, const Shape& shape) {
+  const float drop_path = site.drop_path.has_value() ? random.drop_path : 0.0f;
+  if (!random.active || (random.dropout <= 0.0f && drop_path <= 0.0f)) return {};
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const int64_t hidden = shape.back();
+  std::vector<float> factors(static_cast<size_t>(numel), 1.0f);
+  if (random.dropout > 0.0f) {
+    const uint64_t key = kernels::RandomKey(random.seed, random.stream, site.dropout);
+    const float keep_scale = 1.0f / (1.0f - random.dropout);
+    for (int64_t i = 0; i < numel; ++i) {
+      const float u = kernels::Uniform24ToFloat(kernels::RandomBits24(key, static_cast<uint64_t>(i)));
+      factors[i] = u >= random.dropout ? keep_scale : 0.0f;
+    }
+  }
+  if (drop_path > 0.0f) {
+    // Samples: the B dimension of sbhd [S, B, H] or bshd [B, S, H] (thd is rejected).
+    const uint64_t key = kernels::RandomKey(random.seed, random.stream, *site.drop_path);
+    const float keep_scale = 1.0f / (1.0f - drop_path);
+    const bool sbhd = random.format == QkvFormat::kSbhd;
+    const int64_t batch = sbhd ? shape[1] : shape[0];
+    const int64_t seq = sbhd ? shape[0] : shape[1];
+    std::vector<float> per_sample(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      const float u = kernels::Uniform24ToFloat(kernels::RandomBits24(key, static_cast<uint64_t>(b)));
+      per_sample[b] = u >= drop_path ? keep_scale : 0.0f;
+    }
+    for (int64_t i = 0; i < numel; ++i) {
+      const int64_t row = i / hidden;
+      const int64_t b = sbhd ? row % batch : row / seq;
+      factors[i] *= per_sample[b];
+    }
+  }
+  return factors;
+}
+
+// residual + factors * (h + bias); bias may be undefined, factors empty (all ones).
+absl::StatusOr<Tensor> BiasDropoutAdd(const Tensor& h, const Tensor& bias, const Tensor& residual,
+                                      const std::vector<float>& factors) {
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, h.shape()));
+  absl::Span<float> o = out.mutable_floats();
+  absl::Span<const float> hv = h.floats();
+  absl::Span<const float> r = residual.floats();
+  const int64_t hidden = h.shape().back();
+  for (size_t i = 0; i < o.size(); ++i) {
+    float v = hv[i] + (bias.defined() ? bias.floats()[i % hidden] : 0.0f);
+    if (!factors.empty()) v *= factors[i];
+    o[i] = r[i] + v;
+  }
+  return out;
+}
+
+// Gradients of BiasDropoutAdd for dy: dh = factors * dy and dbias = its column sums
+// (undefined when `with_bias` is false); the residual's gradient is dy itself.
+struct BdaGrads {
+  Tensor dh;
+  Tensor dbias;
+};
+
+absl::StatusOr<BdaGrads> BiasDropoutAddBackward(const Tensor& dy, const std::vector<float>& factors,
+                                                bool with_bias) {
+  BdaGrads g;
+  ASSIGN_OR_RETURN(g.dh, dy.Clone());
+  absl::Span<float> dh = g.dh.mutable_floats();
+  if (!factors.empty()) {
+    for (size_t i = 0; i < dh.size(); ++i) dh[i] *= factors[i];
+  }
+  if (with_bias) {
+    const int64_t hidden = dy.shape().back();
+    ASSIGN_OR_RETURN(g.dbias, Tensor::Zeros(DType::kFloat32, {hidden}));
+    absl::Span<float> db = g.dbias.mutable_floats();
+    std::vector<double> sums(static_cast<size_t>(hidden), 0.0);
+    for (size_t i = 0; i < dh.size(); ++i) sums[i % hidden] += dh[i];
+    for (int64_t j = 0; j < hidden; ++j) db[j] = static_cast<float>(sums[j]);
+  }
+  return g;
+}
+
+absl::StatusOr<Tensor> Add(const Tensor& a, const Tensor& b) {
+  ASSIGN_OR_RETURN(Tensor out, a.Clone());
+  absl::Span<float> o = out.mutable_floats();
+  absl::Span<const float> bv = b.floats();
+  for (size_t i = 0; i < o.size(); ++i) o[i] += bv[i];
+  return out;
+}
+
+void AddInto(const Tensor& b, Tensor* a) {
+  absl::Span<float> o = a->mutable_floats();
+  absl::Span<const float> bv = b.floats();
+  for (size_t i = 0; i < o.size(); ++i) o[i] += bv[i];
+}
+
+absl::Status CheckRate(float value, absl::string_view field) {
+  if (!(value >= 0.0f && value < 1.0f)) return InvalidField(field, "a probability in [0, 1)", value);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct TransformerLayer::Saved : public SavedActivations {
+  std::unique_ptr<SavedActivations> self_attention;
+  std::unique_ptr<SavedActivations> inter_attention;
+  std::unique_ptr<SavedActivations> mlp;
+  std::unique_ptr<SavedActivations> layernorm;
+  BdaRandom random;
+  Shape shape;
+};
+
+absl::Status ValidateTransformerLayerOptions(const TransformerLayerOptions& options, absl::string_view field) {
+  RETURN_IF_ERROR(CheckRate(options.hidden_dropout, absl::StrCat(field, ".hidden_dropout")));
+  RETURN_IF_ERROR(CheckRate(options.drop_path_rate, absl::StrCat(field, ".drop_path_rate")));
+  const MultiheadAttentionOptions& sa = options.self_attention;
+  if (options.drop_path_rate > 0.0f && sa.qkv_format == QkvFormat::kThd) {
+    return InvalidField(absl::StrCat(field, ".drop_path_rate"),
+                        "0 with attn_input_format thd (drop path drops whole samples of a batch dimension)",
+                        options.drop_path_rate);
+  }
+  if (options.mlp.hidden_size != sa.hidden_size) {
+    return InvalidField(absl::StrCat(field, ".layernorm_mlp.hidden_size"),
+                        absl::StrCat(sa.hidden_size, " (the attention's hidden_size)"), options.mlp.hidden_size);
+  }
+  if (options.mlp.bias != sa.bias) {
+    return InvalidField(absl::StrCat(field, ".bias"), "the same value for the attention and MLP blocks",
+                        "different values");
+  }
+  if (options.parallel_attention_mlp) {
+    if (options.inter_attention.has_value()) {
+      return InvalidField(absl::StrCat(field, ".parallel_attention_mlp"),
+                          "false for layer_type decoder (parallel blocks have no cross attention)", "true");
+    }
+    if (options.apply_residual_connection_post_layernorm) {
+      return InvalidField(absl::StrCat(field, ".apply_residual_connection_post_layernorm"),
+                          "false with parallel_attention_mlp (the two blocks normalize separately)", "true");
+    }
+  }
+  if (options.inter_attention.has_value()) {
+    const MultiheadAttentionOptions& ca = *options.inter_attention;
+    if (ca.attention_type != AttentionType::kCross || ca.hidden_size != sa.hidden_size ||
+        ca.qkv_format != sa.qkv_format) {
+      return InvalidField(absl::StrCat(field, ".inter_attention"),
+                          "cross attention with the self attention's hidden_size and format", "other options");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TransformerLayer>> TransformerLayer::Create(std::string name,
+                                                                           const TransformerLayerOptions& options,
+                                                                           const recipes::Recipe& recipe) {
+  RETURN_IF_ERROR(ValidateTransformerLayerOptions(options, "options"));
+  std::unique_ptr<TransformerLayer> layer(new TransformerLayer(name, options));
+
+  MultiheadAttentionOptions sa = options.self_attention;
+  sa.attention_type = AttentionType::kSelf;
+  sa.input_layernorm = !options.output_layernorm;
+  sa.return_bias = sa.bias;
+  sa.return_layernorm_output = layer->post_ln_attention();
+  sa.seed = DeriveSeed(options.seed, 1);
+  ASSIGN_OR_RETURN(layer->self_attention_,
+                   MultiheadAttention::Create(absl::StrCat(name, ".self_attention"), sa, recipe));
+
+  if (options.inter_attention.has_value()) {
+    MultiheadAttentionOptions ca = *options.inter_attention;
+    ca.input_layernorm = true;
+    ca.return_bias = ca.bias;
+    ca.return_layernorm_output = options.apply_residual_connection_post_layernorm;
+    ca.seed = DeriveSeed(options.seed, 2);
+    ASSIGN_OR_RETURN(layer->inter_attention_,
+                     MultiheadAttention::Create(absl::StrCat(name, ".inter_attention"), ca, recipe));
+  }
+
+  LayerNormMLPOptions mlp = options.mlp;
+  mlp.return_bias = mlp.bias;
+  mlp.return_layernorm_output = options.apply_residual_connection_post_layernorm;
+  mlp.seed = DeriveSeed(options.seed, 3);
+  ASSIGN_OR_RETURN(layer->layernorm_mlp_, LayerNormMLP::Create(absl::StrCat(name, ".layernorm_mlp"), mlp, recipe));
+
+  if (options.output_layernorm) {
+    NormOptions norm;
+    norm.kind = options.mlp.normalization;
+    norm.hidden_size = options.mlp.hidden_size;
+    norm.eps = options.mlp.eps;
+    norm.zero_centered_gamma = options.mlp.zero_centered_gamma;
+    ASSIGN_OR_RETURN(layer->layernorm_, Normalization::Create(absl::StrCat(name, ".layernorm"), norm));
+  }
+  return layer;
+}
+
+absl::StatusOr<std::vector<Shape>> TransformerLayer::OutputShapes(const std::vector<Shape>& input_shapes,
+                                                                  absl::string_view field) const {
+  RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
+  // The attention checks the layout and width; the MLP sees the same shape.
+  RETURN_IF_ERROR(self_attention_->OutputShapes(input_shapes, field).status());
+  RETURN_IF_ERROR(layernorm_mlp_->OutputShapes(input_shapes, field).status());
+  return std::vector<Shape>{input_shapes[0]};
+}
+
+absl::Status TransformerLayer::ValidateSide(const SideInputs& side, const std::vector<Shape>& input_shapes) const {
+  RETURN_IF_ERROR(self_attention_->ValidateSide(side, input_shapes));
+  if (inter_attention_ != nullptr) RETURN_IF_ERROR(inter_attention_->ValidateSide(side, input_shapes));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
+                                                        const ForwardOptions& options) {
+  const Tensor& x = inputs[0];
+  const bool save = options.save_for_backward;
+  const bool bias = has_bias();
+  const bool post_ln = options_.apply_residual_connection_post_layernorm;
+
+  BdaRandom random;
+  random.active = save && (options_.hidden_dropout > 0.0f || options_.drop_path_rate > 0.0f);
+  random.seed = ctx.seed;
+  random.dropout = options_.hidden_dropout;
+  random.drop_path = options_.drop_path_rate;
+  random.format = options_.self_attention.qkv_format;
+  if (random.active) random.stream = DeriveSeed(options_.seed, dropout_calls_++);
+
+  std::unique_ptr<Saved> saved;
+  if (save) {
+    saved = std::make_unique<Saved>();
+    saved->random = random;
+    saved->shape = x.shape();
+  }
+
+  ASSIGN_OR_RETURN(ForwardOutput attn, self_attention_->Forward(ctx, {x}, options));
+  if (save) saved->self_attention = std::move(attn.saved);
+  BlockOutputs a = SplitOutputs(attn.outputs, bias, post_ln_attention());
+
+  Tensor out;
+  if (options_.parallel_attention_mlp) {
+    ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {x}, options));
+    if (save) saved->mlp = std::move(mlp.saved);
+    BlockOutputs m = SplitOutputs(mlp.outputs, bias, false);
+    ASSIGN_OR_RETURN(Tensor sum, Add(a.out, m.out));
+    Tensor bias_sum;
+    if (bias) {
+      ASSIGN_OR_RETURN(bias_sum, Add(a.bias, m.bias));
+    }
+    ASSIGN_OR_RETURN(out, BiasDropoutAdd(sum, bias_sum, x, BdaFactors(random, kMlpBda, x.shape())));
+  } else {
+    ASSIGN_OR_RETURN(Tensor h, BiasDropoutAdd(a.out, a.bias, post_ln_attention() ? a.ln : x,
+                                              BdaFactors(random, kSelfAttentionBda, x.shape())));
+    if (inter_attention_ != nullptr) {
+      ASSIGN_OR_RETURN(ForwardOutput cross, inter_attention_->Forward(ctx, {h}, options));
+      if (save) saved->inter_attention = std::move(cross.saved);
+      BlockOutputs c = SplitOutputs(cross.outputs, bias, post_ln);
+      ASSIGN_OR_RETURN(h, BiasDropoutAdd(c.out, c.bias, post_ln ? c.ln : h,
+                                         BdaFactors(random, kInterAttentionBda, x.shape())));
+    }
+    ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {h}, options));
+    if (save) saved->mlp = std::move(mlp.saved);
+    BlockOutputs m = SplitOutputs(mlp.outputs, bias, post_ln);
+    ASSIGN_OR_RETURN(out, BiasDropoutAdd(m.out, m.bias, post_ln ? m.ln : h, BdaFactors(random, kMlpBda, x.shape())));
+  }
+
+  if (layernorm_ != nullptr) {
+    ASSIGN_OR_RETURN(ForwardOutput norm, layernorm_->Forward(ctx, {out}, options));
+    if (save) saved->layernorm = std::move(norm.saved);
+    out = std::move(norm.outputs[0]);
+  }
+
+  ForwardOutput result;
+  result.outputs.push_back(std::move(out));
+  result.saved = std::move(saved);
+  return result;
+}
+
+absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ctx, SavedActivations& saved_base,
+                                                               const std::vector<Tensor>& grad_outputs,
+                                                               SideGrads* side_grads) {
+  auto& saved = static_cast<Saved&>(saved_base);
+  const bool bias = has_bias();
+  const bool post_ln = options_.apply_residual_connection_post_layernorm;
+
+  Tensor dy = grad_outputs[0];
+  if (layernorm_ != nullptr) {
+    ASSIGN_OR_RETURN(std::vector<Tensor> g, layernorm_->Backward(ctx, *saved.layernorm, {dy}, side_grads));
+    dy = std::move(g[0]);
+  }
+
+  // The grad_outputs of a block: d(out), then d(bias), then d(ln) when returned.
+  auto block_grads = [&](const BdaGrads& g, const Tensor* dln) {
+    std::vector<Tensor> grads{g.dh};
+    if (bias) grads.push_back(g.dbias);
+    if (dln != nullptr) grads.push_back(*dln);
+    return grads;
+  };
+
+  if (options_.parallel_attention_mlp) {
+    ASSIGN_OR_RETURN(BdaGrads g, BiasDropoutAddBackward(dy, BdaFactors(saved.random, kMlpBda, saved.shape), bias));
+    ASSIGN_OR_RETURN(std::vector<Tensor> dm, layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(g, nullptr),
+                                                                      side_grads));
+    ASSIGN_OR_RETURN(std::vector<Tensor> da, self_attention_->Backward(ctx, *saved.self_attention,
+                                                                       block_grads(g, nullptr), side_grads));
+    ASSIGN_OR_RETURN(Tensor dx, Add(dy, dm[0]));
+    AddInto(da[0], &dx);
+    return std::vector<Tensor>{std::move(dx)};
+  }
+
+  // MLP block: out = r + F (m + m_b), r = m_ln (post-LN residual) or h.
+  ASSIGN_OR_RETURN(BdaGrads gm, BiasDropoutAddBackward(dy, BdaFactors(saved.random, kMlpBda, saved.shape), bias));
+  ASSIGN_OR_RETURN(std::vector<Tensor> dm,
+                   layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(gm, post_ln ? &dy : nullptr), side_grads));
+  Tensor dh = std::move(dm[0]);
+  if (!post_ln) AddInto(dy, &dh);
+
+  if (inter_attention_ != nullptr) {
+    ASSIGN_OR_RETURN(BdaGrads gc, BiasDropoutAddBackward(dh, BdaFactors(saved.random, kInterAttentionBda,
+                                                                        saved.shape), bias));
+    ASSIGN_OR_RETURN(std::vector<Tensor> dc,
+                     inter_attention_->Backward(ctx, *saved.inter_attention,
+                                                block_grads(gc, post_ln ? &dh : nullptr), side_grads));
+    if (!post_ln) AddInto(dh, &dc[0]);
+    dh = std::move(dc[0]);
+  }
+
+  ASSIGN_OR_RETURN(BdaGrads ga, BiasDropoutAddBackward(dh, BdaFactors(saved.random, kSelfAttentionBda,
+                                                                      saved.shape), bias));
+  ASSIGN_OR_RETURN(std::vector<Tensor> da,
+                   self_attention_->Backward(ctx, *saved.self_attention,
+                                             block_grads(ga, post_ln_attention() ? &dh : nullptr), side_grads));
+  if (!post_ln_attention()) AddInto(dh, &da[0]);
+  return std::vector<Tensor>{std::move(da[0])};
+}
+
+std::vector<Parameter*> TransformerLayer::Parameters() {
+  std::vector<Parameter*> params;
+  std::vector<Module*> modules{self_attention_.get(), inter_attention_.get(), layernorm_mlp_.get(), layernorm_.get()};
+  for (Module* m : modules) {
+    if (m == nullptr) continue;
+    for (Parameter* p : m->Parameters()) params.push_back(p);
+  }
+  return params;
+}
+
+std::vector<NamedQuantizer> TransformerLayer::Quantizers() {
+  std::vector<NamedQuantizer> quantizers;
+  std::vector<Module*> modules{self_attention_.get(), inter_attention_.get(), layernorm_mlp_.get()};
+  for (Module* m : modules) {
+    if (m == nullptr) continue;
+    for (const NamedQuantizer& q : m->Quantizers()) quantizers.push_back(q);
+  }
+  return quantizers;
+}
+
+}  // namespace layers
+}  // namespace teserve
