@@ -152,7 +152,10 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
-  return InvalidField(field, "one of linear, layer_norm, rms_norm", "no layer kind set");
+  return InvalidField(field,
+                      "one of linear, layer_norm, rms_norm, layer_norm_linear, layer_norm_mlp, dot_product_attention, "
+                      "multihead_attention, transformer_layer, grouped_linear",
+                      "no layer kind set");
 }
 
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,

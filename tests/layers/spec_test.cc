@@ -65,7 +65,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"Empty", [](v1::ModelSpec* s) { s->clear_layers(); }, absl::StatusCode::kInvalidArgument,
                 "model.layers: expected at least one layer, got none"},
         BadSpec{"NoKind", [](v1::ModelSpec* s) { s->add_layers(); }, absl::StatusCode::kInvalidArgument,
-                "model.layers[3]: expected one of linear, layer_norm, rms_norm, got no layer kind set"},
+                "model.layers[3]: expected one of linear, layer_norm, rms_norm, layer_norm_linear, "
+                "layer_norm_mlp, dot_product_attention, multihead_attention, transformer_layer, grouped_linear, "
+                "got no layer kind set"},
         BadSpec{"ZeroInFeatures",
                 [](v1::ModelSpec* s) { s->mutable_layers(1)->mutable_linear()->set_in_features(0); },
                 absl::StatusCode::kInvalidArgument,
