@@ -1,12 +1,18 @@
 // Checked entry points and the CPU reference of kernels/hadamard.h. The transform is
 // small and memory-bound, so the reference is a straight loop over 16-element tiles
-// with the butterfly order the header specifies; no separate kernels/cpu file.
+// with the butterfly order the header specifies; no separate kernels/cpu file. CUDA
+// tensors go to kernels/cuda/nvfp4_cuda.h when the CUDA backend is compiled in, else
+// FAILED_PRECONDITION.
 #include "kernels/hadamard.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/tensor_checks.h"
+
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/nvfp4_cuda.h"
+#endif
 
 namespace teserve {
 namespace kernels {
@@ -55,7 +61,14 @@ absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& 
 absl::StatusOr<Tensor> Transform(const Context& ctx, const Tensor& x, Direction direction,
                                  absl::string_view name, absl::string_view op) {
   RETURN_IF_ERROR(CheckInput(name, x, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel(op);
+  if (!ctx.device.is_cpu()) {
+#if TESERVE_WITH_CUDA
+    return cuda::ApplyHadamard16(ctx, x, direction == Direction::kInverse);
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+#endif
+  }
   ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape()));
   const float* src = x.data<float>();
   float* dst = out.data<float>();

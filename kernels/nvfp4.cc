@@ -1,7 +1,7 @@
 // Checked entry points of kernels/nvfp4.h. Each validates tensor metadata and options
 // (errors name the argument and say expected vs got), then dispatches on the Context's
-// device. Only the CPU reference exists: CUDA tensors get UNIMPLEMENTED until the
-// kernels land, rather than a silent host round trip.
+// device: kernels/cpu for the CPU, kernels/cuda when the CUDA backend is compiled in
+// (TESERVE_WITH_CUDA); without it CUDA tensors get FAILED_PRECONDITION.
 #include "kernels/nvfp4.h"
 
 #include "absl/status/status.h"
@@ -10,9 +10,20 @@
 #include "kernels/cpu/nvfp4_cpu.h"
 #include "kernels/tensor_checks.h"
 
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/nvfp4_cuda.h"
+#endif
+
 namespace teserve {
 namespace kernels {
 namespace {
+
+#if !TESERVE_WITH_CUDA
+absl::Status NoCudaBackend(absl::string_view op) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+}
+#endif
 
 absl::Status CheckBlockedDim(absl::string_view name, int64_t extent) {
   if (extent % kNvfp4BlockSize == 0) return absl::OkStatus();
@@ -59,26 +70,42 @@ absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Conte
 absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& x,
                                               const Nvfp4QuantizeOptions& options) {
   RETURN_IF_ERROR(CheckQuantizeArgs(x, options, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("QuantizeNvfp4");
-  return cpu::QuantizeNvfp4(ctx, x, options);
+  if (ctx.device.is_cpu()) return cpu::QuantizeNvfp4(ctx, x, options);
+#if TESERVE_WITH_CUDA
+  return cuda::QuantizeNvfp4(ctx, x, options);
+#else
+  return NoCudaBackend("QuantizeNvfp4");
+#endif
 }
 
 absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckQuantizedCopy(q, copy, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("DequantizeNvfp4");
-  return cpu::DequantizeNvfp4(ctx, q, copy);
+  if (ctx.device.is_cpu()) return cpu::DequantizeNvfp4(ctx, q, copy);
+#if TESERVE_WITH_CUDA
+  return cuda::DequantizeNvfp4(ctx, q, copy);
+#else
+  return NoCudaBackend("DequantizeNvfp4");
+#endif
 }
 
 absl::StatusOr<Tensor> CastToFloat4E2M1(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("CastToFloat4E2M1");
-  return cpu::CastToFloat4E2M1(ctx, x);
+  if (ctx.device.is_cpu()) return cpu::CastToFloat4E2M1(ctx, x);
+#if TESERVE_WITH_CUDA
+  return cuda::CastToFloat4E2M1(ctx, x);
+#else
+  return NoCudaBackend("CastToFloat4E2M1");
+#endif
 }
 
 absl::StatusOr<Tensor> Float4E2M1ToFloat32(const Context& ctx, const Tensor& packed) {
   RETURN_IF_ERROR(CheckTensor("packed", packed, DType::kFloat4E2M1, kAnyRank, ctx));
-  if (!ctx.device.is_cpu()) return NoCudaKernel("Float4E2M1ToFloat32");
-  return cpu::Float4E2M1ToFloat32(ctx, packed);
+  if (ctx.device.is_cpu()) return cpu::Float4E2M1ToFloat32(ctx, packed);
+#if TESERVE_WITH_CUDA
+  return cuda::Float4E2M1ToFloat32(ctx, packed);
+#else
+  return NoCudaBackend("Float4E2M1ToFloat32");
+#endif
 }
 
 }  // namespace kernels

@@ -52,9 +52,10 @@
 //   ApplyInverseHadamard16 to recover x^T. QuantizedTensor does not record the flag: the
 //   caller (the recipe) knows it and must transform both wgrad operands alike.
 //
-// The CPU versions (kernels/cpu/nvfp4_cpu.h) are the reference; CUDA kernels must
-// match them bit for bit (FP32 arithmetic without fused multiply-add or fast-math
-// reciprocals). No CUDA kernel exists yet: CUDA tensors get UNIMPLEMENTED.
+// The CPU versions (kernels/cpu/nvfp4_cpu.h) are the reference; the CUDA kernels
+// (kernels/cuda/nvfp4_cuda.h) match them bit for bit (FP32 arithmetic without fused
+// multiply-add or fast-math reciprocals, the same counter-based draws). CUDA tensors in
+// a build without the CUDA backend get FAILED_PRECONDITION.
 #ifndef TESERVE_KERNELS_NVFP4_H_
 #define TESERVE_KERNELS_NVFP4_H_
 

@@ -311,16 +311,28 @@ TEST(Nvfp4Errors, RejectsBadOptionsAndInputs) {
               HasError(kInvalid, "x.shape[1]: expected a multiple of 16 (the Hadamard tiles run along it), got 20"));
 }
 
-TEST(Nvfp4Errors, CudaTensorsAreUnimplemented) {
+// The CUDA kernels themselves are tested against this reference in tests/gpu.
+TEST(Nvfp4Errors, CudaTensorsNeedACudaContext) {
+  float storage[256] = {};
+  const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {16, 16}, Device::Cuda(0));
+  EXPECT_THAT(QuantizeNvfp4(Context::Cpu(), x, Options(true, false)),
+              HasError(kInvalid, "x.device: expected cpu, got cuda:0"));
+}
+
+#if !TESERVE_WITH_CUDA
+TEST(Nvfp4Errors, CudaTensorsWithoutCudaBackendFailPrecondition) {
   float storage[256] = {};
   Context ctx;
   ctx.device = Device::Cuda(0);
   const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {16, 16}, Device::Cuda(0));
   EXPECT_THAT(QuantizeNvfp4(ctx, x, Options(true, false)),
-              HasError(absl::StatusCode::kUnimplemented, "no CUDA kernel yet for QuantizeNvfp4"));
-  EXPECT_THAT(ApplyHadamard16(ctx, x), HasError(absl::StatusCode::kUnimplemented, "no CUDA kernel yet for ApplyHadamard16"));
-  EXPECT_THAT(QuantizeNvfp4(Context::Cpu(), x, Options(true, false)), HasError(kInvalid, "x.device: expected cpu, got cuda:0"));
+              HasError(absl::StatusCode::kFailedPrecondition,
+                       "QuantizeNvfp4 on a CUDA device: teserve was built without CUDA"));
+  EXPECT_THAT(ApplyHadamard16(ctx, x),
+              HasError(absl::StatusCode::kFailedPrecondition,
+                       "ApplyHadamard16 on a CUDA device: teserve was built without CUDA"));
 }
+#endif
 
 TEST(Nvfp4Errors, DequantizeChecksMetadata) {
   const QuantizedTensor q = Quantize(BandedTensor(16, 32, 15u), Options(true, false));

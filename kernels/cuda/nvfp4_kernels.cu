@@ -1,0 +1,548 @@
+// CUDA kernels for NVFP4 quantization (contract: kernels/nvfp4.h), its dequantization,
+// the unscaled E2M1 casts and the 16-point random Hadamard transform.
+//
+// Design:
+// - Bit-exactness with the CPU reference: block scales through kernels/quantize_math.h,
+//   the E2M1/E4M3 codecs of core/float_codec.h (sm_90 has no E2M1 conversion
+//   instruction), stochastic draws from the counter-based RNG of
+//   kernels/stochastic_rounding.h keyed exactly like the CPU (copy id, linear index in
+//   the copy written), and the RHT in the header's FP32 operation order with
+//   __fmul_rn/__fadd_rn/__fsub_rn so nothing is contracted into an FMA.
+// - Two passes, because every block scale depends on the global scale S: pass 1 reads x
+//   for amax (and, with RHT, the amax of the transformed columnwise source); the host
+//   derives S (it also returns it in QuantizedTensor); pass 2 reads x again and writes
+//   both copies.
+// - Pass 2 layout: a thread holds 16 consecutive rows x 4 consecutive columns (one
+//   16-byte FP32 or 8-byte BF16 load per row), a warp 16 x 128, a 128-thread block
+//   64 x 128 (4 warps stacked). A 1x16 rowwise block is 4 threads (two xor-shuffles),
+//   a 16x1 columnwise block (and its RHT) is in-thread, a 16x16 block is 4 threads.
+//   Stores: per row 2 bytes (4 nibbles; 64 contiguous bytes per warp), per column 8
+//   bytes (16 nibbles; the 4 warps of a block fill 32 contiguous bytes of an output row).
+// - Vectorized loads when cols % 4 == 0 and x is aligned; otherwise (columnwise-only
+//   copies of odd widths) bounds-checked scalar loads. Stores need no variant: the
+//   blocked dimensions are multiples of 16.
+// NVFP4 is not on a speed target; the integer E2M1 codec and the 64-bit RNG make pass 2
+// ALU-heavier than the FP8 kernels.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/float_codec.h"
+#include "kernels/cuda/nvfp4_kernels.h"
+#include "kernels/quantize_math.h"
+#include "kernels/stochastic_rounding.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+constexpr int kBlock = 16;        // NVFP4 block length (both directions)
+constexpr int kColsPerThread = 4;
+constexpr int kWarpCols = 32 * kColsPerThread;
+constexpr int kWarpsDown = 4;
+constexpr int kThreads = 32 * kWarpsDown;
+constexpr int kTileRows = kBlock * kWarpsDown;
+constexpr int kTileCols = kWarpCols;
+constexpr int kBlockThreads = kBlock / kColsPerThread;  // threads across a 1x16 block
+
+constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
+constexpr uint32_t kFullMask = 0xFFFFFFFFu;
+constexpr int kElementwiseThreads = 256;
+constexpr int kMaxElementwiseBlocks = 4096;
+
+constexpr bool kVectorized = true;
+constexpr bool kScalar = false;
+
+template <SourceType kType>
+struct Source;
+
+template <>
+struct Source<SourceType::kFloat32> {
+  using Element = float;
+  static constexpr int kAlignment = 16;
+  __device__ static float ToFloat(float v) { return v; }
+  __device__ static void Load4(const float* p, float out[4]) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+
+template <>
+struct Source<SourceType::kBFloat16> {
+  using Element = uint16_t;
+  static constexpr int kAlignment = 8;
+  __device__ static float ToFloat(uint16_t v) { return Bf16ToFloat(v); }
+  __device__ static void Load4(const uint16_t* p, float out[4]) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    out[0] = __uint_as_float(v.x << 16);
+    out[1] = __uint_as_float(v.x & 0xFFFF0000u);
+    out[2] = __uint_as_float(v.y << 16);
+    out[3] = __uint_as_float(v.y & 0xFFFF0000u);
+  }
+};
+
+// Walsh-Hadamard butterflies in Sylvester order (kernels/hadamard.h).
+__device__ __forceinline__ void Butterflies(float (&w)[kBlock]) {
+#pragma unroll
+  for (int h = 1; h < kBlock; h *= 2) {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) {
+      if ((i & h) != 0) continue;
+      const float a = w[i];
+      const float b = w[i + h];
+      w[i] = __fadd_rn(a, b);
+      w[i + h] = __fsub_rn(a, b);
+    }
+  }
+}
+
+// Forward RHT of one 16-element run: w <- (H diag(d) w) / 4.
+__device__ __forceinline__ void ForwardRht(float (&w)[kBlock], const HadamardSigns& s) {
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) w[j] = __fmul_rn(s.d[j], w[j]);
+  Butterflies(w);
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) w[j] = __fmul_rn(w[j], 0.25f);
+}
+
+__device__ __forceinline__ void InverseRht(float (&w)[kBlock], const HadamardSigns& s) {
+  Butterflies(w);
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) w[j] = __fmul_rn(s.d[j], __fmul_rn(w[j], 0.25f));
+}
+
+// Max over the block into thread 0's return value; every thread must call it.
+__device__ __forceinline__ uint32_t BlockMax(uint32_t value, uint32_t* scratch) {
+  value = __reduce_max_sync(kFullMask, value);
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < kWarpsDown ? scratch[lane] : 0u;
+    value = __reduce_max_sync(kFullMask, value);
+  }
+  return value;
+}
+
+// The thread's 16 x 4 values of the 64 x 128 tile of block blockIdx.x (0 outside x).
+struct TilePosition {
+  int64_t row0;  // first of the thread's 16 rows
+  int64_t col0;  // first of its 4 columns
+  int col_thread;
+};
+
+__device__ __forceinline__ TilePosition PositionOf(int64_t cols) {
+  const int64_t tiles_across = (cols + kTileCols - 1) / kTileCols;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  TilePosition p;
+  p.row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * kTileRows + warp * kBlock;
+  p.col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * kTileCols + lane * kColsPerThread;
+  p.col_thread = lane;
+  return p;
+}
+
+template <SourceType kType, bool kVectorizedLoads>
+__device__ __forceinline__ void LoadTile(const void* x_raw, int64_t rows, int64_t cols,
+                                         const TilePosition& p, float (&v)[kBlock][kColsPerThread]) {
+  using Element = typename Source<kType>::Element;
+  const Element* x = static_cast<const Element*>(x_raw);
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    const int64_t r = p.row0 + i;
+    const Element* src = x + r * cols + p.col0;
+    if (kVectorizedLoads) {
+      if (r < rows && p.col0 < cols) {
+        Source<kType>::Load4(src, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kColsPerThread; ++j) v[i][j] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kColsPerThread; ++j) {
+        v[i][j] = r < rows && p.col0 + j < cols ? Source<kType>::ToFloat(src[j]) : 0.0f;
+      }
+    }
+  }
+}
+
+struct AmaxArgs {
+  const void* x;
+  int64_t rows;
+  int64_t cols;
+  HadamardSigns signs;
+  uint32_t* amax_bits;
+  uint32_t* rht_amax_bits;  // null: no RHT amax
+};
+
+template <SourceType kType, bool kVectorizedLoads>
+__global__ void __launch_bounds__(kThreads) Nvfp4AmaxKernel(const AmaxArgs a) {
+  __shared__ uint32_t scratch[kWarpsDown];
+  const TilePosition p = PositionOf(a.cols);
+  float v[kBlock][kColsPerThread];
+  LoadTile<kType, kVectorizedLoads>(a.x, a.rows, a.cols, p, v);
+  uint32_t amax = 0u;
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      amax = max(amax, __float_as_uint(v[i][j]) & kMagnitudeMask);
+    }
+  }
+  uint32_t rht_amax = 0u;
+  if (a.rht_amax_bits != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      float w[kBlock];
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) w[i] = v[i][j];
+      ForwardRht(w, a.signs);
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) rht_amax = max(rht_amax, __float_as_uint(w[i]) & kMagnitudeMask);
+    }
+  }
+  const uint32_t block_amax = BlockMax(amax, scratch);
+  if (threadIdx.x == 0 && block_amax != 0u) atomicMax(a.amax_bits, block_amax);
+  if (a.rht_amax_bits != nullptr) {
+    __syncthreads();  // scratch is reused
+    const uint32_t block_rht = BlockMax(rht_amax, scratch);
+    if (threadIdx.x == 0 && block_rht != 0u) atomicMax(a.rht_amax_bits, block_rht);
+  }
+}
+
+struct QuantizeArgs {
+  const void* x;
+  int64_t rows;
+  int64_t cols;
+  bool two_d;
+  bool random_hadamard;
+  HadamardSigns signs;
+  float s;
+  float inv_s;
+  bool stochastic;
+  uint64_t rowwise_key;
+  uint64_t columnwise_key;
+  uint8_t* rowwise;
+  uint8_t* rowwise_scales;
+  uint8_t* columnwise;
+  uint8_t* columnwise_scales;
+};
+
+__device__ __forceinline__ uint32_t EncodeE2M1(float x, float e, bool stochastic, uint64_t key,
+                                               uint64_t index) {
+  const float y = __fmul_rn(x, e);
+  if (!stochastic) return FloatToE2M1(y);
+  return StochasticRoundToE2M1(y, RandomBits24(key, index));
+}
+
+__device__ __forceinline__ uint32_t MaxOver(const float* values, int n) {
+  uint32_t m = 0u;
+  for (int k = 0; k < n; ++k) m = max(m, __float_as_uint(values[k]) & kMagnitudeMask);
+  return m;
+}
+
+template <SourceType kType, bool kVectorizedLoads>
+__global__ void __launch_bounds__(kThreads) Nvfp4QuantizeKernel(const QuantizeArgs a) {
+  const TilePosition p = PositionOf(a.cols);
+  float v[kBlock][kColsPerThread];
+  LoadTile<kType, kVectorizedLoads>(a.x, a.rows, a.cols, p, v);
+  const int64_t rows = a.rows;
+  const int64_t cols = a.cols;
+  const bool first_of_block = p.col_thread % kBlockThreads == 0;
+
+  if (a.two_d) {
+    // One 16x16 block per 4 threads; rows % 16 == cols % 16 == 0, so a thread's values
+    // are all inside x or all outside.
+    const bool inside = p.row0 < rows && p.col0 < cols;
+    uint32_t m = 0u;
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) m = max(m, MaxOver(v[i], kColsPerThread));
+#pragma unroll
+    for (int offset = 1; offset < kBlockThreads; offset <<= 1) {
+      m = max(m, __shfl_xor_sync(kFullMask, m, offset));
+    }
+    const Nvfp4BlockScale bs = Nvfp4BlockScaleOf(__uint_as_float(m), a.s, a.inv_s);
+    if (inside && first_of_block) {
+      const int64_t br = p.row0 / kBlock;
+      const int64_t bc = p.col0 / kBlock;
+      if (a.rowwise_scales != nullptr) a.rowwise_scales[br * (cols / kBlock) + bc] = bs.byte;
+      if (a.columnwise_scales != nullptr) a.columnwise_scales[bc * (rows / kBlock) + br] = bs.byte;
+    }
+    uint32_t col_lo[kColsPerThread] = {};
+    uint32_t col_hi[kColsPerThread] = {};
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) {
+      const int64_t r = p.row0 + i;
+      uint32_t row_word = 0u;
+#pragma unroll
+      for (int j = 0; j < kColsPerThread; ++j) {
+        const uint64_t index = static_cast<uint64_t>(r * cols + p.col0 + j);
+        const uint32_t code = EncodeE2M1(v[i][j], bs.e, a.stochastic, a.rowwise_key, index);
+        row_word |= code << (4 * j);
+        if (i < 8) {
+          col_lo[j] |= code << (4 * i);
+        } else {
+          col_hi[j] |= code << (4 * (i - 8));
+        }
+      }
+      if (inside && a.rowwise != nullptr) {
+        *reinterpret_cast<uint16_t*>(a.rowwise + (r * cols + p.col0) / 2) =
+            static_cast<uint16_t>(row_word);
+      }
+    }
+    if (inside && a.columnwise != nullptr) {
+#pragma unroll
+      for (int j = 0; j < kColsPerThread; ++j) {
+        const int64_t c = p.col0 + j;
+        *reinterpret_cast<uint2*>(a.columnwise + (c * rows + p.row0) / 2) =
+            make_uint2(col_lo[j], col_hi[j]);
+      }
+    }
+    return;
+  }
+
+  if (a.rowwise != nullptr) {
+    // cols % 16 == 0: the thread's 4 columns are all inside or all outside.
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) {
+      const int64_t r = p.row0 + i;
+      uint32_t m = MaxOver(v[i], kColsPerThread);
+#pragma unroll
+      for (int offset = 1; offset < kBlockThreads; offset <<= 1) {
+        m = max(m, __shfl_xor_sync(kFullMask, m, offset));
+      }
+      const Nvfp4BlockScale bs = Nvfp4BlockScaleOf(__uint_as_float(m), a.s, a.inv_s);
+      const bool inside = r < rows && p.col0 < cols;
+      if (inside && first_of_block) a.rowwise_scales[r * (cols / kBlock) + p.col0 / kBlock] = bs.byte;
+      uint32_t word = 0u;
+#pragma unroll
+      for (int j = 0; j < kColsPerThread; ++j) {
+        const uint64_t index = static_cast<uint64_t>(r * cols + p.col0 + j);
+        word |= EncodeE2M1(v[i][j], bs.e, a.stochastic, a.rowwise_key, index) << (4 * j);
+      }
+      if (inside) {
+        *reinterpret_cast<uint16_t*>(a.rowwise + (r * cols + p.col0) / 2) =
+            static_cast<uint16_t>(word);
+      }
+    }
+  }
+
+  if (a.columnwise != nullptr) {
+    // rows % 16 == 0: the thread's 16 rows are all inside or all outside.
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      const int64_t c = p.col0 + j;
+      float w[kBlock];
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) w[i] = v[i][j];
+      if (a.random_hadamard) ForwardRht(w, a.signs);
+      const Nvfp4BlockScale bs = Nvfp4BlockScaleOf(__uint_as_float(MaxOver(w, kBlock)), a.s, a.inv_s);
+      uint32_t lo = 0u;
+      uint32_t hi = 0u;
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) {
+        const uint64_t index = static_cast<uint64_t>(c * rows + p.row0 + i);
+        const uint32_t code = EncodeE2M1(w[i], bs.e, a.stochastic, a.columnwise_key, index);
+        if (i < 8) {
+          lo |= code << (4 * i);
+        } else {
+          hi |= code << (4 * (i - 8));
+        }
+      }
+      if (p.row0 < rows && c < cols) {
+        a.columnwise_scales[c * (rows / kBlock) + p.row0 / kBlock] = bs.byte;
+        *reinterpret_cast<uint2*>(a.columnwise + (c * rows + p.row0) / 2) = make_uint2(lo, hi);
+      }
+    }
+  }
+}
+
+// One thread per packed byte (two elements) of each row; grid-stride over rows.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    Nvfp4DequantizeKernel(const uint8_t* codes, int64_t rows, int64_t cols,
+                          const uint8_t* scales, int block_rows_log2, float inv_s, float* out) {
+  const int64_t bytes_per_row = cols / 2;
+  const int64_t scale_cols = cols / kBlock;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t scale_row = (r >> block_rows_log2) * scale_cols;
+    for (int64_t b = threadIdx.x; b < bytes_per_row; b += blockDim.x) {
+      const uint8_t byte = codes[r * bytes_per_row + b];
+      const int64_t c = 2 * b;
+      const float sd = E4M3ToFloat(scales[scale_row + c / kBlock]);
+      out[r * cols + c] = __fmul_rn(__fmul_rn(E2M1ToFloat(byte & 0xFu), sd), inv_s);
+      out[r * cols + c + 1] = __fmul_rn(__fmul_rn(E2M1ToFloat(byte >> 4), sd), inv_s);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    CastToE2M1Kernel(const float* x, int64_t numel, uint8_t* packed) {
+  const int64_t bytes = (numel + 1) / 2;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes;
+       b += stride) {
+    const uint32_t lo = FloatToE2M1(x[2 * b]);
+    const uint32_t hi = 2 * b + 1 < numel ? FloatToE2M1(x[2 * b + 1]) : 0u;
+    packed[b] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    E2M1ToFloatKernel(const uint8_t* packed, int64_t numel, float* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
+       i += stride) {
+    const uint8_t byte = packed[i / 2];
+    out[i] = E2M1ToFloat((i & 1) ? (byte >> 4) : (byte & 0xFu));
+  }
+}
+
+// One thread per 16-element run.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    Hadamard16Kernel(const float* x, int64_t runs, const HadamardSigns signs, bool inverse,
+                     float* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < runs;
+       t += stride) {
+    float w[kBlock];
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) w[j] = x[t * kBlock + j];
+    if (inverse) {
+      InverseRht(w, signs);
+    } else {
+      ForwardRht(w, signs);
+    }
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) out[t * kBlock + j] = w[j];
+  }
+}
+
+bool IsAligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+int GridFor(int64_t items) {
+  const int64_t blocks = (items + kElementwiseThreads - 1) / kElementwiseThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxElementwiseBlocks ? kMaxElementwiseBlocks
+                                                                            : blocks));
+}
+
+// Grid of 64 x 128 tiles, or an error when it would not fit one launch.
+cudaError_t TileGrid(int64_t rows, int64_t cols, unsigned* blocks) {
+  const int64_t tiles = ((rows + kTileRows - 1) / kTileRows) * ((cols + kTileCols - 1) / kTileCols);
+  if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
+  *blocks = static_cast<unsigned>(tiles);
+  return cudaSuccess;
+}
+
+template <SourceType kType>
+bool VectorizedLoads(const void* x, int64_t cols) {
+  return cols % kColsPerThread == 0 && IsAligned(x, Source<kType>::kAlignment);
+}
+
+template <SourceType kType>
+cudaError_t LaunchAmaxTyped(const AmaxArgs& args, unsigned blocks, cudaStream_t stream) {
+  if (VectorizedLoads<kType>(args.x, args.cols)) {
+    Nvfp4AmaxKernel<kType, kVectorized><<<blocks, kThreads, 0, stream>>>(args);
+  } else {
+    Nvfp4AmaxKernel<kType, kScalar><<<blocks, kThreads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
+template <SourceType kType>
+cudaError_t LaunchQuantizeTyped(const QuantizeArgs& args, unsigned blocks, cudaStream_t stream) {
+  if (VectorizedLoads<kType>(args.x, args.cols)) {
+    Nvfp4QuantizeKernel<kType, kVectorized><<<blocks, kThreads, 0, stream>>>(args);
+  } else {
+    Nvfp4QuantizeKernel<kType, kScalar><<<blocks, kThreads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchNvfp4Amax(const void* x, SourceType type, int64_t rows, int64_t cols,
+                            const HadamardSigns& signs, uint32_t* amax_bits,
+                            uint32_t* rht_amax_bits, cudaStream_t stream) {
+  cudaError_t status = cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
+  if (status == cudaSuccess && rht_amax_bits != nullptr) {
+    status = cudaMemsetAsync(rht_amax_bits, 0, sizeof(uint32_t), stream);
+  }
+  if (status != cudaSuccess || rows == 0 || cols == 0) return status;
+  unsigned blocks = 0;
+  status = TileGrid(rows, cols, &blocks);
+  if (status != cudaSuccess) return status;
+  const AmaxArgs args{x, rows, cols, signs, amax_bits, rht_amax_bits};
+  return type == SourceType::kFloat32 ? LaunchAmaxTyped<SourceType::kFloat32>(args, blocks, stream)
+                                      : LaunchAmaxTyped<SourceType::kBFloat16>(args, blocks, stream);
+}
+
+cudaError_t LaunchNvfp4Quantize(const Nvfp4QuantizeLaunchParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  unsigned blocks = 0;
+  const cudaError_t status = TileGrid(p.rows, p.cols, &blocks);
+  if (status != cudaSuccess) return status;
+  QuantizeArgs args;
+  args.x = p.x;
+  args.rows = p.rows;
+  args.cols = p.cols;
+  args.two_d = p.two_d;
+  args.random_hadamard = p.random_hadamard && !p.two_d;
+  args.signs = p.signs;
+  args.s = p.global_scale;
+  args.inv_s = p.global_scale_inv;
+  args.stochastic = p.stochastic_rounding;
+  args.rowwise_key = p.rowwise_key;
+  args.columnwise_key = p.columnwise_key;
+  args.rowwise = p.rowwise;
+  args.rowwise_scales = p.rowwise_scales;
+  args.columnwise = p.columnwise;
+  args.columnwise_scales = p.columnwise_scales;
+  return p.type == SourceType::kFloat32
+             ? LaunchQuantizeTyped<SourceType::kFloat32>(args, blocks, stream)
+             : LaunchQuantizeTyped<SourceType::kBFloat16>(args, blocks, stream);
+}
+
+cudaError_t LaunchNvfp4Dequantize(const uint8_t* codes, int64_t rows, int64_t cols,
+                                  const uint8_t* scales, bool two_d, float global_scale_inv,
+                                  float* out, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  constexpr int64_t kMaxRowBlocks = 65535;
+  const int blocks = static_cast<int>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks);
+  Nvfp4DequantizeKernel<<<blocks, kElementwiseThreads, 0, stream>>>(
+      codes, rows, cols, scales, two_d ? 4 : 0, global_scale_inv, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCastToE2M1(const float* x, int64_t numel, uint8_t* packed,
+                             cudaStream_t stream) {
+  if (numel == 0) return cudaSuccess;
+  CastToE2M1Kernel<<<GridFor((numel + 1) / 2), kElementwiseThreads, 0, stream>>>(x, numel, packed);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchE2M1ToFloat(const uint8_t* packed, int64_t numel, float* out,
+                              cudaStream_t stream) {
+  if (numel == 0) return cudaSuccess;
+  E2M1ToFloatKernel<<<GridFor(numel), kElementwiseThreads, 0, stream>>>(packed, numel, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHadamard16(const float* x, int64_t numel, const HadamardSigns& signs,
+                             bool inverse, float* out, cudaStream_t stream) {
+  const int64_t runs = numel / kBlock;
+  if (runs == 0) return cudaSuccess;
+  Hadamard16Kernel<<<GridFor(runs), kElementwiseThreads, 0, stream>>>(x, runs, signs, inverse, out);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
