@@ -1,8 +1,8 @@
-// Checked entry points of kernels/normalization.h: validate metadata (FP32; x and dy
-// [n, h] with h > 0; gamma, beta [h]; mu, rsigma [n]; eps finite and >= 0; devices;
-// errors name the argument and say expected vs got), then run the CPU reference. The
-// CUDA normalization kernels are not wired in yet, so CUDA contexts get UNIMPLEMENTED
-// naming the op.
+// Checked entry points of kernels/normalization.h: validate metadata (dtypes; x and dy
+// [n, h] with h > 0; gamma, beta [h]; mu, rsigma [n]; eps finite and >= 0; options;
+// devices; errors name the argument and say expected vs got), then dispatch on the
+// Context's device: kernels/cpu for the CPU, kernels/cuda when the CUDA backend is
+// compiled in (TESERVE_WITH_CUDA from //tools/cuda:config).
 #include "kernels/normalization.h"
 
 #include "absl/status/status.h"
@@ -11,25 +11,42 @@
 #include "kernels/cpu/normalization_cpu.h"
 #include "kernels/tensor_checks.h"
 
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/normalization_cuda.h"
+#endif
+
 namespace teserve {
 namespace kernels {
 namespace {
+
+constexpr char kNormTypes[] = "one of FLOAT32, FLOAT16, BFLOAT16";
 
 absl::Status CheckFloatTensor(absl::string_view name, const Tensor& t, const Shape& expected,
                               const Context& ctx) {
   return CheckTensorOfShape(name, t, DType::kFloat32, expected, ctx);
 }
 
-// x is the tensor every other shape derives from: FP32 [n, h], h > 0.
-absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& ctx) {
+// x is the tensor every other shape derives from: [n, h], h > 0, of `dtype` (or, when
+// `dtype` is null, of any of FP32, FP16, BF16).
+absl::Status CheckInput(absl::string_view name, const Tensor& x, const DType* dtype,
+                        const Context& ctx) {
   RETURN_IF_ERROR(CheckDefined(name, x));
   if (x.rank() != 2 || x.dim(1) == 0) {
     return InvalidField(absl::StrCat(name, ".shape"), "[n, h] with h > 0", ShapeToString(x.shape()));
   }
-  return CheckFloatTensor(name, x, x.shape(), ctx);
+  if (dtype != nullptr) return CheckTensorOfShape(name, x, *dtype, x.shape(), ctx);
+  if (!IsHighPrecisionFloat(x.dtype())) {
+    return InvalidField(absl::StrCat(name, ".dtype"), kNormTypes, DTypeName(x.dtype()));
+  }
+  return CheckDevice(name, x, ctx);
 }
 
-// dy [n, h], rsigma [n], gamma [h], and mu [n] when given.
+absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& ctx) {
+  const DType fp32 = DType::kFloat32;
+  return CheckInput(name, x, &fp32, ctx);
+}
+
+// dy [n, h] of x's dtype, rsigma [n], gamma [h], and mu [n] when given.
 absl::Status CheckBackward(const Tensor& dy, const Tensor& x, const Tensor* mu, const Tensor& rsigma,
                            const Tensor& gamma, const Context& ctx) {
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
@@ -38,6 +55,86 @@ absl::Status CheckBackward(const Tensor& dy, const Tensor& x, const Tensor* mu, 
   if (mu != nullptr) RETURN_IF_ERROR(CheckFloatTensor("mu", *mu, rows, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("rsigma", rsigma, rows, ctx));
   return CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx);
+}
+
+// A tensor that RMSNorm does not take must be left undefined.
+absl::Status CheckAbsentForRmsNorm(absl::string_view name, const Tensor& t) {
+  if (!t.defined()) return absl::OkStatus();
+  return InvalidField(name, "no tensor for RMSNorm", "a tensor");
+}
+
+absl::Status CheckSmMargin(absl::string_view field, int sm_margin) {
+  if (sm_margin >= 0) return absl::OkStatus();
+  return InvalidField(field, ">= 0", sm_margin);
+}
+
+absl::Status CheckForwardOptions(const NormForwardOptions& options) {
+  RETURN_IF_ERROR(CheckFiniteNonNegative("options.eps", options.eps));
+  if (options.y_dtype.has_value() && !IsHighPrecisionFloat(*options.y_dtype)) {
+    return InvalidField("options.y_dtype", kNormTypes, DTypeName(*options.y_dtype));
+  }
+  if (!options.write_y && !options.quantize) {
+    return InvalidField("options.write_y", "true when options.quantize is false", "false");
+  }
+  if (options.quantize) {
+    const PerTensorQuantizeOptions& q = options.quantize_options;
+    RETURN_IF_ERROR(CheckFloat8("options.quantize_options.format", q.format));
+    RETURN_IF_ERROR(CheckFinitePositive("options.quantize_options.scale", q.scale));
+    RETURN_IF_ERROR(CheckCopiesRequested("options.quantize_options", q.rowwise, q.columnwise));
+  }
+  return CheckSmMargin("options.sm_margin", options.sm_margin);
+}
+
+#if !TESERVE_WITH_CUDA
+absl::Status NoCudaBackend(absl::string_view op) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+}
+#endif
+
+absl::StatusOr<NormForwardResult> DispatchForward(absl::string_view op, const Context& ctx,
+                                                  NormType type, const Tensor& x,
+                                                  const Tensor& gamma, const Tensor& beta,
+                                                  const NormForwardOptions& options) {
+  if (ctx.device.is_cpu()) return cpu::NormalizationForward(ctx, type, x, gamma, beta, options);
+#if TESERVE_WITH_CUDA
+  return cuda::NormalizationForward(ctx, type, x, gamma, beta, options);
+#else
+  return NoCudaBackend(op);
+#endif
+}
+
+absl::StatusOr<NormBackwardOutputs> DispatchBackward(absl::string_view op, const Context& ctx,
+                                                     NormType type, const Tensor& dy,
+                                                     const Tensor& x, const Tensor& mu,
+                                                     const Tensor& rsigma, const Tensor& gamma,
+                                                     const NormBackwardOptions& options) {
+  if (ctx.device.is_cpu()) {
+    return cpu::NormalizationBackward(ctx, type, dy, x, mu, rsigma, gamma, options);
+  }
+#if TESERVE_WITH_CUDA
+  return cuda::NormalizationBackward(ctx, type, dy, x, mu, rsigma, gamma, options);
+#else
+  return NoCudaBackend(op);
+#endif
+}
+
+// The FP32 entry points run the CPU reference directly on the CPU (unchanged behaviour)
+// and the extended path with FP32 options elsewhere.
+NormForwardOutputs ToForwardOutputs(NormForwardResult result) {
+  NormForwardOutputs out;
+  out.y = std::move(result.y);
+  out.mu = std::move(result.mu);
+  out.rsigma = std::move(result.rsigma);
+  return out;
+}
+
+NormForwardOptions Fp32ForwardOptions(float eps, bool zero_centered_gamma) {
+  NormForwardOptions options;
+  options.eps = eps;
+  options.zero_centered_gamma = zero_centered_gamma;
+  options.y_dtype = DType::kFloat32;
+  return options;
 }
 
 }  // namespace
@@ -49,8 +146,11 @@ absl::StatusOr<NormForwardOutputs> LayerNormForward(const Context& ctx, const Te
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("beta", beta, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
-  RETURN_IF_ERROR(CpuOnly("LayerNormForward", ctx));
-  return cpu::LayerNormForward(ctx, x, gamma, beta, eps, zero_centered_gamma);
+  if (ctx.device.is_cpu()) return cpu::LayerNormForward(ctx, x, gamma, beta, eps, zero_centered_gamma);
+  ASSIGN_OR_RETURN(NormForwardResult result,
+                   DispatchForward("LayerNormForward", ctx, NormType::kLayerNorm, x, gamma, beta,
+                                   Fp32ForwardOptions(eps, zero_centered_gamma)));
+  return ToForwardOutputs(std::move(result));
 }
 
 absl::StatusOr<NormBackwardOutputs> LayerNormBackward(const Context& ctx, const Tensor& dy,
@@ -58,8 +158,13 @@ absl::StatusOr<NormBackwardOutputs> LayerNormBackward(const Context& ctx, const 
                                                       const Tensor& rsigma, const Tensor& gamma,
                                                       bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckBackward(dy, x, &mu, rsigma, gamma, ctx));
-  RETURN_IF_ERROR(CpuOnly("LayerNormBackward", ctx));
-  return cpu::LayerNormBackward(ctx, dy, x, mu, rsigma, gamma, zero_centered_gamma);
+  if (ctx.device.is_cpu()) {
+    return cpu::LayerNormBackward(ctx, dy, x, mu, rsigma, gamma, zero_centered_gamma);
+  }
+  NormBackwardOptions options;
+  options.zero_centered_gamma = zero_centered_gamma;
+  return DispatchBackward("LayerNormBackward", ctx, NormType::kLayerNorm, dy, x, mu, rsigma, gamma,
+                          options);
 }
 
 absl::StatusOr<NormForwardOutputs> RmsNormForward(const Context& ctx, const Tensor& x,
@@ -68,16 +173,60 @@ absl::StatusOr<NormForwardOutputs> RmsNormForward(const Context& ctx, const Tens
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
-  RETURN_IF_ERROR(CpuOnly("RmsNormForward", ctx));
-  return cpu::RmsNormForward(ctx, x, gamma, eps, zero_centered_gamma);
+  if (ctx.device.is_cpu()) return cpu::RmsNormForward(ctx, x, gamma, eps, zero_centered_gamma);
+  ASSIGN_OR_RETURN(NormForwardResult result,
+                   DispatchForward("RmsNormForward", ctx, NormType::kRmsNorm, x, gamma, Tensor(),
+                                   Fp32ForwardOptions(eps, zero_centered_gamma)));
+  return ToForwardOutputs(std::move(result));
 }
 
 absl::StatusOr<NormBackwardOutputs> RmsNormBackward(const Context& ctx, const Tensor& dy,
                                                     const Tensor& x, const Tensor& rsigma,
                                                     const Tensor& gamma, bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckBackward(dy, x, nullptr, rsigma, gamma, ctx));
-  RETURN_IF_ERROR(CpuOnly("RmsNormBackward", ctx));
-  return cpu::RmsNormBackward(ctx, dy, x, rsigma, gamma, zero_centered_gamma);
+  if (ctx.device.is_cpu()) {
+    return cpu::RmsNormBackward(ctx, dy, x, rsigma, gamma, zero_centered_gamma);
+  }
+  NormBackwardOptions options;
+  options.zero_centered_gamma = zero_centered_gamma;
+  return DispatchBackward("RmsNormBackward", ctx, NormType::kRmsNorm, dy, x, Tensor(), rsigma,
+                          gamma, options);
+}
+
+absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormType type,
+                                                       const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& beta,
+                                                       const NormForwardOptions& options) {
+  RETURN_IF_ERROR(CheckInput("x", x, /*dtype=*/nullptr, ctx));
+  RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
+  if (type == NormType::kLayerNorm) {
+    RETURN_IF_ERROR(CheckFloatTensor("beta", beta, {x.dim(1)}, ctx));
+  } else {
+    RETURN_IF_ERROR(CheckAbsentForRmsNorm("beta", beta));
+  }
+  RETURN_IF_ERROR(CheckForwardOptions(options));
+  return DispatchForward("NormalizationForward", ctx, type, x, gamma, beta, options);
+}
+
+absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,
+                                                          const Tensor& dy, const Tensor& x,
+                                                          const Tensor& mu, const Tensor& rsigma,
+                                                          const Tensor& gamma,
+                                                          const NormBackwardOptions& options) {
+  RETURN_IF_ERROR(CheckInput("x", x, /*dtype=*/nullptr, ctx));
+  const DType dtype = x.dtype();
+  RETURN_IF_ERROR(CheckInput("dy", dy, &dtype, ctx));
+  RETURN_IF_ERROR(CheckShape("dy", dy, x.shape()));
+  const Shape rows{x.dim(0)};
+  if (type == NormType::kLayerNorm) {
+    RETURN_IF_ERROR(CheckFloatTensor("mu", mu, rows, ctx));
+  } else {
+    RETURN_IF_ERROR(CheckAbsentForRmsNorm("mu", mu));
+  }
+  RETURN_IF_ERROR(CheckFloatTensor("rsigma", rsigma, rows, ctx));
+  RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
+  RETURN_IF_ERROR(CheckSmMargin("options.sm_margin", options.sm_margin));
+  return DispatchBackward("NormalizationBackward", ctx, type, dy, x, mu, rsigma, gamma, options);
 }
 
 }  // namespace kernels

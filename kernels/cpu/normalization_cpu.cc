@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/cpu/cast_cpu.h"
 
 namespace teserve {
 namespace kernels {
@@ -159,6 +160,62 @@ absl::StatusOr<NormBackwardOutputs> RmsNormBackward(const Context&, const Tensor
                                                     const Tensor& x, const Tensor& rsigma,
                                                     const Tensor& gamma, bool zero_centered_gamma) {
   return NormBackward(NormKind::kRmsNorm, dy, x, nullptr, rsigma, gamma, zero_centered_gamma);
+}
+
+namespace {
+
+// x widened to FP32 (exact for FP16 and BF16); FP32 tensors are shared, not copied.
+absl::StatusOr<Tensor> AsFloat32(const Context& ctx, const Tensor& x) {
+  if (x.dtype() == DType::kFloat32) return x;
+  return cpu::ToFloat32(ctx, x);
+}
+
+}  // namespace
+
+absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormType type,
+                                                       const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& beta,
+                                                       const NormForwardOptions& options) {
+  ASSIGN_OR_RETURN(const Tensor x32, AsFloat32(ctx, x));
+  ASSIGN_OR_RETURN(NormForwardOutputs norm,
+                   type == NormType::kLayerNorm
+                       ? LayerNormForward(ctx, x32, gamma, beta, options.eps,
+                                          options.zero_centered_gamma)
+                       : RmsNormForward(ctx, x32, gamma, options.eps, options.zero_centered_gamma));
+  NormForwardResult out;
+  out.mu = std::move(norm.mu);
+  out.rsigma = std::move(norm.rsigma);
+  if (options.quantize) {
+    ASSIGN_OR_RETURN(out.fp8, cpu::QuantizePerTensor(ctx, norm.y, options.quantize_options));
+  }
+  if (options.write_y) {
+    const DType y_dtype = options.y_dtype.value_or(x.dtype());
+    if (y_dtype == DType::kFloat32) {
+      out.y = std::move(norm.y);
+    } else {
+      ASSIGN_OR_RETURN(out.y, cpu::CastFromFloat32(ctx, norm.y, y_dtype));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,
+                                                          const Tensor& dy, const Tensor& x,
+                                                          const Tensor& mu, const Tensor& rsigma,
+                                                          const Tensor& gamma,
+                                                          const NormBackwardOptions& options) {
+  ASSIGN_OR_RETURN(const Tensor dy32, AsFloat32(ctx, dy));
+  ASSIGN_OR_RETURN(const Tensor x32, AsFloat32(ctx, x));
+  ASSIGN_OR_RETURN(NormBackwardOutputs out,
+                   type == NormType::kLayerNorm
+                       ? LayerNormBackward(ctx, dy32, x32, mu, rsigma, gamma,
+                                           options.zero_centered_gamma)
+                       : RmsNormBackward(ctx, dy32, x32, rsigma, gamma,
+                                         options.zero_centered_gamma));
+  if (x.dtype() != DType::kFloat32) {
+    ASSIGN_OR_RETURN(out.dx, cpu::CastFromFloat32(ctx, out.dx, x.dtype()));
+  }
+  return out;
 }
 
 }  // namespace cpu

@@ -32,6 +32,21 @@ absl::StatusOr<NormBackwardOutputs> RmsNormBackward(const Context& ctx, const Te
                                                     const Tensor& x, const Tensor& rsigma,
                                                     const Tensor& gamma, bool zero_centered_gamma);
 
+// Extended entry points (kernels/normalization.h): inputs of any high-precision dtype are
+// widened to FP32 (exactly), normalized by the FP32 functions above, then y is quantized
+// with cpu::QuantizePerTensor and/or rounded to y_dtype with cpu::CastFromFloat32. dx is
+// rounded to x's dtype. sm_margin is ignored.
+absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormType type,
+                                                       const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& beta,
+                                                       const NormForwardOptions& options);
+
+absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,
+                                                          const Tensor& dy, const Tensor& x,
+                                                          const Tensor& mu, const Tensor& rsigma,
+                                                          const Tensor& gamma,
+                                                          const NormBackwardOptions& options);
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace teserve

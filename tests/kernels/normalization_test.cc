@@ -1,9 +1,12 @@
 // Tests of kernels/normalization.h on the CPU: LayerNorm and RMSNorm over awkward
 // shapes, with and without zero-centered gamma. Forward against the direct double
 // formula; backward against an analytic double reference (the explicit Jacobian) and
-// against central finite differences of the double forward formula; metadata errors.
+// against central finite differences of the double forward formula; the extended entry
+// points (FP16/BF16 inputs, y dtype, fused FP8 output) against the FP32 path and the
+// float codec; metadata errors.
 #include "kernels/normalization.h"
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
@@ -11,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "core/float_codec.h"
 #include "gtest/gtest.h"
+#include "kernels/cast.h"
 #include "tests/kernels/norm_reference.h"
 #include "tests/kernels/test_util.h"
 #include "tests/kernels/tolerances.h"
@@ -235,15 +240,192 @@ TEST_F(NormErrors, BackwardRejectsMismatchedShapes) {
               HasError(kInvalid, "gamma: expected a tensor, got an undefined tensor"));
 }
 
-TEST_F(NormErrors, CudaContextIsUnimplementedAndNamesTheOp) {
+// With CUDA compiled in, CUDA tensors run the kernels (tests/gpu/normalization_gpu_test.cc);
+// without it, a CUDA context is refused naming the op, before any memory is touched.
+TEST_F(NormErrors, CudaContextWithoutCudaBackendNamesTheOp) {
+#if TESERVE_WITH_CUDA
+  GTEST_SKIP() << "CUDA backend compiled in: CUDA tensors are covered by tests/gpu";
+#else
   float storage[12] = {}, params[4] = {};
   Context cuda;
   cuda.device = Device::Cuda(0);
   const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {3, 4}, Device::Cuda(0));
   const Tensor gamma = Tensor::Borrow(params, DType::kFloat32, {4}, Device::Cuda(0));
   EXPECT_THAT(RmsNormForward(cuda, x, gamma, kEps, false),
-              HasError(absl::StatusCode::kUnimplemented, "RmsNormForward"));
-  EXPECT_THAT(RmsNormForward(ctx_, x, gamma, kEps, false), HasError(kInvalid, "x.device: expected cpu, got cuda:0"));
+              HasError(absl::StatusCode::kFailedPrecondition,
+                       "RmsNormForward on a CUDA device: teserve was built without CUDA"));
+  EXPECT_THAT(NormalizationForward(cuda, NormType::kRmsNorm, x, gamma, Tensor(), NormForwardOptions()),
+              HasError(absl::StatusCode::kFailedPrecondition, "NormalizationForward on a CUDA device"));
+#endif
+  const Tensor x_cuda = Tensor::Borrow(nullptr, DType::kFloat32, {3, 4}, Device::Cuda(0));
+  EXPECT_THAT(RmsNormForward(ctx_, x_cuda, gamma_, kEps, false),
+              HasError(kInvalid, "x.device: expected cpu, got cuda:0"));
+}
+
+// ---- Extended entry points: FP16/BF16 inputs, y dtype, fused per-tensor FP8 output. ----
+
+Tensor Widened(const Tensor& t) { return ToFloat32(Context::Cpu(), t).value(); }
+
+// The FP32 forward of the widened input is the reference for every extended forward.
+struct ExtendedCase {
+  NormType type;
+  DType x_dtype;
+  DType format;
+};
+
+std::string ExtendedCaseName(const ::testing::TestParamInfo<ExtendedCase>& info) {
+  return absl::StrCat(info.param.type == NormType::kLayerNorm ? "LayerNorm" : "RmsNorm", "_",
+                      DTypeName(info.param.x_dtype), "_", DTypeName(info.param.format));
+}
+
+class NormExtended : public ::testing::TestWithParam<ExtendedCase> {
+ protected:
+  void SetUp() override {
+    x_ = CastFromFloat32(Context::Cpu(), RandomTensor({5, 67}, -2.0f, 3.0f, 21u), GetParam().x_dtype).value();
+    gamma_ = RandomTensor({67}, 0.5f, 1.5f, 22u);
+    beta_ = GetParam().type == NormType::kLayerNorm ? RandomTensor({67}, -1.0f, 1.0f, 23u) : Tensor();
+  }
+  bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
+  NormForwardOutputs Fp32Forward() const {
+    const Tensor x32 = Widened(x_);
+    return (layer_norm() ? LayerNormForward(Context::Cpu(), x32, gamma_, beta_, kEps, false)
+                         : RmsNormForward(Context::Cpu(), x32, gamma_, kEps, false))
+        .value();
+  }
+  Tensor x_, gamma_, beta_;
+};
+
+TEST_P(NormExtended, QuantizedOutputEncodesTheFp32NormalizedValues) {
+  NormForwardOptions options;
+  options.eps = kEps;
+  options.quantize = true;
+  options.quantize_options.format = GetParam().format;
+  options.quantize_options.scale = 200.0f;  // |y| reaches ~3: E4M3 (max 448) saturates some
+  options.quantize_options.columnwise = true;
+  auto out = NormalizationForward(Context::Cpu(), GetParam().type, x_, gamma_, beta_, options);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const NormForwardOutputs ref = Fp32Forward();
+  const absl::Span<const float> y = ref.y.floats();
+  // y in x's dtype by default: the FP32 values rounded once.
+  ASSERT_EQ(out->y.dtype(), x_.dtype());
+  EXPECT_TRUE(BitwiseEqual(out->y, CastFromFloat32(Context::Cpu(), ref.y, x_.dtype()).value()));
+  EXPECT_TRUE(BitwiseEqual(out->rsigma, ref.rsigma));
+  EXPECT_EQ(out->mu.defined(), layer_norm());
+  const QuantizedTensor& q = out->fp8;
+  ASSERT_TRUE(q.has_rowwise() && q.has_columnwise());
+  EXPECT_EQ(q.rowwise_scale_inv.floats()[0], 1.0f / 200.0f);
+  EXPECT_EQ(q.columnwise_scale_inv.floats()[0], 1.0f / 200.0f);
+  float amax = 0.0f;
+  int64_t saturated = 0;
+  const bool e4m3 = GetParam().format == DType::kFloat8E4M3;
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t c = 0; c < 67; ++c) {
+      const float v = y[r * 67 + c];
+      amax = std::max(amax, std::fabs(v));
+      const uint8_t want = e4m3 ? FloatToE4M3(v * 200.0f) : FloatToE5M2(v * 200.0f);
+      ASSERT_EQ(q.rowwise_data.data<uint8_t>()[r * 67 + c], want) << r << "," << c;
+      ASSERT_EQ(q.columnwise_data.data<uint8_t>()[c * 5 + r], want) << r << "," << c;
+      if (std::fabs(v * 200.0f) > (e4m3 ? kE4M3Max : kE5M2Max)) ++saturated;
+    }
+  }
+  EXPECT_EQ(q.amax, amax);
+  if (e4m3) EXPECT_GT(saturated, 0) << "the scale should push some values past E4M3's range";
+}
+
+TEST_P(NormExtended, YDtypeAndSkippedY) {
+  NormForwardOptions options;
+  options.eps = kEps;
+  options.y_dtype = DType::kFloat32;
+  auto fp32_y = NormalizationForward(Context::Cpu(), GetParam().type, x_, gamma_, beta_, options);
+  ASSERT_TRUE(fp32_y.ok()) << fp32_y.status();
+  EXPECT_TRUE(BitwiseEqual(fp32_y->y, Fp32Forward().y));
+  EXPECT_FALSE(fp32_y->fp8.has_rowwise());
+  options.write_y = false;
+  options.quantize = true;
+  options.quantize_options.format = GetParam().format;
+  auto no_y = NormalizationForward(Context::Cpu(), GetParam().type, x_, gamma_, beta_, options);
+  ASSERT_TRUE(no_y.ok()) << no_y.status();
+  EXPECT_FALSE(no_y->y.defined());
+  EXPECT_TRUE(no_y->fp8.has_rowwise());
+  EXPECT_FALSE(no_y->fp8.has_columnwise());
+}
+
+TEST_P(NormExtended, BackwardRoundsTheFp32GradientsToTheInputDtype) {
+  const NormForwardOutputs fwd = Fp32Forward();
+  const Tensor dy = CastFromFloat32(Context::Cpu(), RandomTensor({5, 67}, -1.0f, 1.0f, 24u), x_.dtype()).value();
+  NormBackwardOptions options;
+  auto out = NormalizationBackward(Context::Cpu(), GetParam().type, dy, x_, fwd.mu, fwd.rsigma, gamma_, options);
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto ref = layer_norm() ? LayerNormBackward(Context::Cpu(), Widened(dy), Widened(x_), fwd.mu, fwd.rsigma, gamma_, false)
+                          : RmsNormBackward(Context::Cpu(), Widened(dy), Widened(x_), fwd.rsigma, gamma_, false);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ASSERT_EQ(out->dx.dtype(), x_.dtype());
+  EXPECT_TRUE(BitwiseEqual(out->dx, CastFromFloat32(Context::Cpu(), ref->dx, x_.dtype()).value()));
+  EXPECT_TRUE(BitwiseEqual(out->dgamma, ref->dgamma));
+  EXPECT_EQ(out->dbeta.defined(), layer_norm());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, NormExtended,
+                         ::testing::Values(ExtendedCase{NormType::kLayerNorm, DType::kBFloat16, DType::kFloat8E4M3},
+                                           ExtendedCase{NormType::kLayerNorm, DType::kFloat16, DType::kFloat8E5M2},
+                                           ExtendedCase{NormType::kLayerNorm, DType::kFloat32, DType::kFloat8E4M3},
+                                           ExtendedCase{NormType::kRmsNorm, DType::kBFloat16, DType::kFloat8E5M2},
+                                           ExtendedCase{NormType::kRmsNorm, DType::kFloat32, DType::kFloat8E4M3}),
+                         ExtendedCaseName);
+
+TEST_F(NormErrors, ExtendedForwardRejectsBadOptions) {
+  const NormType ln = NormType::kLayerNorm;
+  const NormType rms = NormType::kRmsNorm;
+  NormForwardOptions options;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, Tensor::Zeros(DType::kInt32, {3, 4}).value(), gamma_, beta_, options),
+              HasError(kInvalid, "x.dtype: expected one of FLOAT32, FLOAT16, BFLOAT16, got INT32"));
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x_, gamma_, beta_, options),
+              HasError(kInvalid, "beta: expected no tensor for RMSNorm, got a tensor"));
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, Tensor(), options),
+              HasError(kInvalid, "beta: expected a tensor, got an undefined tensor"));
+  options.y_dtype = DType::kFloat8E4M3;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.y_dtype: expected one of FLOAT32, FLOAT16, BFLOAT16, got FLOAT8_E4M3"));
+  options.y_dtype.reset();
+  options.write_y = false;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.write_y: expected true when options.quantize is false, got false"));
+  options.quantize = true;
+  options.quantize_options.format = DType::kBFloat16;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.quantize_options.format: expected FLOAT8_E4M3 or FLOAT8_E5M2, got BFLOAT16"));
+  options.quantize_options.format = DType::kFloat8E4M3;
+  options.quantize_options.scale = 0.0f;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.quantize_options.scale: expected a finite positive value, got 0"));
+  options.quantize_options.scale = 1.0f;
+  options.quantize_options.rowwise = false;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.quantize_options: expected rowwise and/or columnwise, got neither"));
+  options.quantize_options.rowwise = true;
+  options.sm_margin = -1;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.sm_margin: expected >= 0, got -1"));
+  options.sm_margin = 0;
+  options.eps = -1.0f;
+  EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
+              HasError(kInvalid, "options.eps: expected a finite value >= 0"));
+}
+
+TEST_F(NormErrors, ExtendedBackwardRejectsMismatches) {
+  NormBackwardOptions options;
+  const Tensor x_bf16 = Tensor::Zeros(DType::kBFloat16, {3, 4}).value();
+  EXPECT_THAT(NormalizationBackward(ctx_, NormType::kLayerNorm, x_, x_bf16, stats_, stats_, gamma_, options),
+              HasError(kInvalid, "dy.dtype: expected BFLOAT16, got FLOAT32"));
+  EXPECT_THAT(NormalizationBackward(ctx_, NormType::kLayerNorm, Filled({4, 3}, 1.0f), x_, stats_, stats_, gamma_, options),
+              HasError(kInvalid, "dy.shape: expected [3, 4], got [4, 3]"));
+  EXPECT_THAT(NormalizationBackward(ctx_, NormType::kRmsNorm, x_, x_, stats_, stats_, gamma_, options),
+              HasError(kInvalid, "mu: expected no tensor for RMSNorm, got a tensor"));
+  EXPECT_THAT(NormalizationBackward(ctx_, NormType::kLayerNorm, x_, x_, Tensor(), stats_, gamma_, options),
+              HasError(kInvalid, "mu: expected a tensor, got an undefined tensor"));
+  options.sm_margin = -3;
+  EXPECT_THAT(NormalizationBackward(ctx_, NormType::kRmsNorm, x_, x_, Tensor(), stats_, gamma_, options),
+              HasError(kInvalid, "options.sm_margin: expected >= 0, got -3"));
 }
 
 }  // namespace

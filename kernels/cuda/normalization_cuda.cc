@@ -1,0 +1,190 @@
+// Host side of the CUDA normalization family: checks devices and sm_margin, allocates
+// outputs (and the backward's workspace) on x's device, fills the launch parameters of
+// normalization_kernels.h and turns CUDA errors into Status.
+#include "kernels/cuda/normalization_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/normalization_kernels.h"
+#include "kernels/cuda/scoped_device.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Defined tensors must sit on `device` (a CUDA device); undefined ones are skipped.
+absl::Status CheckOn(absl::string_view name, const Tensor& t, Device device) {
+  if (!t.defined() || t.device() == device) return absl::OkStatus();
+  return InvalidField(absl::StrCat(name, ".device"), device.ToString(), t.device().ToString());
+}
+
+absl::StatusOr<NormDType> NormDTypeOf(absl::string_view field, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return NormDType::kFloat32;
+    case DType::kFloat16: return NormDType::kFloat16;
+    case DType::kBFloat16: return NormDType::kBFloat16;
+    default: return InvalidField(field, "one of FLOAT32, FLOAT16, BFLOAT16", DTypeName(dtype));
+  }
+}
+
+// sm_margin must leave at least one SM of the current device.
+absl::Status CheckSmMargin(int sm_margin) {
+  int device = 0;
+  int sms = 0;
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (sm_margin >= 0 && sm_margin < sms) return absl::OkStatus();
+  return InvalidField("options.sm_margin", absl::StrCat("0..", sms - 1, " (the device has ", sms, " SMs)"),
+                      sm_margin);
+}
+
+}  // namespace
+
+absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormType type,
+                                                       const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& beta,
+                                                       const NormForwardOptions& options) {
+  const Device device = x.device();
+  if (device.type != DeviceType::kCuda) {
+    return InvalidField("x.device", "a CUDA device", device.ToString());
+  }
+  RETURN_IF_ERROR(CheckOn("gamma", gamma, device));
+  RETURN_IF_ERROR(CheckOn("beta", beta, device));
+  ASSIGN_OR_RETURN(const NormDType x_type, NormDTypeOf("x.dtype", x.dtype()));
+  const DType y_dtype = options.y_dtype.value_or(x.dtype());
+  ASSIGN_OR_RETURN(const NormDType y_type, NormDTypeOf("options.y_dtype", y_dtype));
+  RegisterCudaAllocator();
+  ScopedDevice scoped(device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  RETURN_IF_ERROR(CheckSmMargin(options.sm_margin));
+
+  const int64_t n = x.dim(0);
+  const int64_t h = x.dim(1);
+  const bool layer_norm = type == NormType::kLayerNorm;
+  NormForwardResult out;
+  NormForwardParams p;
+  p.rms = !layer_norm;
+  p.x = x.raw_data();
+  p.x_type = x_type;
+  p.rows = n;
+  p.cols = h;
+  p.gamma = gamma.data<float>();
+  p.beta = layer_norm ? beta.data<float>() : nullptr;
+  p.eps = options.eps;
+  p.zero_centered_gamma = options.zero_centered_gamma;
+  p.sm_margin = options.sm_margin;
+  ASSIGN_OR_RETURN(out.rsigma, Tensor::Zeros(DType::kFloat32, {n}, device));
+  p.rsigma = out.rsigma.data<float>();
+  if (layer_norm) {
+    ASSIGN_OR_RETURN(out.mu, Tensor::Zeros(DType::kFloat32, {n}, device));
+    p.mu = out.mu.data<float>();
+  }
+  if (options.write_y) {
+    ASSIGN_OR_RETURN(out.y, Tensor::Zeros(y_dtype, {n, h}, device));
+    p.y = out.y.raw_data();
+    p.y_type = y_type;
+  }
+  Tensor amax_bits;
+  if (options.quantize) {
+    const PerTensorQuantizeOptions& q = options.quantize_options;
+    QuantizedTensor& fp8 = out.fp8;
+    fp8.shape = {n, h};
+    fp8.format = q.format;
+    fp8.mode = ScalingMode::kPerTensor;
+    p.format = q.format == DType::kFloat8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    p.scale = q.scale;
+    p.scale_inv = 1.0f / q.scale;
+    if (q.rowwise) {
+      ASSIGN_OR_RETURN(fp8.rowwise_data, Tensor::Zeros(q.format, {n, h}, device));
+      ASSIGN_OR_RETURN(fp8.rowwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
+      p.rowwise = fp8.rowwise_data.data<uint8_t>();
+      p.rowwise_scale_inv = fp8.rowwise_scale_inv.data<float>();
+    }
+    if (q.columnwise) {
+      ASSIGN_OR_RETURN(fp8.columnwise_data, Tensor::Zeros(q.format, {h, n}, device));
+      ASSIGN_OR_RETURN(fp8.columnwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
+      p.columnwise = fp8.columnwise_data.data<uint8_t>();
+      p.columnwise_scale_inv = fp8.columnwise_scale_inv.data<float>();
+    }
+    ASSIGN_OR_RETURN(amax_bits, Tensor::Zeros(DType::kInt32, {1}, device));
+    p.amax_bits = amax_bits.data<uint32_t>();
+  }
+  const cudaStream_t stream = StreamOf(ctx);
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchNormForward(p, stream));
+  if (options.quantize) {
+    uint32_t bits = 0;
+    TESERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&bits, p.amax_bits, sizeof(bits), cudaMemcpyDeviceToHost, stream));
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    std::memcpy(&out.fp8.amax, &bits, sizeof(bits));
+  }
+  return out;
+}
+
+absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,
+                                                          const Tensor& dy, const Tensor& x,
+                                                          const Tensor& mu, const Tensor& rsigma,
+                                                          const Tensor& gamma,
+                                                          const NormBackwardOptions& options) {
+  const Device device = x.device();
+  if (device.type != DeviceType::kCuda) {
+    return InvalidField("x.device", "a CUDA device", device.ToString());
+  }
+  RETURN_IF_ERROR(CheckOn("dy", dy, device));
+  RETURN_IF_ERROR(CheckOn("mu", mu, device));
+  RETURN_IF_ERROR(CheckOn("rsigma", rsigma, device));
+  RETURN_IF_ERROR(CheckOn("gamma", gamma, device));
+  ASSIGN_OR_RETURN(const NormDType dtype, NormDTypeOf("x.dtype", x.dtype()));
+  RegisterCudaAllocator();
+  ScopedDevice scoped(device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  RETURN_IF_ERROR(CheckSmMargin(options.sm_margin));
+
+  const int64_t n = x.dim(0);
+  const int64_t h = x.dim(1);
+  const bool layer_norm = type == NormType::kLayerNorm;
+  NormBackwardOutputs out;
+  NormBackwardParams p;
+  p.rms = !layer_norm;
+  p.dy = dy.raw_data();
+  p.x = x.raw_data();
+  p.type = dtype;
+  p.rows = n;
+  p.cols = h;
+  p.mu = layer_norm ? mu.data<float>() : nullptr;
+  p.rsigma = rsigma.data<float>();
+  p.gamma = gamma.data<float>();
+  p.zero_centered_gamma = options.zero_centered_gamma;
+  p.sm_margin = options.sm_margin;
+  ASSIGN_OR_RETURN(out.dx, Tensor::Zeros(x.dtype(), {n, h}, device));
+  p.dx = out.dx.raw_data();
+  ASSIGN_OR_RETURN(out.dgamma, Tensor::Zeros(DType::kFloat32, {h}, device));
+  p.dgamma = out.dgamma.data<float>();
+  if (layer_norm) {
+    ASSIGN_OR_RETURN(out.dbeta, Tensor::Zeros(DType::kFloat32, {h}, device));
+    p.dbeta = out.dbeta.data<float>();
+  }
+  int64_t workspace_floats = 0;
+  TESERVE_CUDA_RETURN_IF_ERROR(NormBackwardWorkspaceFloats(p, &workspace_floats));
+  ASSIGN_OR_RETURN(Tensor workspace, Tensor::Zeros(DType::kFloat32, {workspace_floats}, device));
+  p.workspace = workspace.data<float>();
+  const cudaStream_t stream = StreamOf(ctx);
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchNormBackward(p, stream));
+  // The workspace is freed (cudaFree, which waits for the device) when it goes out of scope.
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve

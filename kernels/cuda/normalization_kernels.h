@@ -1,0 +1,120 @@
+// Launchers for the LayerNorm / RMSNorm kernels in normalization_kernels.cu. Light
+// header: CUDA runtime types only (no abseil), so both nvcc and the host wrappers
+// (normalization_cuda.cc) and the benchmarks include it.
+//
+// Every launcher takes device pointers and a stream, returns the first CUDA error (launch
+// status included) and does not synchronize. Callers validate shapes and dtypes; the
+// launchers pick grids and kernel variants. Contract: kernels/normalization.h.
+#ifndef TESERVE_KERNELS_CUDA_NORMALIZATION_KERNELS_H_
+#define TESERVE_KERNELS_CUDA_NORMALIZATION_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cast_kernels.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+
+// Element types of x, dy, dx and y.
+enum class NormDType { kFloat32, kFloat16, kBFloat16 };
+
+// How FP8 codes are produced. Both give the codes of core/float_codec.h bit for bit
+// (tests/gpu/normalization_gpu_test.cc checks every FP32 input of both formats):
+//   kHardware: Hopper's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 on the input clamped to the
+//              format's max (so +-Inf saturates), NaN mapped to 0x7F afterwards;
+//   kCodec:    the integer codec itself (~30 integer ops per element).
+enum class Fp8Encoder { kHardware, kCodec };
+
+struct NormForwardParams {
+  bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm
+  const void* x = nullptr;       // [rows, cols]
+  NormDType x_type = NormDType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const float* gamma = nullptr;  // [cols]
+  const float* beta = nullptr;   // [cols], LayerNorm only
+  float eps = 1e-5f;
+  bool zero_centered_gamma = false;
+  void* y = nullptr;             // [rows, cols] or null
+  NormDType y_type = NormDType::kFloat32;
+  float* mu = nullptr;           // [rows], LayerNorm only
+  float* rsigma = nullptr;       // [rows]
+  // Fused per-tensor FP8 output of the FP32 y (either copy may be null).
+  Fp8Format format = Fp8Format::kE4M3;
+  Fp8Encoder encoder = Fp8Encoder::kHardware;
+  float scale = 1.0f;
+  float scale_inv = 1.0f;                 // written as is
+  uint8_t* rowwise = nullptr;             // [rows, cols]
+  uint8_t* columnwise = nullptr;          // [cols, rows]
+  float* rowwise_scale_inv = nullptr;     // [1]
+  float* columnwise_scale_inv = nullptr;  // [1]
+  uint32_t* amax_bits = nullptr;          // [1] FP32 bits of max |y|; zeroed by the launcher
+  int sm_margin = 0;
+};
+
+// How LaunchNormForward splits the work (for tests and benchmarks).
+struct NormForwardPlan {
+  int rows_per_cta = 0;     // rows of one tile
+  int cols_per_cta = 0;     // columns of one tile (a slice of the row)
+  int slices = 0;           // tiles across a row
+  int cluster_size = 0;     // CTAs sharing row statistics through distributed shared memory
+  bool separate_stats = false;  // statistics by a separate kernel (rows too long for a cluster)
+  int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
+  int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
+  int usable_sms = 0;       // SMs - sm_margin
+  int shared_bytes = 0;     // dynamic shared memory per CTA
+};
+
+cudaError_t PlanNormForward(const NormForwardParams& params, NormForwardPlan* plan);
+cudaError_t LaunchNormForward(const NormForwardParams& params, cudaStream_t stream);
+
+struct NormBackwardParams {
+  bool rms = false;
+  const void* dy = nullptr;      // [rows, cols]
+  const void* x = nullptr;       // [rows, cols], same type as dy
+  NormDType type = NormDType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const float* mu = nullptr;     // [rows], LayerNorm only
+  const float* rsigma = nullptr; // [rows]
+  const float* gamma = nullptr;  // [cols]
+  bool zero_centered_gamma = false;
+  void* dx = nullptr;            // [rows, cols], same type as x
+  float* dgamma = nullptr;       // [cols]
+  float* dbeta = nullptr;        // [cols], LayerNorm only
+  // Per-CTA partial sums of dgamma (and dbeta), reduced by a second kernel (two-stage,
+  // deterministic for a given grid). NormBackwardWorkspaceFloats says how many floats.
+  float* workspace = nullptr;
+  int sm_margin = 0;
+};
+
+struct NormBackwardPlan {
+  bool register_resident = false;  // row held in registers (else streamed twice from memory)
+  int threads = 0;
+  int vectors_per_thread = 0;
+  int ctas = 0;
+  int ctas_per_sm = 0;
+  int usable_sms = 0;
+};
+
+cudaError_t PlanNormBackward(const NormBackwardParams& params, NormBackwardPlan* plan);
+// Floats of workspace LaunchNormBackward needs for `params` (grid-dependent).
+cudaError_t NormBackwardWorkspaceFloats(const NormBackwardParams& params, int64_t* floats);
+cudaError_t LaunchNormBackward(const NormBackwardParams& params, cudaStream_t stream);
+
+// Test hook: for every FP32 bit pattern in [first, first + count), compares the
+// kHardware encoder with the codec for `format`; counts mismatches into *mismatches
+// (device uint64, accumulated, not zeroed) and records the smallest mismatching pattern
+// in *first_mismatch (device uint32, min-accumulated).
+cudaError_t LaunchCompareFp8Encoders(Fp8Format format, uint64_t first, uint64_t count,
+                                     unsigned long long* mismatches, uint32_t* first_mismatch,
+                                     cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CUDA_NORMALIZATION_KERNELS_H_
