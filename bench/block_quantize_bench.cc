@@ -64,7 +64,7 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
     results->push_back(r);
   };
   const double nd = static_cast<double>(n);
-  add("device_copy", "bf16", 4.0 * nd, [&] {
+  add("copy_d2d", "bf16", 4.0 * nd, [&] {
     return cudaMemcpyAsync(copy_out, x16, n * 2, cudaMemcpyDeviceToDevice, nullptr);
   }, "cudaMemcpyAsync device to device, bytes read + written");
 
@@ -90,22 +90,22 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   const double block1d_copy = nd + nd / 128.0 * 4.0;  // E4M3 codes + FP32 scales
   const double block2d_copy = nd + nd / 16384.0 * 4.0;
   const std::string fused = "one pass: amax + rowwise + transposed columnwise, E4M3";
-  add("mxfp8_quantize_rowwise_columnwise", "bf16", in16 + 2 * mx_copy,
+  add("mxfp8_quantize_rowwise_columnwise_bf16", "bf16", in16 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kHardware, true),
       fused + ", cvt encoder");
-  add("mxfp8_quantize_rowwise_columnwise", "fp32", in32 + 2 * mx_copy,
+  add("mxfp8_quantize_rowwise_columnwise_fp32", "fp32", in32 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kFloat32, Fp8Encoder::kHardware, true),
       fused + ", cvt encoder");
-  add("mxfp8_quantize_rowwise_columnwise_integer_codec", "bf16", in16 + 2 * mx_copy,
+  add("mxfp8_quantize_rowwise_columnwise_bf16_integer_codec", "bf16", in16 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kSoftware, true),
       fused + ", integer codec encoder");
-  add("mxfp8_quantize_rowwise", "bf16", in16 + mx_copy,
+  add("mxfp8_quantize_rowwise_bf16", "bf16", in16 + mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kHardware, false),
       "amax + rowwise only, cvt encoder");
-  add("block1d_quantize_rowwise_columnwise", "bf16", in16 + 2 * block1d_copy,
+  add("block1d_quantize_rowwise_columnwise_bf16", "bf16", in16 + 2 * block1d_copy,
       quantize(BlockRecipe::kBlock1D, SourceType::kBFloat16, Fp8Encoder::kHardware, true),
       fused + ", 1x128 blocks, power-of-two scales");
-  add("block2d_quantize_rowwise_columnwise", "bf16", in16 + 2 * block2d_copy,
+  add("block2d_quantize_rowwise_columnwise_bf16", "bf16", in16 + 2 * block2d_copy,
       quantize(BlockRecipe::kBlock2D, SourceType::kBFloat16, Fp8Encoder::kHardware, true),
       fused + ", 128x128 blocks, power-of-two scales");
 
@@ -121,7 +121,7 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   d.e8m0_scales = true;
   d.scale_cols = cols / 32;
   d.out = dequantized;
-  add("mxfp8_dequantize_rowwise", "fp32", nd + nd / 32.0 + 4.0 * nd,
+  add("mxfp8_dequantize_rowwise_fp32", "fp32", nd + nd / 32.0 + 4.0 * nd,
       [d] { return kernels::cuda::LaunchBlockDequantize(d, nullptr); }, "FP32 output");
 
   // NVFP4 1D with RHT on the columnwise copy: the amax pass (x and RHT(x^T)) and the
@@ -144,7 +144,7 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   nv.columnwise = columnwise;
   nv.columnwise_scales = static_cast<uint8_t*>(columnwise_scales);
   const double nv_copy = nd / 2.0 + nd / 16.0;  // packed E2M1 + E4M3 scales
-  add("nvfp4_quantize_1d_rht_rowwise_columnwise", "bf16", 2.0 * in16 + 2.0 * nv_copy,
+  add("nvfp4_quantize_1d_rht_rowwise_columnwise_bf16", "bf16", 2.0 * in16 + 2.0 * nv_copy,
       [&] {
         const cudaError_t s = kernels::cuda::LaunchNvfp4Amax(x16, SourceType::kBFloat16, rows,
                                                              cols, signs, amax, amax + 1, nullptr);
@@ -156,7 +156,7 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   sr.stochastic_rounding = true;
   sr.rowwise_key = 1;
   sr.columnwise_key = 2;
-  add("nvfp4_quantize_pass_1d_stochastic_rowwise_columnwise", "bf16", in16 + 2.0 * nv_copy,
+  add("nvfp4_quantize_pass_1d_stochastic_rowwise_columnwise_bf16", "bf16", in16 + 2.0 * nv_copy,
       [sr] { return kernels::cuda::LaunchNvfp4Quantize(sr, nullptr); },
       "quantize pass only, stochastic rounding");
 

@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Runs teserve's C++ CUDA benchmarks and PyTorch equivalents on the same shapes.
+
+On the GPU host (shared/GPU.md), from the repository root, after `source <bundle>/env.sh`:
+
+    python3 bench/run_bench.py --bin-dir .devbundle_g1/bin --json $OUT/bench.json
+
+Each C++ benchmark (BENCHES) prints JSON results {op, shape, dtype, median_us, bytes,
+...}; for every op with an entry in TORCH_EQUIVALENTS the same work is timed in torch
+(CUDA events, warm-up, median), and one table is printed:
+
+    op | shape | ours (us) | torch (us) | speedup | TB/s | % of copy
+
+speedup = torch time / our time; TB/s = the op's minimal bytes (inputs read once, outputs
+written once) over our time; % of copy = that over the 4.28 TB/s device copy measured on
+the H200 host (GPU.md); the copy measured in this run is printed too.
+
+To add a benchmark: put its binary name in BENCHES and, for each op it reports, a torch
+builder in TORCH_EQUIVALENTS (a function (rows, cols) -> (callable, note)).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+COPY_TBPS = 4.28  # device-to-device copy on the H200 host, bytes read + written (GPU.md)
+
+BENCHES = ["norm_bench", "cast_transpose_bench"]
+
+
+# ---------------------------------------------------------------------------------------
+# Torch equivalents. Each builder allocates its inputs (random, never zeros) and returns a
+# callable doing the op once, plus a note on what it runs.
+
+def _torch():
+    import torch  # imported lazily so --help works without torch
+    return torch
+
+
+def _randn(rows, cols, dtype, mean=0.0, std=1.0, seed=0):
+    torch = _torch()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(rows, cols, device="cuda", generator=g) * std + mean).to(dtype)
+
+
+def _fp8_unfused(norm):
+    """norm (layernorm / rmsnorm), then scale + cast to float8_e4m3fn, a transposed copy
+    and the amax of the normalized values: the unfused path the fused kernel replaces."""
+    def build(rows, cols):
+        torch = _torch()
+        F = torch.nn.functional
+        x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
+        w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
+        b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+        scale = 64.0
+
+        def run():
+            if norm == "layernorm":
+                y = F.layer_norm(x, (cols,), w, b, 1e-5)
+            else:
+                y = F.rms_norm(x, (cols,), w, 1e-5)
+            amax = y.abs().amax()
+            q = (y.float() * scale).to(torch.float8_e4m3fn)
+            qt = q.t().contiguous()
+            return q, qt, amax
+
+        return run, (f"F.{'layer_norm' if norm == 'layernorm' else 'rms_norm'} -> abs().amax() -> "
+                     "(y.float()*scale).to(float8_e4m3fn) -> .t().contiguous()")
+    return build
+
+
+def _fp8_rowwise_unfused(rows, cols):
+    torch = _torch()
+    F = torch.nn.functional
+    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
+    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
+    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+
+    def run():
+        y = F.layer_norm(x, (cols,), w, b, 1e-5)
+        return (y.float() * 64.0).to(torch.float8_e4m3fn), y.abs().amax()
+
+    return run, "F.layer_norm -> abs().amax() -> (y.float()*scale).to(float8_e4m3fn)"
+
+
+def _layernorm_bf16(rows, cols):
+    torch = _torch()
+    F = torch.nn.functional
+    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
+    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
+    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+    return (lambda: F.layer_norm(x, (cols,), w, b, 1e-5)), "F.layer_norm (BF16 in and out)"
+
+
+def _norm_backward(norm):
+    """Autograd backward of torch's norm: dx (BF16) and the weight (and bias) gradients."""
+    def build(rows, cols):
+        torch = _torch()
+        F = torch.nn.functional
+        x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1).requires_grad_()
+        w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols).detach().requires_grad_()
+        dy = _randn(rows, cols, torch.bfloat16, 0.0, 1.0, seed=4)
+        if norm == "layernorm":
+            b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols).detach().requires_grad_()
+            y = F.layer_norm(x, (cols,), w, b, 1e-5)
+            inputs = (x, w, b)
+        else:
+            y = F.rms_norm(x, (cols,), w, 1e-5)
+            inputs = (x, w)
+        return ((lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True)),
+                f"torch.autograd.grad of F.{'layer_norm' if norm == 'layernorm' else 'rms_norm'} "
+                "(BF16 x, weight)")
+    return build
+
+
+def _cast_transpose(dtype_name):
+    def build(rows, cols):
+        torch = _torch()
+        dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+        x = _randn(rows, cols, dtype, 0.0, 2.0, seed=5)
+
+        def run():
+            amax = x.abs().amax()
+            q = (x.float() * 64.0).to(torch.float8_e4m3fn)
+            return q, q.t().contiguous(), amax
+
+        return run, "x.abs().amax(); (x.float()*scale).to(float8_e4m3fn); .t().contiguous()"
+    return build
+
+
+def _copy(rows, cols):
+    torch = _torch()
+    x = _randn(rows, cols, torch.bfloat16, seed=6)
+    y = torch.empty_like(x)
+    return (lambda: y.copy_(x)), "y.copy_(x)"
+
+
+TORCH_EQUIVALENTS = {
+    "layernorm_fwd_fp8": _fp8_unfused("layernorm"),
+    "rmsnorm_fwd_fp8": _fp8_unfused("rmsnorm"),
+    "layernorm_fwd_fp8_rowwise": _fp8_rowwise_unfused,
+    "layernorm_fwd_bf16": _layernorm_bf16,
+    "layernorm_bwd": _norm_backward("layernorm"),
+    "rmsnorm_bwd": _norm_backward("rmsnorm"),
+    "cast_transpose_bf16": _cast_transpose("bf16"),
+    "cast_transpose_fp32": _cast_transpose("fp32"),
+    "copy_d2d": _copy,
+}
+
+
+# --- Block-scaled recipes (block_quantize_bench) -----------------------------------------
+# PyTorch has no fused MXFP8 / FP8 block-scaling quantizer: these compose one from eager
+# ops (view into blocks, abs().amax(), log2/ceil or division for the scale, exp2,
+# multiply, .to(float8_e4m3fn), .t().contiguous() for the columnwise copy), which is what
+# a user without a fused kernel would run. NVFP4 has no torch equivalent (no E2M1 cast).
+BENCHES.append("block_quantize_bench")
+
+
+def _mxfp8_scaled_blocks(torch, blocks, dim):
+    """E8M0 exponent e = ceil(log2(amax / 448)) over `dim` and the E4M3 codes of blocks * 2^-e."""
+    amax = blocks.abs().amax(dim=dim, keepdim=True)
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp_(-127.0, 127.0)
+    codes = (blocks * torch.exp2(-e)).to(torch.float8_e4m3fn)
+    return codes, (e + 127.0).to(torch.uint8), amax
+
+
+def _mxfp8_quantize(dtype_name, columnwise):
+    def build(rows, cols):
+        torch = _torch()
+        dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+        x = _randn(rows, cols, dtype, 0.0, 2.0, seed=7)
+
+        def run():
+            xf = x.float()
+            q, s, amax = _mxfp8_scaled_blocks(torch, xf.view(rows, cols // 32, 32), -1)
+            out = [q.view(rows, cols), s.view(rows, cols // 32), amax.amax()]
+            if columnwise:
+                qc, sc, _ = _mxfp8_scaled_blocks(torch, xf.view(rows // 32, 32, cols), 1)
+                out += [qc.view(rows, cols).t().contiguous(), sc.view(rows // 32, cols).t().contiguous()]
+            return out
+
+        return run, ("composed MXFP8 (no fused torch op): 1x32" + (" and 32x1" if columnwise else "")
+                     + " blocks, abs().amax -> ceil(log2(amax/448)) -> x*exp2(-e) -> float8_e4m3fn"
+                     + (", columnwise .t().contiguous()" if columnwise else ""))
+    return build
+
+
+def _block_scaled(torch, blocks, dim):
+    """Power-of-two FP32 scale 448/amax (1 for zero blocks) over `dim`, codes and scale_inv."""
+    amax = blocks.abs().amax(dim=dim, keepdim=True)
+    scale = torch.where(amax > 0, 448.0 / amax, torch.ones_like(amax))
+    scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return (blocks * scale).to(torch.float8_e4m3fn), scale.reciprocal(), amax
+
+
+def _block_quantize(two_d):
+    def build(rows, cols):
+        torch = _torch()
+        x = _randn(rows, cols, torch.bfloat16, 0.0, 2.0, seed=8)
+
+        def run():
+            xf = x.float()
+            if two_d:
+                q, s, amax = _block_scaled(torch, xf.view(rows // 128, 128, cols // 128, 128), (1, 3))
+                q = q.view(rows, cols)
+                return q, s, q.t().contiguous(), amax.amax()
+            q, s, amax = _block_scaled(torch, xf.view(rows, cols // 128, 128), -1)
+            qc, sc, _ = _block_scaled(torch, xf.view(rows // 128, 128, cols), 1)
+            return (q.view(rows, cols), s, qc.view(rows, cols).t().contiguous(),
+                    sc.view(rows // 128, cols).t().contiguous(), amax.amax())
+
+        return run, ("composed FP8 block scaling (no fused torch op): "
+                     + ("128x128" if two_d else "1x128 and 128x1")
+                     + " blocks, abs().amax -> exp2(floor(log2(448/amax))) -> float8_e4m3fn,"
+                     + " columnwise .t().contiguous()")
+    return build
+
+
+def _mxfp8_dequantize(rows, cols):
+    torch = _torch()
+    x = _randn(rows, cols, torch.bfloat16, 0.0, 2.0, seed=9).float()
+    q, s, _ = _mxfp8_scaled_blocks(torch, x.view(rows, cols // 32, 32), -1)
+
+    def run():
+        return (q.float() * torch.exp2(s.float() - 127.0)).view(rows, cols)
+
+    return run, "q.float() * exp2(e8m0 - 127) per 1x32 block (FP32 out)"
+
+
+TORCH_EQUIVALENTS.update({
+    "mxfp8_quantize_rowwise_columnwise_bf16": _mxfp8_quantize("bf16", True),
+    "mxfp8_quantize_rowwise_columnwise_fp32": _mxfp8_quantize("fp32", True),
+    "mxfp8_quantize_rowwise_columnwise_bf16_integer_codec": _mxfp8_quantize("bf16", True),
+    "mxfp8_quantize_rowwise_bf16": _mxfp8_quantize("bf16", False),
+    "block1d_quantize_rowwise_columnwise_bf16": _block_quantize(False),
+    "block2d_quantize_rowwise_columnwise_bf16": _block_quantize(True),
+    "mxfp8_dequantize_rowwise_fp32": _mxfp8_dequantize,
+})
+
+
+def time_torch(fn, warmup, iters):
+    torch = _torch()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def run_cpp(bin_dir, name, args):
+    path = os.path.join(bin_dir, name)
+    if not os.path.exists(path):
+        print(f"skipping {name}: {path} not found", file=sys.stderr)
+        return None
+    proc = subprocess.run([path] + args, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"{name} failed ({proc.returncode}):\n{proc.stderr}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin-dir", default=".devbundle_g1/bin", help="folder holding the C++ bench binaries")
+    parser.add_argument("--shapes", default="16384x8192", help="comma-separated RxC list")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--benches", default=",".join(BENCHES), help="comma-separated subset of BENCHES")
+    parser.add_argument("--no-torch", action="store_true", help="only our kernels")
+    parser.add_argument("--json", help="write all results here")
+    args = parser.parse_args()
+
+    cpp_args = [f"--shapes={args.shapes}", f"--iters={args.iters}", f"--warmup={args.warmup}"]
+    rows = []
+    device = None
+    for bench in args.benches.split(","):
+        out = run_cpp(args.bin_dir, bench, cpp_args)
+        if out is None:
+            continue
+        device = out.get("device", device)
+        for r in out["results"]:
+            r["bench"] = bench
+            rows.append(r)
+
+    if not args.no_torch:
+        torch = _torch()
+        for r in rows:
+            builder = TORCH_EQUIVALENTS.get(r["op"])
+            if builder is None:
+                continue
+            n, h = r["shape"]
+            try:
+                fn, note = builder(n, h)
+                r["torch_us"] = time_torch(fn, args.warmup, args.iters)
+                r["torch_note"] = note
+                del fn
+            except Exception as e:  # report and keep going: one missing op must not hide the rest
+                r["torch_error"] = f"{type(e).__name__}: {e}"
+            torch.cuda.empty_cache()
+        torch_version = torch.__version__
+    else:
+        torch_version = None
+
+    copy = next((r for r in rows if r["op"] == "copy_d2d"), None)
+    header = ("op", "shape", "ours (us)", "torch (us)", "speedup", "TB/s", "% of copy")
+    table = []
+    for r in rows:
+        shape = "x".join(str(d) for d in r["shape"])
+        torch_us = r.get("torch_us")
+        speedup = f"{torch_us / r['median_us']:.2f}x" if torch_us else "-"
+        table.append((r["op"], shape, f"{r['median_us']:.1f}", f"{torch_us:.1f}" if torch_us else "-",
+                      speedup, f"{r['tbps']:.2f}", f"{100.0 * r['tbps'] / COPY_TBPS:.0f}%"))
+    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(t, widths)) + " |" for t in table]
+    print()
+    print(f"device: {device}; torch {torch_version}; % of copy against {COPY_TBPS} TB/s"
+          + (f"; copy measured here {copy['tbps']:.2f} TB/s" if copy else ""))
+    for r in rows:
+        if "torch_error" in r:
+            print(f"  torch {r['op']}: {r['torch_error']}")
+    print("\n".join(lines))
+    for r in rows:
+        print(f"  {r['op']}: ours = {r.get('config', '')}; torch = {r.get('torch_note', '-')}")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "torch": torch_version, "copy_reference_tbps": COPY_TBPS,
+                       "results": rows, "table": lines}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
