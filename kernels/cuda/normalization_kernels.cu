@@ -26,10 +26,10 @@
 //   reading mu / rsigma from memory (x is then read twice).
 // - FP8 codes: q = encode(y * scale), the product one FP32 multiply (__fmul_rn), so the
 //   codes equal kernels::QuantizePerTensor of the FP32 y. The encoder is Hopper's
-//   cvt.rn.satfinite (two values per instruction) on the input clamped to the format's
-//   max, NaN mapped to 0x7F: the same codes as core/float_codec.h for every FP32 input
-//   (checked exhaustively by the GPU test); the integer codec variant is kept for that
-//   comparison and for the benchmark.
+//   cvt.rn.satfinite (two values per instruction), NaN mapped to 0x7F (only blocks that
+//   hold a NaN take that patched path): the same codes as core/float_codec.h for every
+//   FP32 input (checked exhaustively by the GPU test); the integer codec variant is kept
+//   for that comparison and for the benchmark.
 // - amax: max over the FP32 bits of |y| as unsigned integers (NaN's bits exceed Inf's,
 //   so NaN propagates), warp max, then one atomicMax per CTA.
 //
@@ -174,36 +174,43 @@ __device__ __forceinline__ uint32_t CodecEncode(float v) {
   return kFormat == Fp8Format::kE4M3 ? FloatToE4M3(v) : FloatToE5M2(v);
 }
 
-// Codes of a (low byte) and b (high byte).
+// Hardware pair conversion: codes of a (low byte) and b (high byte). satfinite saturates
+// finite overflow and +-Inf to +-max as the codec does; NaN handling is left to callers.
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint32_t CvtPair(float a, float b) {
+  uint16_t packed;
+  if constexpr (kFormat == Fp8Format::kE4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  }
+  return packed;
+}
+
+// Codes of a (low byte) and b (high byte), exactly core/float_codec.h's (NaN -> 0x7F).
 template <Fp8Format kFormat, Fp8Encoder kEncoder>
 __device__ __forceinline__ uint32_t Encode2(float a, float b) {
   if constexpr (kEncoder == Fp8Encoder::kCodec) {
     return CodecEncode<kFormat>(a) | (CodecEncode<kFormat>(b) << 8);
   } else {
-    constexpr float kMax = kFormat == Fp8Format::kE4M3 ? kE4M3Max : kE5M2Max;
-    // Clamping makes +-Inf and every finite overflow saturate exactly as the codec does
-    // (fmaxf drops NaN; NaN is patched below).
-    const float ca = fminf(fmaxf(a, -kMax), kMax);
-    const float cb = fminf(fmaxf(b, -kMax), kMax);
-    uint16_t packed;
-    if constexpr (kFormat == Fp8Format::kE4M3) {
-      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(cb), "f"(ca));
-    } else {
-      asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(cb), "f"(ca));
-    }
-    uint32_t codes = packed;
+    uint32_t codes = CvtPair<kFormat>(a, b);
     if (a != a) codes = (codes & 0xFF00u) | 0x7Fu;
     if (b != b) codes = (codes & 0x00FFu) | 0x7F00u;
     return codes;
   }
 }
 
-// Four codes of v[0..3] * scale, v[0] in the low byte.
-template <Fp8Format kFormat, Fp8Encoder kEncoder>
+// Four codes of v[0..3] * scale, v[0] in the low byte. kMayHaveNan = false skips the NaN
+// patch of the hardware path (callers know no value is NaN).
+template <Fp8Format kFormat, Fp8Encoder kEncoder, bool kMayHaveNan>
 __device__ __forceinline__ uint32_t Encode4(const float v[4], float scale) {
-  const uint32_t lo = Encode2<kFormat, kEncoder>(__fmul_rn(v[0], scale), __fmul_rn(v[1], scale));
-  const uint32_t hi = Encode2<kFormat, kEncoder>(__fmul_rn(v[2], scale), __fmul_rn(v[3], scale));
-  return lo | (hi << 16);
+  const float s0 = __fmul_rn(v[0], scale), s1 = __fmul_rn(v[1], scale);
+  const float s2 = __fmul_rn(v[2], scale), s3 = __fmul_rn(v[3], scale);
+  if constexpr (kEncoder == Fp8Encoder::kHardware && !kMayHaveNan) {
+    return CvtPair<kFormat>(s0, s1) | (CvtPair<kFormat>(s2, s3) << 16);
+  } else {
+    return Encode2<kFormat, kEncoder>(s0, s1) | (Encode2<kFormat, kEncoder>(s2, s3) << 16);
+  }
 }
 
 __device__ __forceinline__ uint32_t MagnitudeBits(float v) {
@@ -412,26 +419,40 @@ __global__ void __launch_bounds__(kThreads)
         if (p.zero_centered_gamma) w[i] += 1.0f;
         b[i] = (i < ncols && !p.rms) ? __ldg(p.beta + col + i) : 0.0f;
       }
-      uint32_t row_codes[4];
+      float y[4][4];
+      uint32_t block_bits = 0;  // max |y| bits over the block's elements inside the tensor
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int r = rbase + k;
         const int64_t row = row0 + r;
-        float v[4];
-        LoadShared4<kType>(x_tile + r * g.row_stride + cbase * sizeof(typename Elem<kType>::Storage), v);
+        LoadShared4<kType>(x_tile + r * g.row_stride + cbase * sizeof(typename Elem<kType>::Storage), y[k]);
         const float mean = row_mean[r];
         const float rsigma = row_rsigma[r];
-        for (int i = 0; i < 4; ++i) v[i] = fmaf((v[i] - mean) * rsigma, w[i], b[i]);
-        const bool row_inside = row < p.rows;
-        if (row_inside) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[k][i] = fmaf((y[k][i] - mean) * rsigma, w[i], b[i]);
+        if (row < p.rows) {
+#pragma unroll
           for (int i = 0; i < 4; ++i) {
-            if (i < ncols) local_amax = max(local_amax, MagnitudeBits(v[i]));
+            if (i < ncols) block_bits = max(block_bits, MagnitudeBits(y[k][i]));
           }
-          if (p.y != nullptr) StoreY4(p.y, p.y_type, row * p.cols + col, v, ncols, g.vector_y);
+          if (p.y != nullptr) StoreY4(p.y, p.y_type, row * p.cols + col, y[k], ncols, g.vector_y);
         }
-        if (quantize) {
-          row_codes[k] = Encode4<kFormat, kEncoder>(v, p.scale);
-          if (p.rowwise != nullptr && row_inside) {
+      }
+      local_amax = max(local_amax, block_bits);
+      uint32_t row_codes[4];
+      if (quantize) {
+        if (block_bits > 0x7F800000u) {  // a NaN: take the patched path for this block
+#pragma unroll
+          for (int k = 0; k < 4; ++k) row_codes[k] = Encode4<kFormat, kEncoder, true>(y[k], p.scale);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) row_codes[k] = Encode4<kFormat, kEncoder, false>(y[k], p.scale);
+        }
+        if (p.rowwise != nullptr) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int64_t row = row0 + rbase + k;
+            if (row >= p.rows) continue;
             uint8_t* dst = p.rowwise + row * p.cols + col;
             if (g.vector_rowwise && ncols == 4) {
               *reinterpret_cast<uint32_t*>(dst) = row_codes[k];
@@ -860,13 +881,16 @@ cudaError_t ResidentCtasPerSm(Kernel kernel, int shared_bytes, int* ctas) {
   static std::mutex mutex;
   static std::map<OccupancyKey, int> cache;
   const OccupancyKey key{device, reinterpret_cast<const void*>(kernel), shared_bytes, 0};
+  static std::map<std::pair<int, const void*>, int> shared_limit;  // only ever raised
   std::lock_guard<std::mutex> lock(mutex);
+  int& limit = shared_limit[{device, reinterpret_cast<const void*>(kernel)}];
+  if (shared_bytes > 48 * 1024 && shared_bytes > limit) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+    if (status != cudaSuccess) return status;
+    limit = shared_bytes;
+  }
   auto it = cache.find(key);
   if (it == cache.end()) {
-    if (shared_bytes > 48 * 1024) {
-      status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-      if (status != cudaSuccess) return status;
-    }
     int n = 0;
     status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, shared_bytes);
     if (status != cudaSuccess) return status;

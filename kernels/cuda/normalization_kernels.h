@@ -23,8 +23,8 @@ enum class NormDType { kFloat32, kFloat16, kBFloat16 };
 
 // How FP8 codes are produced. Both give the codes of core/float_codec.h bit for bit
 // (tests/gpu/normalization_gpu_test.cc checks every FP32 input of both formats):
-//   kHardware: Hopper's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 on the input clamped to the
-//              format's max (so +-Inf saturates), NaN mapped to 0x7F afterwards;
+//   kHardware: Hopper's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (finite overflow and +-Inf
+//              saturate to +-max), NaN mapped to 0x7F afterwards;
 //   kCodec:    the integer codec itself (~30 integer ops per element).
 enum class Fp8Encoder { kHardware, kCodec };
 

@@ -1,0 +1,75 @@
+// Per-tensor FP8 cast-transpose benchmark (kernels/cuda/cast_kernels.h,
+// LaunchQuantizePerTensor): one pass reads x and writes the rowwise codes, the transposed
+// columnwise codes and the amax.
+//   cast_transpose_bf16   BF16 x -> E4M3 rowwise + columnwise (2 + 1 + 1 bytes per element)
+//   cast_transpose_fp32   FP32 x -> E4M3 rowwise + columnwise (4 + 1 + 1)
+//   copy_d2d              cudaMemcpyAsync of the BF16 x, for the copy-bandwidth reference
+// Prints JSON (bench/bench_util.h); bench/run_bench.py adds torch.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cuda/cast_kernels.h"
+
+namespace teserve {
+namespace bench {
+namespace {
+
+using kernels::cuda::Fp8Format;
+using kernels::cuda::QuantizeLaunchParams;
+using kernels::cuda::SourceType;
+
+void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results) {
+  const int64_t numel = n * h;
+  auto* rowwise = static_cast<uint8_t*>(DeviceBuffer(numel));
+  auto* columnwise = static_cast<uint8_t*>(DeviceBuffer(numel));
+  auto* scale_inv = static_cast<float*>(DeviceBuffer(8));
+  auto* amax = static_cast<uint32_t*>(DeviceBuffer(4));
+  for (const bool bf16 : {true, false}) {
+    void* x = RandomDeviceBuffer(numel, bf16, 0.0f, 4.0f, bf16 ? 11 : 12);
+    QuantizeLaunchParams p;
+    p.x = x;
+    p.type = bf16 ? SourceType::kBFloat16 : SourceType::kFloat32;
+    p.rows = n;
+    p.cols = h;
+    p.scale = 64.0f;
+    p.scale_inv = 1.0f / 64.0f;
+    p.format = Fp8Format::kE4M3;
+    p.rowwise = rowwise;
+    p.columnwise = columnwise;
+    p.rowwise_scale_inv = scale_inv;
+    p.columnwise_scale_inv = scale_inv + 1;
+    p.amax_bits = amax;
+    const Timing t =
+        TimeLaunches([&] { return kernels::cuda::LaunchQuantizePerTensor(p, nullptr); }, flags);
+    results->push_back({bf16 ? "cast_transpose_bf16" : "cast_transpose_fp32", n, h,
+                        bf16 ? "bf16" : "fp32", t, numel * ((bf16 ? 2 : 4) + 2),
+                        "64x64 tiles, integer-codec encoder (kernels/cuda/cast_kernels.cu)"});
+    if (bf16) {
+      void* copy = DeviceBuffer(numel * 2);
+      const Timing c = TimeLaunches(
+          [&] { return cudaMemcpyAsync(copy, x, numel * 2, cudaMemcpyDeviceToDevice, nullptr); }, flags);
+      results->push_back({"copy_d2d", n, h, "bf16", c, numel * 4, "cudaMemcpyAsync device to device"});
+      BENCH_CHECK(cudaFree(copy));
+    }
+    BENCH_CHECK(cudaFree(x));
+  }
+  for (void* p : {static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                  static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
+    BENCH_CHECK(cudaFree(p));
+  }
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace teserve
+
+int main(int argc, char** argv) {
+  using namespace teserve::bench;
+  const Flags flags = ParseFlags(argc, argv);
+  std::vector<Result> results;
+  for (const auto& [n, h] : flags.shapes) Run(n, h, flags, &results);
+  WriteJson("cast_transpose_bench", results, flags);
+  return 0;
+}

@@ -1,0 +1,153 @@
+// LayerNorm / RMSNorm benchmarks (kernels/cuda/normalization_kernels.h), BF16 input:
+//   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
+//                            (read x; write 2 x n x h codes; mu, rsigma)
+//   layernorm_fwd_fp8_codec  the same with the integer-codec encoder
+//   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
+//   layernorm_fwd_fp8_rowwise  LN forward, rowwise codes only
+//   layernorm_fwd_bf16       LN forward, y in BF16, no quantization
+//   layernorm_bwd            dx (BF16), dgamma, dbeta from dy, x (BF16), mu, rsigma
+//   rmsnorm_bwd              dx (BF16), dgamma from dy, x (BF16), rsigma
+// Launchers are called directly on preallocated buffers (no allocation or host sync in
+// the timed region). Prints JSON (bench/bench_util.h); bench/run_bench.py adds torch.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cuda/normalization_kernels.h"
+
+namespace teserve {
+namespace bench {
+namespace {
+
+using kernels::cuda::Fp8Encoder;
+using kernels::cuda::Fp8Format;
+using kernels::cuda::NormBackwardParams;
+using kernels::cuda::NormDType;
+using kernels::cuda::NormForwardParams;
+
+std::string ForwardConfig(const NormForwardParams& p) {
+  kernels::cuda::NormForwardPlan plan;
+  BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
+  return "tile " + std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +
+         ", cluster " + std::to_string(plan.cluster_size) + ", " + std::to_string(plan.ctas) +
+         " CTAs (" + std::to_string(plan.ctas_per_sm) + "/SM), smem " +
+         std::to_string(plan.shared_bytes / 1024) + " KiB" +
+         (plan.separate_stats ? ", separate stats" : "");
+}
+
+void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results) {
+  const int64_t numel = n * h;
+  void* x = RandomDeviceBuffer(numel, /*bf16=*/true, 0.5f, 3.0f, 1);
+  void* dy = RandomDeviceBuffer(numel, /*bf16=*/true, 0.0f, 1.0f, 2);
+  float* gamma = static_cast<float*>(RandomDeviceBuffer(h, false, 1.0f, 0.5f, 3));
+  float* beta = static_cast<float*>(RandomDeviceBuffer(h, false, 0.0f, 0.5f, 4));
+  void* y = DeviceBuffer(numel * 2);
+  auto* rowwise = static_cast<uint8_t*>(DeviceBuffer(numel));
+  auto* columnwise = static_cast<uint8_t*>(DeviceBuffer(numel));
+  auto* mu = static_cast<float*>(DeviceBuffer(n * 4));
+  auto* rsigma = static_cast<float*>(DeviceBuffer(n * 4));
+  auto* scale_inv = static_cast<float*>(DeviceBuffer(8));
+  auto* amax = static_cast<uint32_t*>(DeviceBuffer(4));
+
+  NormForwardParams base;
+  base.x = x;
+  base.x_type = NormDType::kBFloat16;
+  base.rows = n;
+  base.cols = h;
+  base.gamma = gamma;
+  base.beta = beta;
+  base.mu = mu;
+  base.rsigma = rsigma;
+  base.format = Fp8Format::kE4M3;
+  base.scale = 64.0f;
+  base.scale_inv = 1.0f / 64.0f;
+  base.rowwise = rowwise;
+  base.columnwise = columnwise;
+  base.rowwise_scale_inv = scale_inv;
+  base.columnwise_scale_inv = scale_inv + 1;
+  base.amax_bits = amax;
+
+  auto forward = [&](const std::string& op, const NormForwardParams& p, int64_t bytes) {
+    const Timing t = TimeLaunches([&] { return kernels::cuda::LaunchNormForward(p, nullptr); }, flags);
+    results->push_back({op, n, h, "bf16", t, bytes, ForwardConfig(p)});
+  };
+  const int64_t stats_ln = n * 8, stats_rms = n * 4;
+  forward("layernorm_fwd_fp8", base, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams codec = base;
+  codec.encoder = Fp8Encoder::kCodec;
+  forward("layernorm_fwd_fp8_codec", codec, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams rms = base;
+  rms.rms = true;
+  rms.beta = nullptr;
+  rms.mu = nullptr;
+  forward("rmsnorm_fwd_fp8", rms, numel * 2 + numel * 2 + stats_rms);
+  NormForwardParams rowwise_only = base;
+  rowwise_only.columnwise = nullptr;
+  rowwise_only.columnwise_scale_inv = nullptr;
+  forward("layernorm_fwd_fp8_rowwise", rowwise_only, numel * 2 + numel + stats_ln);
+  NormForwardParams plain = base;
+  plain.rowwise = plain.columnwise = nullptr;
+  plain.rowwise_scale_inv = plain.columnwise_scale_inv = nullptr;
+  plain.amax_bits = nullptr;
+  plain.y = y;
+  plain.y_type = NormDType::kBFloat16;
+  forward("layernorm_fwd_bf16", plain, numel * 2 + numel * 2 + stats_ln);
+
+  // Backward: statistics from a forward pass first.
+  BENCH_CHECK(kernels::cuda::LaunchNormForward(plain, nullptr));
+  auto* dgamma = static_cast<float*>(DeviceBuffer(h * 4));
+  auto* dbeta = static_cast<float*>(DeviceBuffer(h * 4));
+  NormBackwardParams grad;
+  grad.dy = dy;
+  grad.x = x;
+  grad.type = NormDType::kBFloat16;
+  grad.rows = n;
+  grad.cols = h;
+  grad.mu = mu;
+  grad.rsigma = rsigma;
+  grad.gamma = gamma;
+  grad.dx = y;
+  grad.dgamma = dgamma;
+  grad.dbeta = dbeta;
+  int64_t workspace_floats = 0;
+  BENCH_CHECK(kernels::cuda::NormBackwardWorkspaceFloats(grad, &workspace_floats));
+  grad.workspace = static_cast<float*>(DeviceBuffer(workspace_floats * 4));
+  auto backward = [&](const std::string& op, const NormBackwardParams& p, int64_t bytes) {
+    kernels::cuda::NormBackwardPlan plan;
+    BENCH_CHECK(kernels::cuda::PlanNormBackward(p, &plan));
+    const std::string config = std::string(plan.register_resident ? "registers" : "streaming") +
+                               ", " + std::to_string(plan.vectors_per_thread) + " x 16 B/thread, " +
+                               std::to_string(plan.ctas) + " CTAs (" +
+                               std::to_string(plan.ctas_per_sm) + "/SM), two-stage dgamma";
+    const Timing t = TimeLaunches([&] { return kernels::cuda::LaunchNormBackward(p, nullptr); }, flags);
+    results->push_back({op, n, h, "bf16", t, bytes, config});
+  };
+  backward("layernorm_bwd", grad, numel * 6 + stats_ln + h * 4 * 3);
+  NormBackwardParams rms_grad = grad;
+  rms_grad.rms = true;
+  rms_grad.mu = nullptr;
+  rms_grad.dbeta = nullptr;
+  backward("rmsnorm_bwd", rms_grad, numel * 6 + stats_rms + h * 4 * 2);
+
+  for (void* p : {x, dy, static_cast<void*>(gamma), static_cast<void*>(beta), y,
+                  static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                  static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
+                  static_cast<void*>(amax), static_cast<void*>(dgamma), static_cast<void*>(dbeta),
+                  static_cast<void*>(grad.workspace)}) {
+    BENCH_CHECK(cudaFree(p));
+  }
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace teserve
+
+int main(int argc, char** argv) {
+  using namespace teserve::bench;
+  const Flags flags = ParseFlags(argc, argv);
+  std::vector<Result> results;
+  for (const auto& [n, h] : flags.shapes) Run(n, h, flags, &results);
+  WriteJson("norm_bench", results, flags);
+  return 0;
+}
