@@ -1,7 +1,7 @@
 // teserve_cli: talk to a teserve server from the shell.
 //
 //   teserve_cli health      [--server=ADDR]
-//   teserve_cli demo        [--server=ADDR] [--steps=N] [--seed=S] [--recipe=R]
+//   teserve_cli demo        [--server=ADDR] [--model=M] [--steps=N] [--seed=S] [--recipe=R]
 //   teserve_cli quant-state SESSION [--server=ADDR]
 //   teserve_cli server-info [--server=ADDR]
 //
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +21,17 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/demo.h"
+#include "client/transformer_demo.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "teserve address, host:port");
-ABSL_FLAG(int, steps, 200, "demo: training steps");
+ABSL_FLAG(std::optional<int>, steps, std::nullopt,
+          "demo: training steps (default 200 for mlp, 400 for transformer)");
 ABSL_FLAG(uint64_t, seed, 1, "demo: seed for parameters and data");
 ABSL_FLAG(std::string, recipe, "delayed",
-          "demo: the student's recipe: delayed, current, mxfp8, block or nvfp4");
+          "demo: the trained model's recipe: delayed, current, mxfp8, block or nvfp4");
+ABSL_FLAG(std::string, model, "mlp",
+          "demo: mlp (LayerNorm/Linear student of a teacher) or transformer (2 TransformerLayers "
+          "reversing token sequences)");
 
 namespace {
 
@@ -35,10 +41,15 @@ constexpr int kExitUsage = 2;
 constexpr char kUsage[] =
     "usage: teserve_cli <command> [flags]\n"
     "  health                  health check (grpc.health.v1); exit 0 when SERVING\n"
-    "  demo [--steps=N] [--seed=S] [--recipe=delayed|current|mxfp8|block|nvfp4]\n"
+    "  demo [--model=mlp|transformer] [--steps=N] [--seed=S]\n"
+    "       [--recipe=delayed|current|mxfp8|block|nvfp4]\n"
     "                          train a small low-precision stack remotely (default recipe\n"
     "                          delayed), print the loss per step and the final table of\n"
-    "                          recipe, format, scaling mode, amax, scales per tensor\n"
+    "                          recipe, format, scaling mode, amax, scales per tensor;\n"
+    "                          mlp (default): LayerNorm/Linear student of a fixed teacher;\n"
+    "                          transformer: 2 TransformerLayers + Linear head learn to\n"
+    "                          reverse token sequences (cross entropy), then print the\n"
+    "                          token accuracy on fresh sequences\n"
     "  quant-state SESSION     recipe, format, mode, execution, amax, scale, scale_inv,\n"
     "                          block scale_inv min/max/mean, FP8 health stats and amax\n"
     "                          history per quantized tensor\n"
@@ -62,9 +73,33 @@ int Health(teserve::client::Client& client) {
   return *status == "SERVING" ? 0 : kExitFailure;
 }
 
+int TransformerDemo(teserve::client::Client& client) {
+  teserve::client::TransformerDemoOptions options;
+  options.steps = absl::GetFlag(FLAGS_steps).value_or(options.steps);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.recipe = absl::GetFlag(FLAGS_recipe);
+  options.log = &std::cout;
+  absl::StatusOr<teserve::client::TransformerDemoResult> result =
+      teserve::client::RunTransformerDemo(client, options);
+  if (!result.ok()) return Fail("demo", result.status());
+  const float first = result->losses.front();
+  const float last = result->losses.back();
+  std::cout << absl::StrFormat(
+      "model transformer, recipe %s: loss %.6g -> %.6g (%.1fx lower) in %d steps\n", options.recipe, first,
+      last, last > 0 ? first / last : 0.0f, options.steps);
+  std::cout << absl::StrFormat("token accuracy %.4f on %d fresh tokens (chance %.4f)\n", result->accuracy,
+                               result->eval_tokens, 1.0 / options.vocab);
+  std::cout << teserve::client::FormatQuantizationTable(result->quantization);
+  return 0;
+}
+
 int Demo(teserve::client::Client& client) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (model != "mlp" && model != "transformer") {
+    return Usage(absl::StrFormat("--model: expected mlp or transformer, got '%s'", model));
+  }
   teserve::client::DemoOptions options;
-  options.steps = absl::GetFlag(FLAGS_steps);
+  options.steps = absl::GetFlag(FLAGS_steps).value_or(options.steps);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.recipe = absl::GetFlag(FLAGS_recipe);
   options.log = &std::cout;
@@ -74,6 +109,7 @@ int Demo(teserve::client::Client& client) {
                                  absl::StrJoin(recipes, ", "), options.recipe));
   }
   if (options.steps < 1) return Usage(absl::StrFormat("--steps: expected >= 1, got %d", options.steps));
+  if (model == "transformer") return TransformerDemo(client);
   absl::StatusOr<teserve::client::DemoResult> result = teserve::client::RunDemo(client, options);
   if (!result.ok()) return Fail("demo", result.status());
   const float first = result->losses.front();

@@ -159,6 +159,22 @@ TEST(Binaries, ServeDemoScrapeAndStopOnSigterm) {
   EXPECT_THAT(bad_recipe.output,
               HasSubstr("--recipe: expected one of delayed, current, mxfp8, block, nvfp4, got 'fp16'"));
 
+  CommandResult transformer =
+      RunCommand(absl::StrCat(cli, " demo ", server_flag, " --model=transformer --steps=5"));
+  EXPECT_EQ(transformer.exit_code, 0) << transformer.output;
+  EXPECT_THAT(transformer.output, HasSubstr("step 1 loss "));
+  EXPECT_THAT(transformer.output, HasSubstr("step 5 loss "));
+  EXPECT_THAT(transformer.output, ::testing::Not(HasSubstr("step 6 loss ")));
+  EXPECT_THAT(transformer.output, HasSubstr("model transformer, recipe delayed: loss "));
+  EXPECT_THAT(transformer.output,
+              ::testing::ContainsRegex("token accuracy [01]\\.[0-9]+ on 512 fresh tokens \\(chance 0\\.031"));
+  EXPECT_THAT(transformer.output,
+              ::testing::ContainsRegex("block2\\.layernorm_mlp\\.fc2 +grad_output +delayed +FLOAT8_E5M2 +per_tensor"));
+  CommandResult bad_model = RunCommand(absl::StrCat(cli, " demo ", server_flag, " --model=gpt"));
+  EXPECT_EQ(bad_model.exit_code, 2) << bad_model.output;
+  EXPECT_THAT(bad_model.output, HasSubstr("--model: expected mlp or transformer, got 'gpt'"));
+  EXPECT_THAT(bad_model.output, HasSubstr("demo [--model=mlp|transformer]"));
+
   CommandResult unknown = RunCommand(absl::StrCat(cli, " quant-state 0000000000000000 ", server_flag));
   EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
   EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND: session_id: no session '0000000000000000'"));
