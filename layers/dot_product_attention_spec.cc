@@ -4,20 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "layers/spec_checks.h"
 
 namespace teserve {
 namespace layers {
-namespace {
-
-// Largest head count or head size accepted (as spec.cc bounds every dimension).
-constexpr int64_t kMaxSize = int64_t{1} << 24;
-
-absl::Status CheckSize(int64_t value, const std::string& field) {
-  if (value < 1 || value > kMaxSize) return InvalidField(field, absl::StrCat("a size in 1..", kMaxSize), value);
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<DotProductAttentionOptions> DotProductAttentionOptionsFromSpec(const v1::DotProductAttentionSpec& s,
                                                                               absl::string_view field) {

@@ -1,46 +1,14 @@
 #include "layers/layernorm_spec.h"
 
-#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "layers/spec_checks.h"
 
 namespace teserve {
 namespace layers {
 namespace {
-
-// The bound layers/spec.cc puts on every size: products stay below int64 overflow.
-constexpr int64_t kMaxDim = int64_t{1} << 24;
-
-absl::Status CheckSize(int64_t value, absl::string_view field) {
-  if (value <= 0 || value > kMaxDim) return InvalidField(field, absl::StrCat("a size in 1..", kMaxDim), value);
-  return absl::OkStatus();
-}
-
-absl::Status CheckPositiveFinite(float value, absl::string_view field) {
-  if (!std::isfinite(value) || value <= 0.0f) return InvalidField(field, "a finite value > 0", value);
-  return absl::OkStatus();
-}
-
-absl::Status CheckInitStd(bool has, float value, absl::string_view field) {
-  if (has && (!std::isfinite(value) || value < 0.0f)) return InvalidField(field, "a finite value >= 0", value);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<NormKind> ParseNormalization(const std::string& name, absl::string_view field) {
-  if (name.empty() || name == "LayerNorm") return NormKind::kLayerNorm;
-  if (name == "RMSNorm") return NormKind::kRmsNorm;
-  return InvalidField(field, "one of LayerNorm, RMSNorm", absl::StrCat("'", name, "'"));
-}
-
-// A GEMM dimension the recipe's blocks must tile.
-absl::Status CheckTiles(int64_t value, const recipes::Recipe& recipe, absl::string_view field) {
-  const int64_t multiple = recipe.block_multiple();
-  if (value % multiple == 0) return absl::OkStatus();
-  return InvalidField(field, absl::StrCat("a multiple of ", multiple, " (", recipe.name(), " blocks must tile it)"),
-                      value);
-}
 
 // TE's two forms: names only (every size 0) cut out_features into equal blocks.
 absl::StatusOr<ParametersSplit> SplitFromSpec(const v1::LayerNormLinearSpec& spec, absl::string_view field) {
@@ -63,8 +31,6 @@ absl::StatusOr<ParametersSplit> SplitFromSpec(const v1::LayerNormLinearSpec& spe
   RETURN_IF_ERROR(ValidateParametersSplit(split, spec.out_features(), field));
   return split;
 }
-
-int64_t NormParameters(NormKind kind, int64_t hidden) { return kind == NormKind::kLayerNorm ? 2 * hidden : hidden; }
 
 }  // namespace
 
@@ -134,13 +100,13 @@ absl::StatusOr<LayerNormMLPOptions> LayerNormMLPOptionsFromSpec(const v1::LayerN
 }
 
 int64_t ParameterCount(const LayerNormLinearOptions& o) {
-  return NormParameters(o.normalization, o.in_features) + o.in_features * o.out_features +
+  return NormParameterCount(o.normalization, o.in_features) + o.in_features * o.out_features +
          (o.bias ? o.out_features : 0);
 }
 
 int64_t ParameterCount(const LayerNormMLPOptions& o) {
   const int64_t fc1_width = kernels::ActivationInputWidth(o.activation, o.ffn_hidden_size);
-  return NormParameters(o.normalization, o.hidden_size) + o.hidden_size * fc1_width +
+  return NormParameterCount(o.normalization, o.hidden_size) + o.hidden_size * fc1_width +
          o.ffn_hidden_size * o.hidden_size + (o.bias ? fc1_width + o.hidden_size : 0);
 }
 

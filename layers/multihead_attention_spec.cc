@@ -1,52 +1,13 @@
 #include "layers/multihead_attention_spec.h"
 
-#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "layers/spec_checks.h"
 
 namespace teserve {
 namespace layers {
-namespace {
-
-// The bound layers/spec.cc puts on every size: products stay below int64 overflow.
-constexpr int64_t kMaxDim = int64_t{1} << 24;
-
-absl::Status CheckSize(int64_t value, absl::string_view field) {
-  if (value <= 0 || value > kMaxDim) return InvalidField(field, absl::StrCat("a size in 1..", kMaxDim), value);
-  return absl::OkStatus();
-}
-
-absl::Status CheckPositiveFinite(bool has, float value, absl::string_view field) {
-  if (has && (!std::isfinite(value) || value <= 0.0f)) return InvalidField(field, "a finite value > 0", value);
-  return absl::OkStatus();
-}
-
-absl::Status CheckInitStd(bool has, float value, absl::string_view field) {
-  if (has && (!std::isfinite(value) || value < 0.0f)) return InvalidField(field, "a finite value >= 0", value);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<NormKind> ParseNormalization(const std::string& name, absl::string_view field) {
-  if (name.empty() || name == "LayerNorm") return NormKind::kLayerNorm;
-  if (name == "RMSNorm") return NormKind::kRmsNorm;
-  return InvalidField(field, "one of LayerNorm, RMSNorm", absl::StrCat("'", name, "'"));
-}
-
-// A GEMM dimension the recipe's blocks must tile; `what` says what the value is.
-absl::Status CheckTiles(int64_t value, const recipes::Recipe& recipe, absl::string_view field, absl::string_view what) {
-  const int64_t multiple = recipe.block_multiple();
-  if (value % multiple == 0) return absl::OkStatus();
-  return InvalidField(field,
-                      absl::StrCat(what, what.empty() ? "" : "to be ", "a multiple of ", multiple, " (", recipe.name(),
-                                   " blocks must tile it)"),
-                      value);
-}
-
-int64_t NormParameters(NormKind kind, int64_t width) { return kind == NormKind::kLayerNorm ? 2 * width : width; }
-
-}  // namespace
 
 absl::StatusOr<MultiheadAttentionOptions> MultiheadAttentionOptionsFromSpec(const v1::MultiheadAttentionSpec& s,
                                                                             const recipes::Recipe& recipe,
@@ -66,8 +27,10 @@ absl::StatusOr<MultiheadAttentionOptions> MultiheadAttentionOptionsFromSpec(cons
     o.num_gqa_groups = s.num_gqa_groups();
   }
   if (s.has_attention_dropout()) o.attention_dropout = s.attention_dropout();
-  RETURN_IF_ERROR(CheckPositiveFinite(s.has_layernorm_epsilon(), s.layernorm_epsilon(), name("layernorm_epsilon")));
-  if (s.has_layernorm_epsilon()) o.layernorm_epsilon = s.layernorm_epsilon();
+  if (s.has_layernorm_epsilon()) {
+    RETURN_IF_ERROR(CheckPositiveFinite(s.layernorm_epsilon(), name("layernorm_epsilon")));
+    o.layernorm_epsilon = s.layernorm_epsilon();
+  }
   if (!s.attn_mask_type().empty()) {
     ASSIGN_OR_RETURN(o.attn_mask_type, kernels::ParseAttnMaskType(s.attn_mask_type(), name("attn_mask_type")));
   }
@@ -87,8 +50,10 @@ absl::StatusOr<MultiheadAttentionOptions> MultiheadAttentionOptionsFromSpec(cons
     ASSIGN_OR_RETURN(o.qkv_format, kernels::ParseQkvFormat(s.qkv_format(), name("qkv_format")));
   }
   ASSIGN_OR_RETURN(o.qk_norm_type, ParseQkNormType(s.qk_norm_type(), name("qk_norm_type")));
-  RETURN_IF_ERROR(CheckPositiveFinite(s.has_qk_norm_eps(), s.qk_norm_eps(), name("qk_norm_eps")));
-  if (s.has_qk_norm_eps()) o.qk_norm_eps = s.qk_norm_eps();
+  if (s.has_qk_norm_eps()) {
+    RETURN_IF_ERROR(CheckPositiveFinite(s.qk_norm_eps(), name("qk_norm_eps")));
+    o.qk_norm_eps = s.qk_norm_eps();
+  }
   o.qk_norm_before_rope = s.qk_norm_before_rope();
   if (s.has_rotary()) {
     const v1::RotarySpec& r = s.rotary();
@@ -121,7 +86,7 @@ absl::StatusOr<MultiheadAttentionOptions> MultiheadAttentionOptionsFromSpec(cons
     return InvalidField(name("num_attention_heads"),
                         absl::StrCat("num_attention_heads * ", kv_text, " in 1..", kMaxDim), o.num_attention_heads * d);
   }
-  RETURN_IF_ERROR(CheckTiles(o.hidden_size, recipe, name("hidden_size"), ""));
+  RETURN_IF_ERROR(CheckTiles(o.hidden_size, recipe, name("hidden_size")));
   RETURN_IF_ERROR(CheckTiles(o.num_attention_heads * d, recipe, name("num_attention_heads"),
                              absl::StrCat("num_attention_heads * ", kv_text, " (the query width) ")));
   RETURN_IF_ERROR(CheckTiles(groups * d, recipe,
@@ -136,9 +101,9 @@ int64_t ParameterCount(const MultiheadAttentionOptions& o) {
   const int64_t hq = o.num_attention_heads * d;
   const int64_t projected = hq + 2 * groups * d;  // query, key and value rows
   int64_t count = o.hidden_size * projected + (o.bias ? projected : 0);
-  if (o.input_layernorm) count += NormParameters(o.normalization, o.hidden_size);
-  if (o.qk_norm_type == QkNormType::kRmsNorm) count += 2 * NormParameters(NormKind::kRmsNorm, d);
-  if (o.qk_norm_type == QkNormType::kLayerNorm) count += 2 * NormParameters(NormKind::kLayerNorm, d);
+  if (o.input_layernorm) count += NormParameterCount(o.normalization, o.hidden_size);
+  if (o.qk_norm_type == QkNormType::kRmsNorm) count += 2 * NormParameterCount(NormKind::kRmsNorm, d);
+  if (o.qk_norm_type == QkNormType::kLayerNorm) count += 2 * NormParameterCount(NormKind::kLayerNorm, d);
   if (o.softmax_type == kernels::SoftmaxType::kLearnable) count += o.num_attention_heads;
   count += hq * o.hidden_size + (o.bias ? o.hidden_size : 0);  // proj
   return count;

@@ -1,8 +1,9 @@
 #include "layers/spec.h"
 
-#include <cmath>
-#include <limits>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -14,28 +15,15 @@
 #include "layers/linear.h"
 #include "layers/multihead_attention_spec.h"
 #include "layers/normalization.h"
+#include "layers/spec_checks.h"
 #include "layers/transformer_layer_spec.h"
 
 namespace teserve {
 namespace layers {
 namespace {
 
-// Largest single dimension accepted; keeps every product below int64 overflow.
-constexpr int64_t kMaxDim = int64_t{1} << 24;
 // Most GEMMs one GroupedLinear may hold (each is a Linear with its own quantizers).
 constexpr int64_t kMaxGemms = 4096;
-
-absl::Status CheckSize(int64_t value, absl::string_view field) {
-  if (value <= 0 || value > kMaxDim) {
-    return InvalidField(field, absl::StrCat("a size in 1..", kMaxDim), value);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckPositiveFinite(float value, absl::string_view field) {
-  if (!std::isfinite(value) || value <= 0.0f) return InvalidField(field, "a finite value > 0", value);
-  return absl::OkStatus();
-}
 
 // Input width -> output width of one layer, after checking its arguments.
 struct LayerPlan {
@@ -43,27 +31,61 @@ struct LayerPlan {
   int64_t in_width = 0;
   int64_t out_width = 0;
   int64_t num_parameters = 0;
-  std::string in_width_field;  // the field a width mismatch names, when the kind sets it
+  std::string in_width_field;       // the field a width mismatch names
   std::string extra_outputs_field;  // set: a flag adding outputs, allowed on the last layer only
+  // Linear and GroupedLinear, checked once the layer's name is known: the GEMM
+  // dimensions (field, value) the recipe's blocks must tile, and return_bias (set: the
+  // field), allowed on the last layer only.
+  std::vector<std::pair<std::string, int64_t>> tiled_dims;
+  std::string return_bias_field;
+  std::string return_bias_expected;
 };
+
+// The flag that adds outputs (return_bias first), or "" when neither is set.
+std::string ExtraOutputsField(const std::string& f, bool return_bias, bool return_layernorm_output) {
+  if (return_bias) return absl::StrCat(f, ".return_bias");
+  if (return_layernorm_output) return absl::StrCat(f, ".return_layernorm_output");
+  return "";
+}
+
+// Linear or GroupedLinear (LinearSpec / GroupedLinearSpec `s` under the field `f`).
+template <typename Spec>
+absl::StatusOr<LayerPlan> PlanLinear(const Spec& s, const std::string& f) {
+  constexpr bool kGrouped = std::is_same_v<Spec, v1::GroupedLinearSpec>;
+  int64_t num_gemms = 1;
+  if constexpr (kGrouped) {
+    if (s.num_gemms() < 1 || s.num_gemms() > kMaxGemms) {
+      return InvalidField(absl::StrCat(f, ".num_gemms"), absl::StrCat("a count in 1..", kMaxGemms), s.num_gemms());
+    }
+    num_gemms = s.num_gemms();
+  }
+  RETURN_IF_ERROR(CheckSize(s.in_features(), absl::StrCat(f, ".in_features")));
+  RETURN_IF_ERROR(CheckSize(s.out_features(), absl::StrCat(f, ".out_features")));
+  RETURN_IF_ERROR(CheckInitStd(s.has_init_std(), s.init_std(), absl::StrCat(f, ".init_std")));
+  LayerPlan plan;
+  plan.in_width = s.in_features();
+  plan.out_width = s.out_features();
+  plan.num_parameters =
+      num_gemms * (s.in_features() * s.out_features() + (s.has_bias() && !s.bias() ? 0 : s.out_features()));
+  plan.in_width_field = absl::StrCat(f, ".in_features");
+  plan.tiled_dims = {{absl::StrCat(f, ".in_features"), s.in_features()},
+                     {absl::StrCat(f, ".out_features"), s.out_features()}};
+  if (s.return_bias()) {
+    plan.return_bias_field = absl::StrCat(f, ".return_bias");
+    plan.return_bias_expected = absl::StrCat("false (only the last layer of a stack may return ",
+                                             kGrouped ? "its biases" : "its bias", ")");
+  }
+  return plan;
+}
 
 absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_view field,
                                     const recipes::Recipe& recipe) {
   LayerPlan plan;
   switch (layer.kind_case()) {
-    case v1::LayerSpec::kLinear: {
-      const v1::LinearSpec& s = layer.linear();
-      const std::string f = absl::StrCat(field, ".linear");
-      RETURN_IF_ERROR(CheckSize(s.in_features(), absl::StrCat(f, ".in_features")));
-      RETURN_IF_ERROR(CheckSize(s.out_features(), absl::StrCat(f, ".out_features")));
-      if (s.has_init_std() && (!std::isfinite(s.init_std()) || s.init_std() < 0.0f)) {
-        return InvalidField(absl::StrCat(f, ".init_std"), "a finite value >= 0", s.init_std());
-      }
-      plan.in_width = s.in_features();
-      plan.out_width = s.out_features();
-      plan.num_parameters = s.in_features() * s.out_features() + (s.has_bias() && !s.bias() ? 0 : s.out_features());
-      return plan;
-    }
+    case v1::LayerSpec::kLinear:
+      return PlanLinear(layer.linear(), absl::StrCat(field, ".linear"));
+    case v1::LayerSpec::kGroupedLinear:
+      return PlanLinear(layer.grouped_linear(), absl::StrCat(field, ".grouped_linear"));
     case v1::LayerSpec::kLayerNorm:
     case v1::LayerSpec::kRmsNorm: {
       const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
@@ -74,25 +96,8 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       RETURN_IF_ERROR(CheckSize(hidden, absl::StrCat(f, ".hidden_size")));
       if (has_eps) RETURN_IF_ERROR(CheckPositiveFinite(eps, absl::StrCat(f, ".eps")));
       plan.in_width = plan.out_width = hidden;
-      plan.num_parameters = hidden * (ln ? 2 : 1);
-      return plan;
-    }
-    case v1::LayerSpec::kGroupedLinear: {
-      const v1::GroupedLinearSpec& s = layer.grouped_linear();
-      const std::string f = absl::StrCat(field, ".grouped_linear");
-      if (s.num_gemms() < 1 || s.num_gemms() > kMaxGemms) {
-        return InvalidField(absl::StrCat(f, ".num_gemms"), absl::StrCat("a count in 1..", kMaxGemms), s.num_gemms());
-      }
-      RETURN_IF_ERROR(CheckSize(s.in_features(), absl::StrCat(f, ".in_features")));
-      RETURN_IF_ERROR(CheckSize(s.out_features(), absl::StrCat(f, ".out_features")));
-      if (s.has_init_std() && (!std::isfinite(s.init_std()) || s.init_std() < 0.0f)) {
-        return InvalidField(absl::StrCat(f, ".init_std"), "a finite value >= 0", s.init_std());
-      }
-      plan.in_width = s.in_features();
-      plan.out_width = s.out_features();
-      plan.num_parameters =
-          s.num_gemms() * (s.in_features() * s.out_features() + (s.has_bias() && !s.bias() ? 0 : s.out_features()));
-      plan.in_width_field = absl::StrCat(f, ".in_features");
+      plan.num_parameters = NormParameterCount(ln ? NormKind::kLayerNorm : NormKind::kRmsNorm, hidden);
+      plan.in_width_field = absl::StrCat(f, ".hidden_size");
       return plan;
     }
     case v1::LayerSpec::kDotProductAttention: {
@@ -111,9 +116,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.out_width = o.out_features;
       plan.num_parameters = ParameterCount(o);
       plan.in_width_field = absl::StrCat(f, ".in_features");
-      if (o.return_bias || o.return_layernorm_output) {
-        plan.extra_outputs_field = absl::StrCat(f, o.return_bias ? ".return_bias" : ".return_layernorm_output");
-      }
+      plan.extra_outputs_field = ExtraOutputsField(f, o.return_bias, o.return_layernorm_output);
       return plan;
     }
     case v1::LayerSpec::kLayerNormMlp: {
@@ -122,9 +125,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.in_width = plan.out_width = o.hidden_size;
       plan.num_parameters = ParameterCount(o);
       plan.in_width_field = absl::StrCat(f, ".hidden_size");
-      if (o.return_bias || o.return_layernorm_output) {
-        plan.extra_outputs_field = absl::StrCat(f, o.return_bias ? ".return_bias" : ".return_layernorm_output");
-      }
+      plan.extra_outputs_field = ExtraOutputsField(f, o.return_bias, o.return_layernorm_output);
       return plan;
     }
     case v1::LayerSpec::kMultiheadAttention: {
@@ -134,11 +135,10 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
       plan.in_width = plan.out_width = o.hidden_size;
       plan.num_parameters = ParameterCount(o);
       plan.in_width_field = absl::StrCat(f, ".hidden_size");
-      if (o.bias && o.return_bias) {
-        plan.extra_outputs_field = absl::StrCat(f, ".return_bias");
-      } else if (o.input_layernorm && o.return_layernorm_output) {
-        plan.extra_outputs_field = absl::StrCat(f, ".return_layernorm_output");
-      }
+      // The layer ignores return_bias without a bias and return_layernorm_output without
+      // input_layernorm.
+      plan.extra_outputs_field = ExtraOutputsField(f, o.bias && o.return_bias,
+                                                   o.input_layernorm && o.return_layernorm_output);
       return plan;
     }
     case v1::LayerSpec::kTransformerLayer: {
@@ -158,78 +158,73 @@ absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_vie
                       "no layer kind set");
 }
 
+// Options fields LinearSpec and GroupedLinearSpec share.
+template <typename Spec, typename Options>
+Options LinearOptionsFromSpec(const Spec& s, Options o) {
+  o.in_features = s.in_features();
+  o.out_features = s.out_features();
+  o.bias = s.has_bias() ? s.bias() : true;
+  o.return_bias = s.return_bias();
+  if (s.has_init_std()) o.init_std = s.init_std();
+  return o;
+}
+
+// A layer from options its spec parser returned (already checked by PlanLayer), with
+// the layer's seed.
+template <typename Layer, typename Options>
+absl::StatusOr<std::unique_ptr<Module>> CreateSeeded(absl::StatusOr<Options> options, const std::string& name,
+                                                     uint64_t seed, const recipes::Recipe& recipe) {
+  RETURN_IF_ERROR(options.status());
+  options->seed = seed;
+  return Layer::Create(name, *options, recipe);
+}
+
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
-  if (layer.kind_case() == v1::LayerSpec::kLayerNormLinear) {
-    ASSIGN_OR_RETURN(LayerNormLinearOptions options,
-                     LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<LayerNormLinear> fused, LayerNormLinear::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(fused));
+  switch (layer.kind_case()) {
+    case v1::LayerSpec::kLinear:
+      return CreateSeeded<Linear, LinearOptions>(LinearOptionsFromSpec(layer.linear(), LinearOptions()), name, seed,
+                                                 recipe);
+    case v1::LayerSpec::kGroupedLinear: {
+      GroupedLinearOptions options = LinearOptionsFromSpec(layer.grouped_linear(), GroupedLinearOptions());
+      options.num_gemms = layer.grouped_linear().num_gemms();
+      return CreateSeeded<GroupedLinear, GroupedLinearOptions>(options, name, seed, recipe);
+    }
+    case v1::LayerSpec::kLayerNormLinear:
+      return CreateSeeded<LayerNormLinear>(
+          LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"), name, seed, recipe);
+    case v1::LayerSpec::kLayerNormMlp:
+      return CreateSeeded<LayerNormMLP>(LayerNormMLPOptionsFromSpec(layer.layer_norm_mlp(), recipe, "layer_norm_mlp"),
+                                        name, seed, recipe);
+    case v1::LayerSpec::kMultiheadAttention:
+      return CreateSeeded<MultiheadAttention>(
+          MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"), name, seed,
+          recipe);
+    case v1::LayerSpec::kTransformerLayer:
+      return CreateSeeded<TransformerLayer>(
+          TransformerLayerOptionsFromSpec(layer.transformer_layer(), recipe, "transformer_layer"), name, seed, recipe);
+    case v1::LayerSpec::kDotProductAttention: {
+      ASSIGN_OR_RETURN(DotProductAttentionOptions options,
+                       DotProductAttentionOptionsFromSpec(layer.dot_product_attention(), "dot_product_attention"));
+      options.seed = seed;
+      return DotProductAttention::Create(name, options);
+    }
+    case v1::LayerSpec::kLayerNorm:
+    case v1::LayerSpec::kRmsNorm: {
+      const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
+      NormOptions options;
+      options.kind = ln ? NormKind::kLayerNorm : NormKind::kRmsNorm;
+      options.hidden_size = ln ? layer.layer_norm().hidden_size() : layer.rms_norm().hidden_size();
+      const bool has_eps = ln ? layer.layer_norm().has_eps() : layer.rms_norm().has_eps();
+      if (has_eps) options.eps = ln ? layer.layer_norm().eps() : layer.rms_norm().eps();
+      options.zero_centered_gamma =
+          ln ? layer.layer_norm().zero_centered_gamma() : layer.rms_norm().zero_centered_gamma();
+      return Normalization::Create(name, options);
+    }
+    case v1::LayerSpec::KIND_NOT_SET:
+      break;
   }
-  if (layer.kind_case() == v1::LayerSpec::kLayerNormMlp) {
-    ASSIGN_OR_RETURN(LayerNormMLPOptions options,
-                     LayerNormMLPOptionsFromSpec(layer.layer_norm_mlp(), recipe, "layer_norm_mlp"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<LayerNormMLP> mlp, LayerNormMLP::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(mlp));
-  }
-  if (layer.kind_case() == v1::LayerSpec::kMultiheadAttention) {
-    ASSIGN_OR_RETURN(MultiheadAttentionOptions options,
-                     MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<MultiheadAttention> attention, MultiheadAttention::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(attention));
-  }
-  if (layer.kind_case() == v1::LayerSpec::kTransformerLayer) {
-    ASSIGN_OR_RETURN(TransformerLayerOptions options,
-                     TransformerLayerOptionsFromSpec(layer.transformer_layer(), recipe, "transformer_layer"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<TransformerLayer> block, TransformerLayer::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(block));
-  }
-  if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
-    ASSIGN_OR_RETURN(DotProductAttentionOptions options,
-                     DotProductAttentionOptionsFromSpec(layer.dot_product_attention(), "dot_product_attention"));
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<DotProductAttention> attention, DotProductAttention::Create(name, options));
-    return std::unique_ptr<Module>(std::move(attention));
-  }
-  if (layer.kind_case() == v1::LayerSpec::kGroupedLinear) {
-    const v1::GroupedLinearSpec& s = layer.grouped_linear();
-    GroupedLinearOptions options;
-    options.num_gemms = s.num_gemms();
-    options.in_features = s.in_features();
-    options.out_features = s.out_features();
-    options.bias = s.has_bias() ? s.bias() : true;
-    options.return_bias = s.return_bias();
-    if (s.has_init_std()) options.init_std = s.init_std();
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<GroupedLinear> grouped, GroupedLinear::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(grouped));
-  }
-  if (layer.kind_case() == v1::LayerSpec::kLinear) {
-    const v1::LinearSpec& s = layer.linear();
-    LinearOptions options;
-    options.in_features = s.in_features();
-    options.out_features = s.out_features();
-    options.bias = s.has_bias() ? s.bias() : true;
-    options.return_bias = s.return_bias();
-    if (s.has_init_std()) options.init_std = s.init_std();
-    options.seed = seed;
-    ASSIGN_OR_RETURN(std::unique_ptr<Linear> linear, Linear::Create(name, options, recipe));
-    return std::unique_ptr<Module>(std::move(linear));
-  }
-  const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
-  NormOptions options;
-  options.kind = ln ? NormKind::kLayerNorm : NormKind::kRmsNorm;
-  options.hidden_size = ln ? layer.layer_norm().hidden_size() : layer.rms_norm().hidden_size();
-  const bool has_eps = ln ? layer.layer_norm().has_eps() : layer.rms_norm().has_eps();
-  if (has_eps) options.eps = ln ? layer.layer_norm().eps() : layer.rms_norm().eps();
-  options.zero_centered_gamma =
-      ln ? layer.layer_norm().zero_centered_gamma() : layer.rms_norm().zero_centered_gamma();
-  ASSIGN_OR_RETURN(std::unique_ptr<Normalization> norm, Normalization::Create(name, options));
-  return std::unique_ptr<Module>(std::move(norm));
+  return absl::InternalError(absl::StrCat("layer '", name, "': no layer kind set after planning"));
 }
 
 }  // namespace
@@ -249,29 +244,7 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
       return InvalidField(absl::StrCat(field, ".name"), "a name unique within the model",
                           absl::StrCat("'", plan.name, "' again"));
     }
-    if (layer.kind_case() == v1::LayerSpec::kLinear && recipe.block_multiple() > 1) {
-      const int64_t multiple = recipe.block_multiple();
-      for (const auto& [dim, value] : {std::pair<const char*, int64_t>{"in_features", layer.linear().in_features()},
-                                       {"out_features", layer.linear().out_features()}}) {
-        if (value % multiple != 0) {
-          return InvalidField(absl::StrCat(field, ".linear.", dim),
-                              absl::StrCat("a multiple of ", multiple, " (", recipe.name(), " blocks must tile it)"),
-                              value);
-        }
-      }
-    }
-    if (layer.kind_case() == v1::LayerSpec::kGroupedLinear && recipe.block_multiple() > 1) {
-      const int64_t multiple = recipe.block_multiple();
-      for (const auto& [dim, value] :
-           {std::pair<const char*, int64_t>{"in_features", layer.grouped_linear().in_features()},
-            {"out_features", layer.grouped_linear().out_features()}}) {
-        if (value % multiple != 0) {
-          return InvalidField(absl::StrCat(field, ".grouped_linear.", dim),
-                              absl::StrCat("a multiple of ", multiple, " (", recipe.name(), " blocks must tile it)"),
-                              value);
-        }
-      }
-    }
+    for (const auto& [dim_field, value] : plan.tiled_dims) RETURN_IF_ERROR(CheckTiles(value, recipe, dim_field));
     if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {
       RETURN_IF_ERROR(CheckDotProductAttentionPlace(layer.dot_product_attention(), i, spec.layers_size(), field));
     }
@@ -280,26 +253,13 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
                           "true");
     }
     if (!plans.empty() && plan.in_width != plans.back().out_width) {
-      const std::string width_field = !plan.in_width_field.empty() ? plan.in_width_field
-                                      : layer.kind_case() == v1::LayerSpec::kLinear
-                                          ? absl::StrCat(field, ".linear.in_features")
-                                          : absl::StrCat(field, layer.kind_case() == v1::LayerSpec::kLayerNorm
-                                                                    ? ".layer_norm.hidden_size"
-                                                                    : ".rms_norm.hidden_size");
-      return InvalidField(width_field,
+      return InvalidField(plan.in_width_field,
                           absl::StrCat(plans.back().out_width, " (the output width of layer '",
                                        plans.back().name, "')"),
                           plan.in_width);
     }
-    if (layer.kind_case() == v1::LayerSpec::kGroupedLinear && layer.grouped_linear().return_bias() &&
-        i + 1 != spec.layers_size()) {
-      return InvalidField(absl::StrCat(field, ".grouped_linear.return_bias"),
-                          "false (only the last layer of a stack may return its biases)", "true");
-    }
-    if (layer.kind_case() == v1::LayerSpec::kLinear && layer.linear().return_bias() &&
-        i + 1 != spec.layers_size()) {
-      return InvalidField(absl::StrCat(field, ".linear.return_bias"),
-                          "false (only the last layer of a stack may return its bias)", "true");
+    if (!plan.return_bias_field.empty() && i + 1 != spec.layers_size()) {
+      return InvalidField(plan.return_bias_field, plan.return_bias_expected, "true");
     }
     total_parameters += plan.num_parameters;
     if (total_parameters > kMaxModelParameters) {

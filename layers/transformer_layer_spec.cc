@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "layers/layernorm_spec.h"
 #include "layers/multihead_attention_spec.h"
+#include "layers/spec_checks.h"
 
 namespace teserve {
 namespace layers {
@@ -135,8 +136,7 @@ int64_t ParameterCount(const TransformerLayerOptions& options) {
     count += ParameterCount(ca);
   }
   if (options.output_layernorm) {
-    const int64_t h = options.mlp.hidden_size;
-    count += options.mlp.normalization == NormKind::kLayerNorm ? 2 * h : h;
+    count += NormParameterCount(options.mlp.normalization, options.mlp.hidden_size);
   }
   return count;
 }
