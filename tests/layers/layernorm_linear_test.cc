@@ -19,6 +19,7 @@
 #include "layers/normalization.h"
 #include "layers/spec.h"
 #include "tests/layers/grad_check.h"
+#include "tests/layers/layer_test_util.h"
 #include "tests/layers/recipe_reference.h"
 
 namespace teserve {
@@ -30,26 +31,17 @@ using recipes::TensorRole;
 using testing::HasSubstr;
 using testing_util::At;
 using testing_util::CheckGradients;
+using testing_util::EndRegion;
 using testing_util::ExpectClose;
+using testing_util::ExpectSameQuantizerState;
 using testing_util::MakeRecipe;
 using testing_util::MatMul;
+using testing_util::ParameterNames;
 using testing_util::QuantizedReference;
+using testing_util::RandomizeParameters;
 using testing_util::RandomTensor;
+using testing_util::RecipeCase;
 using testing_util::Tolerance;
-
-// Non-trivial norm weights and biases (zero-centered gamma starts at 0, beta and the
-// bias at 0), so the checks exercise every parameter.
-void RandomizeParameters(Module& module, uint64_t seed) {
-  for (Parameter* p : module.Parameters()) {
-    if (p->value.rank() == 1) FillNormal(seed++, 0.3f, p->value.mutable_floats());
-  }
-}
-
-std::vector<std::string> Names(Module& module) {
-  std::vector<std::string> names;
-  for (Parameter* p : module.Parameters()) names.push_back(p->name);
-  return names;
-}
 
 // ---- Finite differences per option family -------------------------------------------------
 
@@ -128,47 +120,6 @@ INSTANTIATE_TEST_SUITE_P(OptionFamilies, LayerNormLinearGradTest, testing::Value
                          [](const testing::TestParamInfo<GradCase>& info) { return info.param.name; });
 
 // ---- Composition and recipes --------------------------------------------------------------
-
-struct RecipeCase {
-  std::string name;
-  recipes::Recipe recipe;
-  Tolerance te;  // TE's module tolerance for the format
-};
-
-void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
-
-std::vector<RecipeCase> RecipeCases() {
-  recipes::Recipe calibrating = MakeRecipe(recipes::DelayedScalingConfig());
-  calibrating.calibrating = true;
-  return {
-      {"none", recipes::Recipe(), {1e-5, 1e-5}},
-      {"delayed", MakeRecipe(recipes::DelayedScalingConfig()), testing_util::kE4M3},
-      {"current", MakeRecipe(recipes::CurrentScalingConfig()), testing_util::kE4M3},
-      {"mxfp8", MakeRecipe(recipes::Mxfp8Config()), testing_util::kE4M3},
-      {"block", MakeRecipe(recipes::BlockScalingConfig()), testing_util::kE4M3},
-      {"nvfp4", MakeRecipe(testing_util::Nvfp4(true, true, true)), testing_util::kE2M1},
-      {"delayed_calibrating", calibrating, {1e-5, 1e-5}},
-  };
-}
-
-// Ends a forward or backward region the way the session does.
-void EndRegion(Module& module, bool forward) {
-  for (const NamedQuantizer& q : module.Quantizers()) {
-    if (recipes::IsForwardRole(q.quantizer->role()) == forward) q.quantizer->EndRegion();
-  }
-}
-
-void ExpectSameQuantizerState(Module& a, Module& b) {
-  std::vector<NamedQuantizer> qa = a.Quantizers(), qb = b.Quantizers();
-  ASSERT_EQ(qa.size(), qb.size());
-  for (size_t i = 0; i < qa.size(); ++i) {
-    const recipes::QuantizerSnapshot sa = qa[i].quantizer->Snapshot(), sb = qb[i].quantizer->Snapshot();
-    EXPECT_EQ(sa.amax, sb.amax) << i;
-    EXPECT_EQ(sa.scale, sb.scale) << i;
-    EXPECT_EQ(sa.quantize_calls, sb.quantize_calls) << i;
-    EXPECT_EQ(sa.amax_history, sb.amax_history) << i;
-  }
-}
 
 class LayerNormLinearRecipeTest : public testing::TestWithParam<RecipeCase> {};
 
@@ -276,20 +227,20 @@ TEST_P(LayerNormLinearRecipeTest, MatchesFp64ReferenceOnDequantizedOperands) {
   ExpectClose(dx[0], dx_ref, {1e-4, 1e-5}, "dx");
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, LayerNormLinearRecipeTest, testing::ValuesIn(RecipeCases()),
+INSTANTIATE_TEST_SUITE_P(Recipes, LayerNormLinearRecipeTest, testing::ValuesIn(testing_util::EveryRecipe()),
                          [](const testing::TestParamInfo<RecipeCase>& info) { return info.param.name; });
 
 // ---- Parameters and shapes ----------------------------------------------------------------
 
 TEST(LayerNormLinear, ParameterNamesFollowTe) {
   auto ln = LayerNormLinear::Create("qkv", Options(8, 4), recipes::Recipe()).value();
-  EXPECT_THAT(Names(*ln), testing::ElementsAre("qkv.layer_norm_weight", "qkv.layer_norm_bias", "qkv.weight",
-                                               "qkv.bias"));
+  EXPECT_THAT(ParameterNames(*ln),
+              testing::ElementsAre("qkv.layer_norm_weight", "qkv.layer_norm_bias", "qkv.weight", "qkv.bias"));
   LayerNormLinearOptions o = Options(8, 4);
   o.normalization = NormKind::kRmsNorm;
   o.bias = false;
   auto rms = LayerNormLinear::Create("qkv", o, recipes::Recipe()).value();
-  EXPECT_THAT(Names(*rms), testing::ElementsAre("qkv.layer_norm_weight", "qkv.weight"));
+  EXPECT_THAT(ParameterNames(*rms), testing::ElementsAre("qkv.layer_norm_weight", "qkv.weight"));
   EXPECT_EQ(ln->Quantizers().size(), 0u);
   auto quantized = LayerNormLinear::Create("qkv", Options(8, 4), MakeRecipe(recipes::DelayedScalingConfig())).value();
   ASSERT_EQ(quantized->Quantizers().size(), 3u);
@@ -318,7 +269,7 @@ TEST(LayerNormLinear, ParametersSplitBlocksAreRowsOfOneWeight) {
   auto whole = LayerNormLinear::Create("attn", o, recipes::Recipe()).value();
   o.parameters_split = {{"query_", 4}, {"key", 3}, {"value__", 1}};
   auto split = LayerNormLinear::Create("attn", o, recipes::Recipe()).value();
-  EXPECT_THAT(Names(*split),
+  EXPECT_THAT(ParameterNames(*split),
               testing::ElementsAre("attn.layer_norm_weight", "attn.layer_norm_bias", "attn.query_weight",
                                    "attn.key_weight", "attn.value_weight", "attn.query_bias", "attn.key_bias",
                                    "attn.value_bias"));
@@ -405,32 +356,23 @@ TEST(LayerNormLinearSpec, BuildsTheLayerWithTeDefaults) {
   ASSERT_TRUE(stack.ok()) << stack.status();
   Module& layer = *(*stack)->modules()[0];
   EXPECT_EQ(layer.kind(), "LayerNormLinear");
-  EXPECT_THAT(Names(layer), testing::ElementsAre("qkv.layer_norm_weight", "qkv.query_weight", "qkv.key_weight",
-                                                 "qkv.value_weight", "qkv.query_bias", "qkv.key_bias",
-                                                 "qkv.value_bias"));
+  EXPECT_THAT(ParameterNames(layer),
+              testing::ElementsAre("qkv.layer_norm_weight", "qkv.query_weight", "qkv.key_weight", "qkv.value_weight",
+                                   "qkv.query_bias", "qkv.key_bias", "qkv.value_bias"));
   EXPECT_EQ(layer.Parameters()[1]->value.shape(), (Shape{32, 64}));
   auto y = (*stack)->Forward(Context(), {RandomTensor({4, 64}, 1)}, ForwardOptions());
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_EQ(y->outputs[0].shape(), (Shape{4, 32}));
 }
 
-struct BadSpec {
-  std::string name;
-  std::function<void(v1::LayerNormLinearSpec*)> mutate;
-  std::string message;
-  recipes::Recipe recipe = recipes::Recipe();
-};
-
-void PrintTo(const BadSpec& c, std::ostream* os) { *os << c.name; }
+using BadSpec = testing_util::BadLayerSpec<v1::LayerNormLinearSpec>;
 
 class LayerNormLinearSpecErrors : public testing::TestWithParam<BadSpec> {};
 
 TEST_P(LayerNormLinearSpecErrors, NameTheField) {
   v1::ModelSpec spec = LayerNormLinearModel();
   GetParam().mutate(spec.mutable_layers(0)->mutable_layer_norm_linear());
-  auto stack = BuildStack(spec, GetParam().recipe);
-  EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(stack.status().message()), HasSubstr(GetParam().message));
+  testing_util::ExpectSpecError(spec, GetParam().recipe, GetParam().message);
 }
 
 const char kF[] = "model.layers[0].layer_norm_linear.";

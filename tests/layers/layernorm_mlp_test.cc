@@ -22,6 +22,7 @@
 #include "layers/normalization.h"
 #include "layers/spec.h"
 #include "tests/layers/grad_check.h"
+#include "tests/layers/layer_test_util.h"
 #include "tests/layers/recipe_reference.h"
 
 namespace teserve {
@@ -35,11 +36,16 @@ using testing::ElementsAre;
 using testing::HasSubstr;
 using testing_util::At;
 using testing_util::CheckGradients;
+using testing_util::EndRegion;
 using testing_util::ExpectClose;
+using testing_util::ExpectSameQuantizerState;
 using testing_util::MakeRecipe;
 using testing_util::MatMul;
+using testing_util::ParameterNames;
 using testing_util::QuantizedReference;
+using testing_util::RandomizeParameters;
 using testing_util::RandomTensor;
+using testing_util::RecipeCase;
 using testing_util::Tolerance;
 
 constexpr Activation kAllActivations[] = {
@@ -56,38 +62,6 @@ LayerNormMLPOptions Options(int64_t hidden, int64_t ffn, Activation activation) 
   o.init_std = 0.5f;
   o.seed = 3;
   return o;
-}
-
-// Non-trivial norm weights and biases, so every parameter matters.
-void RandomizeParameters(Module& module, uint64_t seed) {
-  for (Parameter* p : module.Parameters()) {
-    if (p->value.rank() == 1) FillNormal(seed++, 0.3f, p->value.mutable_floats());
-  }
-}
-
-std::vector<std::string> Names(Module& module) {
-  std::vector<std::string> names;
-  for (Parameter* p : module.Parameters()) names.push_back(p->name);
-  return names;
-}
-
-void EndRegion(Module& module, bool forward) {
-  for (const NamedQuantizer& q : module.Quantizers()) {
-    if (recipes::IsForwardRole(q.quantizer->role()) == forward) q.quantizer->EndRegion();
-  }
-}
-
-void ExpectSameQuantizerState(Module& a, Module& b) {
-  std::vector<NamedQuantizer> qa = a.Quantizers(), qb = b.Quantizers();
-  ASSERT_EQ(qa.size(), qb.size());
-  for (size_t i = 0; i < qa.size(); ++i) {
-    const recipes::QuantizerSnapshot sa = qa[i].quantizer->Snapshot(), sb = qb[i].quantizer->Snapshot();
-    EXPECT_EQ(qa[i].layer, qb[i].layer);
-    EXPECT_EQ(sa.amax, sb.amax) << qa[i].layer << " " << i;
-    EXPECT_EQ(sa.scale, sb.scale) << qa[i].layer << " " << i;
-    EXPECT_EQ(sa.quantize_calls, sb.quantize_calls) << qa[i].layer << " " << i;
-    EXPECT_EQ(sa.amax_history, sb.amax_history) << qa[i].layer << " " << i;
-  }
 }
 
 // ---- Finite differences ---------------------------------------------------------------------
@@ -144,28 +118,6 @@ INSTANTIATE_TEST_SUITE_P(ActivationsAndOptions, LayerNormMLPGradTest, testing::V
                          [](const testing::TestParamInfo<GradCase>& info) { return info.param.name; });
 
 // ---- Recipes ----------------------------------------------------------------------------
-
-struct RecipeCase {
-  std::string name;
-  recipes::Recipe recipe;
-  Tolerance te;  // TE's module tolerance for the format
-};
-
-void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
-
-std::vector<RecipeCase> RecipeCases() {
-  recipes::Recipe calibrating = MakeRecipe(recipes::DelayedScalingConfig());
-  calibrating.calibrating = true;
-  return {
-      {"none", recipes::Recipe(), {1e-5, 1e-5}},
-      {"delayed", MakeRecipe(recipes::DelayedScalingConfig()), testing_util::kE4M3},
-      {"current", MakeRecipe(recipes::CurrentScalingConfig()), testing_util::kE4M3},
-      {"mxfp8", MakeRecipe(recipes::Mxfp8Config()), testing_util::kE4M3},
-      {"block", MakeRecipe(recipes::BlockScalingConfig()), testing_util::kE4M3},
-      {"nvfp4", MakeRecipe(testing_util::Nvfp4(true, true, true)), testing_util::kE2M1},
-      {"delayed_calibrating", calibrating, {1e-5, 1e-5}},
-  };
-}
 
 class LayerNormMLPRecipeTest : public testing::TestWithParam<RecipeCase> {};
 
@@ -224,15 +176,9 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
       EXPECT_TRUE(BitwiseEqual(m_dx[0], n_dx[0]));
       for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(BitwiseEqual(whole[i]->grad, parts[i]->grad)) << i;
 
-      std::vector<NamedQuantizer> mq = mlp->Quantizers();
       std::vector<NamedQuantizer> pq = fc1->Quantizers();
       for (const NamedQuantizer& q : fc2->Quantizers()) pq.push_back(q);
-      ASSERT_EQ(mq.size(), pq.size());
-      for (size_t i = 0; i < mq.size(); ++i) {
-        EXPECT_EQ(mq[i].layer, pq[i].layer);
-        EXPECT_EQ(mq[i].quantizer->Snapshot().amax_history, pq[i].quantizer->Snapshot().amax_history);
-        EXPECT_EQ(mq[i].quantizer->Snapshot().scale, pq[i].quantizer->Snapshot().scale);
-      }
+      ExpectSameQuantizerState(mlp->Quantizers(), pq);
     }
   }
 }
@@ -372,7 +318,7 @@ TEST_P(LayerNormMLPRecipeTest, MatchesFp64ReferenceOnDequantizedOperands) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, LayerNormMLPRecipeTest, testing::ValuesIn(RecipeCases()),
+INSTANTIATE_TEST_SUITE_P(Recipes, LayerNormMLPRecipeTest, testing::ValuesIn(testing_util::EveryRecipe()),
                          [](const testing::TestParamInfo<RecipeCase>& info) { return info.param.name; });
 
 // ---- Parameters, quantizers and shapes -----------------------------------------------------
@@ -381,8 +327,8 @@ TEST(LayerNormMLP, ParameterAndQuantizerNamesFollowTe) {
   auto mlp = LayerNormMLP::Create("mlp", Options(32, 48, Activation::kSwiglu),
                                   MakeRecipe(recipes::DelayedScalingConfig()))
                  .value();
-  EXPECT_THAT(Names(*mlp), ElementsAre("mlp.layer_norm_weight", "mlp.layer_norm_bias", "mlp.fc1_weight",
-                                       "mlp.fc1_bias", "mlp.fc2_weight", "mlp.fc2_bias"));
+  EXPECT_THAT(ParameterNames(*mlp), ElementsAre("mlp.layer_norm_weight", "mlp.layer_norm_bias", "mlp.fc1_weight",
+                                                "mlp.fc1_bias", "mlp.fc2_weight", "mlp.fc2_bias"));
   std::vector<Parameter*> p = mlp->Parameters();
   EXPECT_EQ(p[2]->value.shape(), (Shape{96, 32}));  // gated: fc1 produces [a | b]
   EXPECT_EQ(p[4]->value.shape(), (Shape{32, 48}));
@@ -396,7 +342,7 @@ TEST(LayerNormMLP, ParameterAndQuantizerNamesFollowTe) {
   o.normalization = NormKind::kRmsNorm;
   o.bias = false;
   auto rms = LayerNormMLP::Create("ffn", o, recipes::Recipe()).value();
-  EXPECT_THAT(Names(*rms), ElementsAre("ffn.layer_norm_weight", "ffn.fc1_weight", "ffn.fc2_weight"));
+  EXPECT_THAT(ParameterNames(*rms), ElementsAre("ffn.layer_norm_weight", "ffn.fc1_weight", "ffn.fc2_weight"));
   EXPECT_EQ(rms->Parameters()[1]->value.shape(), (Shape{48, 32}));
   // fc1 and fc2 draw from different streams.
   EXPECT_NE(rms->Parameters()[1]->value.floats()[0], rms->Parameters()[2]->value.floats()[0]);
@@ -483,23 +429,14 @@ TEST(LayerNormMLPSpec, PassesEveryOption) {
   EXPECT_EQ(count, ParameterCount(o));
 }
 
-struct BadSpec {
-  std::string name;
-  std::function<void(v1::LayerNormMLPSpec*)> mutate;
-  std::string message;
-  recipes::Recipe recipe = recipes::Recipe();
-};
-
-void PrintTo(const BadSpec& c, std::ostream* os) { *os << c.name; }
+using BadSpec = testing_util::BadLayerSpec<v1::LayerNormMLPSpec>;
 
 class LayerNormMLPSpecErrors : public testing::TestWithParam<BadSpec> {};
 
 TEST_P(LayerNormMLPSpecErrors, NameTheField) {
   v1::ModelSpec spec = MlpModel();
   GetParam().mutate(spec.mutable_layers(0)->mutable_layer_norm_mlp());
-  auto stack = BuildStack(spec, GetParam().recipe);
-  EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(stack.status().message()), HasSubstr(GetParam().message));
+  testing_util::ExpectSpecError(spec, GetParam().recipe, GetParam().message);
 }
 
 const char kF[] = "model.layers[0].layer_norm_mlp.";

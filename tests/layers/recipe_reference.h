@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,31 @@ inline recipes::Nvfp4Config Nvfp4(bool rht, bool sr, bool two_d) {
   c.stochastic_rounding = sr;
   c.two_d = two_d;
   return c;
+}
+
+// One recipe of a parameterized layer test, with TE's module tolerance for its format.
+struct RecipeCase {
+  std::string name;
+  recipes::Recipe recipe;
+  Tolerance te;
+};
+
+inline void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
+
+// No recipe and delayed scaling while calibrating (high precision: 1e-5), and every
+// quantizing recipe (NVFP4 with RHT, stochastic rounding and 2D weight blocks).
+inline std::vector<RecipeCase> EveryRecipe() {
+  recipes::Recipe calibrating = MakeRecipe(recipes::DelayedScalingConfig());
+  calibrating.calibrating = true;
+  return {
+      {"none", recipes::Recipe(), {1e-5, 1e-5}},
+      {"delayed", MakeRecipe(recipes::DelayedScalingConfig()), kE4M3},
+      {"current", MakeRecipe(recipes::CurrentScalingConfig()), kE4M3},
+      {"mxfp8", MakeRecipe(recipes::Mxfp8Config()), kE4M3},
+      {"block", MakeRecipe(recipes::BlockScalingConfig()), kE4M3},
+      {"nvfp4", MakeRecipe(Nvfp4(true, true, true)), kE2M1},
+      {"delayed_calibrating", calibrating, {1e-5, 1e-5}},
+  };
 }
 
 // x^T of a 2-D FP32 tensor.

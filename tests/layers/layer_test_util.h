@@ -1,0 +1,140 @@
+// Helpers the layer tests share: parameter lookup and initialization, the session's
+// quantizer region ends and quantizer-state comparison, cu_seqlens side inputs, error
+// norms, and ModelSpec error cases checked through BuildStack.
+#ifndef TESERVE_TESTS_LAYERS_LAYER_TEST_UTIL_H_
+#define TESERVE_TESTS_LAYERS_LAYER_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "layers/init.h"
+#include "layers/module.h"
+#include "layers/spec.h"
+#include "recipes/quantizer.h"
+#include "recipes/recipe.h"
+#include "teserve/v1/model.pb.h"
+
+namespace teserve {
+namespace testing_util {
+
+// Parameter names in Parameters() order.
+inline std::vector<std::string> ParameterNames(layers::Module& m) {
+  std::vector<std::string> names;
+  for (layers::Parameter* p : m.Parameters()) names.push_back(p->name);
+  return names;
+}
+
+// The parameter called `name`; a test failure and nullptr when there is none.
+inline layers::Parameter* FindParameter(layers::Module& m, absl::string_view name) {
+  for (layers::Parameter* p : m.Parameters()) {
+    if (p->name == name) return p;
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return nullptr;
+}
+
+// Rank-1 parameters (norm weights, biases; zero-centered gamma, beta and biases start at
+// 0) replaced by N(0, 0.3^2) draws, streams seed, seed + 1, ...
+inline void RandomizeParameters(layers::Module& m, uint64_t seed) {
+  for (layers::Parameter* p : m.Parameters()) {
+    if (p->value.rank() == 1) layers::FillNormal(seed++, 0.3f, p->value.mutable_floats());
+  }
+}
+
+// N(0, 0.1^2) added to every rank-1 parameter (streams 100, 101, ...), so biases and
+// norm parameters are non-zero but stay near their initial values.
+inline void PerturbSmallParameters(layers::Module& m) {
+  uint64_t stream = 100;
+  for (layers::Parameter* p : m.Parameters()) {
+    if (p->value.rank() != 1) continue;
+    std::vector<float> delta(p->value.numel());
+    layers::FillNormal(stream++, 0.1f, absl::MakeSpan(delta));
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.mutable_floats()[i] += delta[i];
+  }
+}
+
+// Ends a forward or backward region of every quantizer of `m` the way the session does.
+inline void EndRegion(layers::Module& m, bool forward) {
+  for (const layers::NamedQuantizer& q : m.Quantizers()) {
+    if (recipes::IsForwardRole(q.quantizer->role()) == forward) q.quantizer->EndRegion();
+  }
+}
+
+// The same quantizers in order (layer names) in the same state: amax, scale, quantize
+// calls and amax history.
+inline void ExpectSameQuantizerState(const std::vector<layers::NamedQuantizer>& qa,
+                                     const std::vector<layers::NamedQuantizer>& qb) {
+  ASSERT_EQ(qa.size(), qb.size());
+  for (size_t i = 0; i < qa.size(); ++i) {
+    const recipes::QuantizerSnapshot sa = qa[i].quantizer->Snapshot(), sb = qb[i].quantizer->Snapshot();
+    EXPECT_EQ(qa[i].layer, qb[i].layer);
+    EXPECT_EQ(sa.amax, sb.amax) << qa[i].layer << " " << i;
+    EXPECT_EQ(sa.scale, sb.scale) << qa[i].layer << " " << i;
+    EXPECT_EQ(sa.quantize_calls, sb.quantize_calls) << qa[i].layer << " " << i;
+    EXPECT_EQ(sa.amax_history, sb.amax_history) << qa[i].layer << " " << i;
+  }
+}
+
+inline void ExpectSameQuantizerState(layers::Module& a, layers::Module& b) {
+  ExpectSameQuantizerState(a.Quantizers(), b.Quantizers());
+}
+
+// INT32 [n] tensor of cumulative sequence lengths (side inputs cu_seqlens_*).
+inline Tensor CuSeqlens(const std::vector<int32_t>& cu) {
+  Tensor t = Tensor::Zeros(DType::kInt32, {static_cast<int64_t>(cu.size())}).value();
+  for (size_t i = 0; i < cu.size(); ++i) t.data<int32_t>()[i] = cu[i];
+  return t;
+}
+
+// ||got - want|| / ||want|| over FP32 tensors of equal size.
+inline double RelativeError(const Tensor& got, const Tensor& want) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    num += std::pow(static_cast<double>(got.floats()[i]) - want.floats()[i], 2);
+    den += std::pow(static_cast<double>(want.floats()[i]), 2);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+inline bool AllFinite(const Tensor& t) {
+  for (float v : t.floats()) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+// A ModelSpec error case: `mutate` changes one layer's spec (type Spec) of a valid
+// model; BuildStack under `recipe` must then fail with a message containing `message`.
+template <typename Spec>
+struct BadLayerSpec {
+  std::string name;
+  std::function<void(Spec*)> mutate;
+  std::string message;
+  recipes::Recipe recipe = recipes::Recipe();
+};
+
+template <typename Spec>
+void PrintTo(const BadLayerSpec<Spec>& c, std::ostream* os) {
+  *os << c.name;
+}
+
+// BuildStack(spec, recipe) fails with INVALID_ARGUMENT whose message contains `message`.
+inline void ExpectSpecError(const v1::ModelSpec& spec, const recipes::Recipe& recipe, const std::string& message) {
+  auto stack = layers::BuildStack(spec, recipe);
+  EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(stack.status().message()), ::testing::HasSubstr(message));
+}
+
+}  // namespace testing_util
+}  // namespace teserve
+
+#endif  // TESERVE_TESTS_LAYERS_LAYER_TEST_UTIL_H_
