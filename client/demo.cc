@@ -1,5 +1,6 @@
 #include "client/demo.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -180,9 +181,14 @@ absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options) {
 
 std::string FormatQuantizationTable(const v1::QuantizationState& state) {
   bool health = false;
-  for (const v1::QuantizedTensorState& t : state.tensors()) health |= t.has_health();
+  // The layer column is as wide as the longest name ("block1.self_attention.layernorm_qkv").
+  int layer_width = 8;
+  for (const v1::QuantizedTensorState& t : state.tensors()) {
+    health |= t.has_health();
+    layer_width = std::max(layer_width, static_cast<int>(t.layer().size()));
+  }
   std::string out = absl::StrFormat(
-      "%-8s %-12s %-8s %-12s %-10s %-10s %12s %12s %12s %12s %12s %12s", "layer", "tensor",
+      "%-*s %-12s %-8s %-12s %-10s %-10s %12s %12s %12s %12s %12s %12s", layer_width, "layer", "tensor",
       "recipe", "format", "mode", "execution", "amax", "scale", "scale_inv", "bsi_min",
       "bsi_max", "bsi_mean");
   if (health) {
@@ -191,8 +197,8 @@ std::string FormatQuantizationTable(const v1::QuantizationState& state) {
   }
   out += "\n";
   for (const v1::QuantizedTensorState& t : state.tensors()) {
-    absl::StrAppendFormat(&out, "%-8s %-12s %-8s %-12s %-10s %-10s %12.6g %12.6g %12.6g",
-                          t.layer(), t.tensor(), t.recipe(), v1::DType_Name(t.format()),
+    absl::StrAppendFormat(&out, "%-*s %-12s %-8s %-12s %-10s %-10s %12.6g %12.6g %12.6g",
+                          layer_width, t.layer(), t.tensor(), t.recipe(), v1::DType_Name(t.format()),
                           t.scaling_mode(), t.execution(), t.amax(), t.scale(), t.scale_inv());
     if (t.has_block_scale_inv()) {
       absl::StrAppendFormat(&out, " %12.6g %12.6g %12.6g", t.block_scale_inv().min(),
