@@ -23,6 +23,9 @@
 #include "layers/init.h"
 #include "layers/spec.h"
 #include "tests/layers/grad_check.h"
+#include "tests/layers/layer_test_util.h"
+#include "tests/layers/recipe_reference.h"
+#include "tests/layers/side_grad_check.h"
 
 namespace teserve {
 namespace layers {
@@ -32,16 +35,19 @@ using kernels::AttnMaskType;
 using kernels::QkvFormat;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing_util::AllFinite;
+using testing_util::CheckGradientsWithSide;
+using testing_util::CuSeqlens;
+using testing_util::FindParameter;
+using testing_util::GradCheckOptions;
+using testing_util::MakeRecipe;
+using testing_util::ParameterNames;
+using testing_util::PerturbSmallParameters;
 using testing_util::RandomTensor;
-using testing_util::WeightedSum;
+using testing_util::RelativeError;
+using testing_util::SideProblem;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
-
-Tensor CuSeqlens(const std::vector<int32_t>& cu) {
-  Tensor t = Tensor::Zeros(DType::kInt32, {static_cast<int64_t>(cu.size())}).value();
-  for (size_t i = 0; i < cu.size(); ++i) t.data<int32_t>()[i] = cu[i];
-  return t;
-}
 
 // hidden 32, 4 heads of 8, 2 GQA groups; no dropout so the layer is deterministic.
 MultiheadAttentionOptions BaseOptions() {
@@ -56,95 +62,8 @@ MultiheadAttentionOptions BaseOptions() {
   return o;
 }
 
-Parameter* FindParameter(Module& m, absl::string_view name) {
-  for (Parameter* p : m.Parameters()) {
-    if (p->name == name) return p;
-  }
-  ADD_FAILURE() << "no parameter " << name;
-  return nullptr;
-}
-
-std::vector<std::string> ParameterNames(Module& m) {
-  std::vector<std::string> names;
-  for (Parameter* p : m.Parameters()) names.push_back(p->name);
-  return names;
-}
-
-// Non-zero biases and norm parameters, so the gradient checks and references use them.
-void PerturbSmallParameters(Module& m) {
-  uint64_t stream = 100;
-  for (Parameter* p : m.Parameters()) {
-    if (p->value.rank() != 1) continue;
-    std::vector<float> delta(p->value.numel());
-    FillNormal(stream++, 0.1f, absl::MakeSpan(delta));
-    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.mutable_floats()[i] += delta[i];
-  }
-}
-
 // ---------------------------------------------------------------------------------
 // Finite differences over hidden_states, encoder_output and every parameter.
-
-struct Problem {
-  Tensor x;
-  Tensor encoder_output;  // cross-attention only (shares its buffer with side)
-  SideInputs side;
-};
-
-double Loss(MultiheadAttention& m, const Problem& p, const std::vector<Tensor>& weights) {
-  ForwardOptions options;
-  options.save_for_backward = false;
-  options.side = &p.side;
-  auto out = m.Forward(Context(), {p.x}, options);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? WeightedSum(out->outputs, weights) : 0.0;
-}
-
-void CheckGradients(MultiheadAttention& m, Problem& p, double tol = 2e-3) {
-  for (Parameter* param : m.Parameters()) {
-    for (float& g : param->grad.mutable_floats()) g = 0.0f;
-  }
-  ASSERT_TRUE(m.ValidateSide(p.side, {p.x.shape()}).ok()) << m.ValidateSide(p.side, {p.x.shape()});
-  ForwardOptions options;
-  options.side = &p.side;
-  auto forward = m.Forward(Context(), {p.x}, options);
-  ASSERT_TRUE(forward.ok()) << forward.status();
-  auto shapes = m.OutputShapes({p.x.shape()}, "inputs");
-  ASSERT_TRUE(shapes.ok()) << shapes.status();
-  ASSERT_EQ(forward->outputs.size(), shapes->size());
-  std::vector<Tensor> weights;
-  for (size_t i = 0; i < forward->outputs.size(); ++i) {
-    EXPECT_EQ(forward->outputs[i].shape(), (*shapes)[i]) << "output " << i;
-    weights.push_back(RandomTensor(forward->outputs[i].shape(), 1000 + i));
-  }
-  SideGrads side_grads;
-  auto grads = m.Backward(Context(), *forward->saved, weights, &side_grads);
-  ASSERT_TRUE(grads.ok()) << grads.status();
-  ASSERT_EQ(grads->size(), 1u);
-  ASSERT_EQ((*grads)[0].shape(), p.x.shape());
-  ASSERT_EQ(side_grads.encoder_output.defined(), p.encoder_output.defined());
-
-  const float h = 1e-2f;
-  auto check = [&](absl::Span<float> values, absl::Span<const float> analytic, const std::string& what) {
-    ASSERT_EQ(values.size(), analytic.size()) << what;
-    const int64_t n = static_cast<int64_t>(values.size());
-    const int64_t stride = std::max<int64_t>(1, n / 24);
-    for (int64_t i = 0; i < n; i += stride) {
-      const float saved = values[i];
-      values[i] = saved + h;
-      const double plus = Loss(m, p, weights);
-      values[i] = saved - h;
-      const double minus = Loss(m, p, weights);
-      values[i] = saved;
-      const double numeric = (plus - minus) / (2.0 * h);
-      EXPECT_NEAR(analytic[i], numeric, tol + tol * std::fabs(numeric)) << what << "[" << i << "]";
-    }
-  };
-  check(p.x.mutable_floats(), (*grads)[0].floats(), "hidden_states");
-  if (p.encoder_output.defined()) {
-    check(p.encoder_output.mutable_floats(), side_grads.encoder_output.floats(), "encoder_output");
-  }
-  for (Parameter* param : m.Parameters()) check(param->value.mutable_floats(), param->grad.floats(), param->name);
-}
 
 struct GradCase {
   std::string name;
@@ -166,12 +85,9 @@ TEST_P(MultiheadAttentionGrad, MatchesFiniteDifferences) {
   auto m = MultiheadAttention::Create("mha", o, recipes::Recipe());
   ASSERT_TRUE(m.ok()) << m.status();
   PerturbSmallParameters(**m);
-  Problem p;
+  SideProblem p;
   p.x = RandomTensor(c.x_shape, 11);
-  if (!c.encoder_shape.empty()) {
-    p.encoder_output = RandomTensor(c.encoder_shape, 12);
-    p.side.Set("encoder_output", p.encoder_output);
-  }
+  if (!c.encoder_shape.empty()) p.SetEncoderOutput(RandomTensor(c.encoder_shape, 12));
   if (!c.cu_q.empty()) {
     p.side.Set("cu_seqlens_q", CuSeqlens(c.cu_q));
     p.side.Set("cu_seqlens_kv", CuSeqlens(c.cu_kv.empty() ? c.cu_q : c.cu_kv));
@@ -180,7 +96,9 @@ TEST_P(MultiheadAttentionGrad, MatchesFiniteDifferences) {
     p.side.Set("cu_seqlens_q_padded", CuSeqlens(c.cu_q_padded));
     p.side.Set("cu_seqlens_kv_padded", CuSeqlens(c.cu_q_padded));
   }
-  CheckGradients(**m, p);
+  GradCheckOptions options;
+  options.max_checks = 24;
+  CheckGradientsWithSide(**m, p, options);
 }
 
 auto Set(std::function<void(MultiheadAttentionOptions*)> f) { return f; }
@@ -356,6 +274,7 @@ TEST(MultiheadAttention, ForwardMatchesDoubleReference) {
   const Parameter* bp = FindParameter(*m, "mha.proj.bias");
   ASSERT_TRUE(wqkv && bqkv && wp && bp);
   const int64_t width = (H + 2 * G) * D;
+  ASSERT_EQ(wqkv->value.shape(), (Shape{width, hidden}));
   // Row of the fused weight for (part, head, channel): [G][H/G q, k, v][D].
   auto qkv_row = [&](int part, int64_t head, int64_t d) {
     const int64_t per = H / G;
@@ -722,32 +641,9 @@ struct RecipeCase {
   double rtol;  // TE's module rtol for the format (E4M3 0.125, E2M1 0.25)
 };
 
-recipes::Recipe MakeRecipe(recipes::Recipe::Config config) {
-  recipes::Recipe r;
-  r.config = config;
-  return r;
-}
-
 void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
 
 class MultiheadAttentionRecipes : public ::testing::TestWithParam<RecipeCase> {};
-
-// ||got - want|| / ||want|| over a tensor.
-double RelativeError(const Tensor& got, const Tensor& want) {
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    num += std::pow(static_cast<double>(got.floats()[i]) - want.floats()[i], 2);
-    den += std::pow(static_cast<double>(want.floats()[i]), 2);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-bool AllFinite(const Tensor& t) {
-  for (float v : t.floats()) {
-    if (!std::isfinite(v)) return false;
-  }
-  return true;
-}
 
 TEST_P(MultiheadAttentionRecipes, ForwardAndBackwardCloseToHighPrecision) {
   const RecipeCase& c = GetParam();

@@ -24,6 +24,7 @@
 #include "layers/multihead_attention_spec.h"
 #include "layers/spec.h"
 #include "layers/transformer_layer_spec.h"
+#include "tests/layers/layer_test_util.h"
 #include "tests/layers/recipe_reference.h"
 #include "tests/layers/side_grad_check.h"
 
@@ -34,16 +35,15 @@ namespace {
 using kernels::AttnMaskType;
 using kernels::QkvFormat;
 using ::testing::HasSubstr;
+using testing_util::AllFinite;
+using testing_util::CuSeqlens;
+using testing_util::FindParameter;
 using testing_util::MakeRecipe;
+using testing_util::PerturbSmallParameters;
 using testing_util::RandomTensor;
+using testing_util::RelativeError;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
-
-Tensor CuSeqlens(const std::vector<int32_t>& cu) {
-  Tensor t = Tensor::Zeros(DType::kInt32, {static_cast<int64_t>(cu.size())}).value();
-  for (size_t i = 0; i < cu.size(); ++i) t.data<int32_t>()[i] = cu[i];
-  return t;
-}
 
 // hidden 32, 4 heads of 8, ffn 64; no dropout, so the layer is deterministic.
 TransformerLayerOptions BaseOptions() {
@@ -75,25 +75,6 @@ void SetNormalization(TransformerLayerOptions* o, NormKind kind) {
   o->mlp.normalization = kind;
 }
 
-Parameter* FindParameter(Module& m, absl::string_view name) {
-  for (Parameter* p : m.Parameters()) {
-    if (p->name == name) return p;
-  }
-  ADD_FAILURE() << "no parameter " << name;
-  return nullptr;
-}
-
-// Non-zero biases and norm parameters, so the checks exercise them.
-void PerturbSmallParameters(Module& m) {
-  uint64_t stream = 100;
-  for (Parameter* p : m.Parameters()) {
-    if (p->value.rank() != 1) continue;
-    std::vector<float> delta(p->value.numel());
-    FillNormal(stream++, 0.1f, absl::MakeSpan(delta));
-    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.mutable_floats()[i] += delta[i];
-  }
-}
-
 // Copies every parameter of `to` from the parameter of the same name in `from`.
 void CopyParameters(Module& from, Module& to) {
   for (Parameter* p : to.Parameters()) {
@@ -108,13 +89,6 @@ void ZeroGrads(Module& m) {
   for (Parameter* p : m.Parameters()) {
     for (float& g : p->grad.mutable_floats()) g = 0.0f;
   }
-}
-
-bool AllFinite(const Tensor& t) {
-  for (float v : t.floats()) {
-    if (!std::isfinite(v)) return false;
-  }
-  return true;
 }
 
 // ---------------------------------------------------------------------------------
@@ -701,16 +675,6 @@ struct RecipeCase {
 
 void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
 
-// ||got - want|| / ||want||.
-double RelativeError(const Tensor& got, const Tensor& want) {
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    num += std::pow(static_cast<double>(got.floats()[i]) - want.floats()[i], 2);
-    den += std::pow(static_cast<double>(want.floats()[i]), 2);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 double Norm(const Tensor& t) {
   double sum = 0.0;
   for (float v : t.floats()) sum += static_cast<double>(v) * v;
@@ -765,21 +729,26 @@ void ExpectCloseToHighPrecision(const TransformerLayerOptions& o, const RecipeCa
   }
 }
 
+// A TE test config without dropout; init_std ~1/sqrt(hidden) keeps activations of order 1.
+TransformerLayerOptions ConfigOptions(int64_t hidden, int64_t heads, int64_t ffn, float init_std, uint64_t seed) {
+  TransformerLayerOptions o;
+  o.self_attention.hidden_size = hidden;
+  o.self_attention.num_attention_heads = heads;
+  o.self_attention.attention_dropout = 0.0f;
+  o.self_attention.init_std = o.self_attention.output_layer_init_std = init_std;
+  o.mlp.hidden_size = hidden;
+  o.mlp.ffn_hidden_size = ffn;
+  o.mlp.init_std = init_std;
+  o.hidden_dropout = 0.0f;
+  o.seed = seed;
+  return o;
+}
+
 class TransformerLayerRecipes : public ::testing::TestWithParam<RecipeCase> {};
 
 // TE's "small" config: batch 2, seq 128, 8 heads of 16 (hidden 128), ffn 512, causal.
 TEST_P(TransformerLayerRecipes, SmallConfigCloseToHighPrecision) {
-  TransformerLayerOptions o;
-  o.self_attention.hidden_size = 128;
-  o.self_attention.num_attention_heads = 8;
-  o.self_attention.attention_dropout = 0.0f;
-  o.self_attention.init_std = o.self_attention.output_layer_init_std = 0.088f;  // ~1/sqrt(hidden)
-  o.mlp.hidden_size = 128;
-  o.mlp.ffn_hidden_size = 512;
-  o.mlp.init_std = 0.088f;
-  o.hidden_dropout = 0.0f;
-  o.seed = 3;
-  ExpectCloseToHighPrecision(o, GetParam(), {128, 2, 128});
+  ExpectCloseToHighPrecision(ConfigOptions(128, 8, 512, 0.088f, 3), GetParam(), {128, 2, 128});
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, TransformerLayerRecipes,
@@ -800,17 +769,7 @@ class TransformerLayerWeirdConfig : public ::testing::TestWithParam<RecipeCase> 
 // TE's "weird" config: 3 x 37 tokens, 3 heads of 23 (hidden 69), ffn 276, under the
 // recipes whose blocks need not tile the GEMM dimensions.
 TEST_P(TransformerLayerWeirdConfig, RunsAndStaysClose) {
-  TransformerLayerOptions o;
-  o.self_attention.hidden_size = 69;
-  o.self_attention.num_attention_heads = 3;
-  o.self_attention.attention_dropout = 0.0f;
-  o.self_attention.init_std = o.self_attention.output_layer_init_std = 0.12f;  // ~1/sqrt(hidden)
-  o.mlp.hidden_size = 69;
-  o.mlp.ffn_hidden_size = 276;
-  o.mlp.init_std = 0.12f;
-  o.hidden_dropout = 0.0f;
-  o.seed = 4;
-  ExpectCloseToHighPrecision(o, GetParam(), {37, 3, 69});
+  ExpectCloseToHighPrecision(ConfigOptions(69, 3, 276, 0.12f, 4), GetParam(), {37, 3, 69});
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, TransformerLayerWeirdConfig,
