@@ -7,7 +7,9 @@
 #ifndef TESERVE_TESTS_LAYERS_GRAD_CHECK_H_
 #define TESERVE_TESTS_LAYERS_GRAD_CHECK_H_
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,27 @@ struct GradCheckOptions {
   int max_checks = 48;
 };
 
+// Perturbs up to options.max_checks elements of `values` (spread over the tensor) by
+// +-h, restoring each, and expects analytic[i] to match (loss(+h) - loss(-h)) / 2h
+// within atol + rtol |numeric|. `what` names the tensor in failure messages.
+inline void ExpectCentralDifferences(absl::Span<float> values, absl::Span<const float> analytic,
+                                     const std::string& what, const GradCheckOptions& options,
+                                     const std::function<double()>& loss) {
+  ASSERT_EQ(values.size(), analytic.size()) << what;
+  const int64_t n = static_cast<int64_t>(values.size());
+  const int64_t stride = std::max<int64_t>(1, n / options.max_checks);
+  for (int64_t i = 0; i < n; i += stride) {
+    const float saved = values[i];
+    values[i] = saved + options.h;
+    const double plus = loss();
+    values[i] = saved - options.h;
+    const double minus = loss();
+    values[i] = saved;
+    const double numeric = (plus - minus) / (2.0 * options.h);
+    EXPECT_NEAR(analytic[i], numeric, options.atol + options.rtol * std::fabs(numeric)) << what << "[" << i << "]";
+  }
+}
+
 // Compares analytic and numerical gradients of inputs[0] and every parameter.
 inline void CheckGradients(layers::Module& module, std::vector<Tensor> inputs,
                            const GradCheckOptions& options = GradCheckOptions()) {
@@ -65,26 +88,13 @@ inline void CheckGradients(layers::Module& module, std::vector<Tensor> inputs,
   auto grads = module.Backward(Context(), *forward->saved, weights);
   ASSERT_TRUE(grads.ok()) << grads.status();
 
-  auto check = [&](absl::Span<float> values, absl::Span<const float> analytic, const std::string& what) {
-    const int64_t n = static_cast<int64_t>(values.size());
-    const int64_t stride = std::max<int64_t>(1, n / options.max_checks);
-    for (int64_t i = 0; i < n; i += stride) {
-      const float saved = values[i];
-      values[i] = saved + options.h;
-      const double plus = Loss(module, inputs, weights);
-      values[i] = saved - options.h;
-      const double minus = Loss(module, inputs, weights);
-      values[i] = saved;
-      const double numeric = (plus - minus) / (2.0 * options.h);
-      EXPECT_NEAR(analytic[i], numeric, options.atol + options.rtol * std::fabs(numeric))
-          << what << "[" << i << "]";
-    }
-  };
+  auto loss = [&] { return Loss(module, inputs, weights); };
   for (size_t k = 0; k < inputs.size(); ++k) {
-    check(inputs[k].mutable_floats(), (*grads)[k].floats(), "input" + std::to_string(k));
+    ExpectCentralDifferences(inputs[k].mutable_floats(), (*grads)[k].floats(), "input" + std::to_string(k), options,
+                             loss);
   }
   for (layers::Parameter* p : module.Parameters()) {
-    check(p->value.mutable_floats(), p->grad.floats(), p->name);
+    ExpectCentralDifferences(p->value.mutable_floats(), p->grad.floats(), p->name, options, loss);
   }
 }
 

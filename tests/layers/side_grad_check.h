@@ -5,8 +5,6 @@
 #ifndef TESERVE_TESTS_LAYERS_SIDE_GRAD_CHECK_H_
 #define TESERVE_TESTS_LAYERS_SIDE_GRAD_CHECK_H_
 
-#include <algorithm>
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -68,28 +66,15 @@ inline void CheckGradientsWithSide(layers::Module& module, SideProblem& p,
   ASSERT_EQ((*grads)[0].shape(), p.x.shape());
   ASSERT_EQ(side_grads.encoder_output.defined(), p.encoder_output.defined());
 
-  auto check = [&](absl::Span<float> values, absl::Span<const float> analytic, const std::string& what) {
-    ASSERT_EQ(values.size(), analytic.size()) << what;
-    const int64_t n = static_cast<int64_t>(values.size());
-    const int64_t stride = std::max<int64_t>(1, n / options.max_checks);
-    for (int64_t i = 0; i < n; i += stride) {
-      const float saved = values[i];
-      values[i] = saved + options.h;
-      const double plus = SideLoss(module, p, weights);
-      values[i] = saved - options.h;
-      const double minus = SideLoss(module, p, weights);
-      values[i] = saved;
-      const double numeric = (plus - minus) / (2.0 * options.h);
-      EXPECT_NEAR(analytic[i], numeric, options.atol + options.rtol * std::fabs(numeric)) << what << "[" << i << "]";
-    }
-  };
-  check(p.x.mutable_floats(), (*grads)[0].floats(), "hidden_states");
+  auto loss = [&] { return SideLoss(module, p, weights); };
+  ExpectCentralDifferences(p.x.mutable_floats(), (*grads)[0].floats(), "hidden_states", options, loss);
   if (p.encoder_output.defined()) {
     ASSERT_EQ(side_grads.encoder_output.shape(), p.encoder_output.shape());
-    check(p.encoder_output.mutable_floats(), side_grads.encoder_output.floats(), "encoder_output");
+    ExpectCentralDifferences(p.encoder_output.mutable_floats(), side_grads.encoder_output.floats(), "encoder_output",
+                             options, loss);
   }
   for (layers::Parameter* param : module.Parameters()) {
-    check(param->value.mutable_floats(), param->grad.floats(), param->name);
+    ExpectCentralDifferences(param->value.mutable_floats(), param->grad.floats(), param->name, options, loss);
   }
 }
 
