@@ -54,8 +54,9 @@
 //
 // The CPU versions (kernels/cpu/nvfp4_cpu.h) are the reference; the CUDA kernels
 // (kernels/cuda/nvfp4_cuda.h) match them bit for bit (FP32 arithmetic without fused
-// multiply-add or fast-math reciprocals, the same counter-based draws). CUDA tensors in
-// a build without the CUDA backend get FAILED_PRECONDITION.
+// multiply-add or fast-math reciprocals, the same counter-based draws), except the
+// payload of a dequantized NaN. CUDA tensors in a build without the CUDA backend get
+// FAILED_PRECONDITION.
 #ifndef TESERVE_KERNELS_NVFP4_H_
 #define TESERVE_KERNELS_NVFP4_H_
 

@@ -1,7 +1,8 @@
 // CUDA MXFP8 and FP8 block scaling (kernels/cuda/block_quantize_cuda.h) against the CPU
 // reference (kernels/cpu/block_quantize_cpu.h) on the same inputs. The contract is
 // bit-exactness: codes, scale_inv (E8M0 codes or FP32 values), amax and dequantized
-// values are compared byte for byte, never with a tolerance.
+// values are compared bit for bit, never with a tolerance (a dequantized NaN only has to
+// be a NaN: its payload is the arithmetic unit's).
 //
 // Inputs (quantize_gpu_test_util.h) span 2^-24 .. 2^8 with zero runs, FP32 subnormal
 // runs, block amaxes exactly on a power-of-two boundary, FP8 rounding ties, NaN and
@@ -44,6 +45,7 @@ using kernels::Mxfp8QuantizeOptions;
 using kernels::cuda::Fp8Encoder;
 using testing::ExpectSameAmax;
 using testing::ExpectSameBytes;
+using testing::ExpectSameFloats;
 using testing::GpuContext;
 using testing::OnDevice;
 using testing::OnHost;
@@ -89,7 +91,7 @@ void ExpectSameDequantized(const QuantizedTensor& gpu, const QuantizedTensor& cp
     auto gpu_out = kernels::DequantizeBlock(GpuContext(), gpu, copy);
     ASSERT_TRUE(gpu_out.ok()) << gpu_out.status();
     EXPECT_EQ(gpu_out->device(), Device::Cuda(0));
-    ExpectSameBytes(*gpu_out, *cpu_out, "dequantized " + name);
+    ExpectSameFloats(*gpu_out, *cpu_out, "dequantized " + name);
   }
 }
 
@@ -267,9 +269,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BlockScalingGpuTest, ::testing::ValuesIn(BlockC
 
 // Launches straight into buffers poisoned with 0xA5 (the wrappers hand the kernel zeroed
 // memory, which would hide unwritten codes of zero-valued elements).
-void ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe recipe, int64_t rows, int64_t cols) {
+void ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe recipe, int64_t rows, int64_t cols,
+                                  bool bf16, bool pipelined) {
   const std::vector<float> values = QuantizeTestValues(rows * cols, 99u, /*specials=*/true);
-  ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::FromFloats(values, {rows, cols}));
+  testing::Bf16Input bf16_input;
+  Tensor host;
+  Tensor x;
+  if (bf16) {
+    testing::MakeBf16Input(values, rows, cols, &bf16_input);
+    host = bf16_input.widened;
+    x = OnDevice(bf16_input.bf16);
+  } else {
+    ASSERT_OK_AND_ASSIGN(host, Tensor::FromFloats(values, {rows, cols}));
+    x = OnDevice(host);
+  }
   QuantizedTensor cpu;
   if (recipe == kernels::cuda::BlockRecipe::kMxfp8) {
     Mxfp8QuantizeOptions o;
@@ -281,7 +294,6 @@ void ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe recipe, int64_t row
     o.two_d = recipe == kernels::cuda::BlockRecipe::kBlock2D;
     ASSERT_OK_AND_ASSIGN(cpu, kernels::cpu::QuantizeBlockScaling(Context::Cpu(), host, o));
   }
-  const Tensor x = OnDevice(host);
   auto poisoned_like = [](const Tensor& t) {
     Tensor d = OnDevice(t);
     EXPECT_EQ(cudaMemset(d.raw_data(), 0xA5, d.nbytes()), cudaSuccess);
@@ -295,9 +307,11 @@ void ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe recipe, int64_t row
   ASSERT_EQ(cudaMemset(amax.raw_data(), 0xA5, 4), cudaSuccess);
   kernels::cuda::BlockQuantizeLaunchParams p;
   p.x = x.raw_data();
+  p.type = bf16 ? kernels::cuda::SourceType::kBFloat16 : kernels::cuda::SourceType::kFloat32;
   p.rows = rows;
   p.cols = cols;
   p.recipe = recipe;
+  p.pipelined = pipelined;
   p.rowwise = row.data<uint8_t>();
   p.rowwise_scale_inv = row_scale.raw_data();
   p.columnwise = col.data<uint8_t>();
@@ -316,17 +330,26 @@ void ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe recipe, int64_t row
 
 TEST(BlockQuantizeGpu, Mxfp8LaunchWritesEveryOutputByte) {
   TESERVE_SKIP_WITHOUT_GPU();
-  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kMxfp8, 96, 160);
+  for (bool bf16 : {false, true}) {
+    for (bool pipelined : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(bf16 ? "BF16" : "FP32", pipelined ? " pipelined" : " one tile per block"));
+      ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kMxfp8, 96, 160, bf16, pipelined);
+      // More tiles than resident blocks: each persistent block walks several tiles.
+      ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kMxfp8, 4096, 2048, bf16, pipelined);
+    }
+  }
 }
 
 TEST(BlockQuantizeGpu, Block1DLaunchWritesEveryOutputByte) {
   TESERVE_SKIP_WITHOUT_GPU();
-  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kBlock1D, 257, 259);
+  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kBlock1D, 257, 259, false, true);
+  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kBlock1D, 256, 384, true, true);
 }
 
 TEST(BlockQuantizeGpu, Block2DLaunchWritesEveryOutputByte) {
   TESERVE_SKIP_WITHOUT_GPU();
-  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kBlock2D, 257, 259);
+  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kBlock2D, 257, 259, false, true);
+  ExpectLaunchWritesEverything(kernels::cuda::BlockRecipe::kBlock2D, 256, 384, true, true);
 }
 
 // ---- Dispatch, streams, layouts ----
@@ -379,7 +402,7 @@ TEST(BlockQuantizeGpu, RunsOnANonDefaultStream) {
   ASSERT_OK_AND_ASSIGN(const Tensor back, kernels::cuda::CopyToHost(ctx, dequantized));
   ASSERT_OK_AND_ASSIGN(const Tensor expected,
                        kernels::cpu::DequantizeBlock(Context::Cpu(), cpu, Copy::kColumnwise));
-  EXPECT_TRUE(BitwiseEqual(back, expected));
+  ExpectSameFloats(back, expected, "dequantized columnwise on a stream");
   ASSERT_OK_AND_ASSIGN(const Tensor expected_swizzled,
                        kernels::cpu::SwizzleMxfp8Scales(Context::Cpu(), cpu.columnwise_scale_inv));
   ExpectSameBytes(swizzled, expected_swizzled, "swizzled columnwise scales on a stream");

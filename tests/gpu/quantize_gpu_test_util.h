@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/context.h"
+#include "core/dtype.h"
 #include "core/float_codec.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -127,6 +128,35 @@ inline void ExpectSameBytes(const Tensor& gpu, const Tensor& cpu, const std::str
     ADD_FAILURE() << what << ": " << differing << " of " << cpu.nbytes()
                   << " bytes differ; first at byte " << first << " (gpu 0x" << std::hex
                   << int{a[first]} << ", cpu 0x" << int{b[first]} << ")";
+  }
+}
+
+// FP32 tensors: every element bit-identical, except that a NaN only has to be a NaN
+// (GPU arithmetic returns its canonical NaN where x86 keeps an operand's payload; no
+// contract covers NaN payloads).
+inline void ExpectSameFloats(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  const Tensor gpu_host = OnHost(gpu);
+  ASSERT_EQ(gpu_host.shape(), cpu.shape()) << what;
+  ASSERT_EQ(gpu_host.dtype(), DType::kFloat32) << what;
+  ASSERT_EQ(cpu.dtype(), DType::kFloat32) << what;
+  const float* a = gpu_host.data<float>();
+  const float* b = cpu.data<float>();
+  int64_t differing = 0;
+  int64_t first = -1;
+  int64_t nans = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    const bool both_nan = std::isnan(a[i]) && std::isnan(b[i]);
+    nans += both_nan ? 1 : 0;
+    if (!both_nan && FloatBitsOf(a[i]) != FloatBitsOf(b[i])) {
+      if (first < 0) first = i;
+      ++differing;
+    }
+  }
+  if (differing > 0) {
+    ADD_FAILURE() << what << ": " << differing << " of " << cpu.numel()
+                  << " elements differ; first at " << first << " (gpu " << a[first] << " 0x"
+                  << std::hex << FloatBitsOf(a[first]) << ", cpu " << std::dec << b[first]
+                  << " 0x" << std::hex << FloatBitsOf(b[first]) << ")";
   }
 }
 
