@@ -68,10 +68,8 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
     return cudaMemcpyAsync(copy_out, x16, n * 2, cudaMemcpyDeviceToDevice, nullptr);
   }, "cudaMemcpyAsync device to device, bytes read + written");
 
-  auto quantize = [&](BlockRecipe recipe, SourceType type, Fp8Encoder encoder, bool both,
-                      bool pipelined = true) {
+  auto quantize = [&](BlockRecipe recipe, SourceType type, Fp8Encoder encoder, bool both) {
     BlockQuantizeLaunchParams p;
-    p.pipelined = pipelined;
     p.x = type == SourceType::kFloat32 ? x32 : x16;
     p.type = type;
     p.rows = rows;
@@ -94,13 +92,10 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   const std::string fused = "one pass: amax + rowwise + transposed columnwise, E4M3";
   add("mxfp8_quantize_rowwise_columnwise_bf16", "bf16", in16 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kHardware, true),
-      fused + ", cvt encoder, persistent blocks with prefetch");
+      fused + ", cvt encoder");
   add("mxfp8_quantize_rowwise_columnwise_fp32", "fp32", in32 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kFloat32, Fp8Encoder::kHardware, true),
       fused + ", cvt encoder");
-  add("mxfp8_quantize_rowwise_columnwise_bf16_one_tile_per_block", "bf16", in16 + 2 * mx_copy,
-      quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kHardware, true, false),
-      fused + ", cvt encoder, one tile per block (no prefetch)");
   add("mxfp8_quantize_rowwise_columnwise_bf16_integer_codec", "bf16", in16 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kSoftware, true),
       fused + ", integer codec encoder");

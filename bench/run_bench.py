@@ -233,7 +233,6 @@ def _mxfp8_dequantize(rows, cols):
 TORCH_EQUIVALENTS.update({
     "mxfp8_quantize_rowwise_columnwise_bf16": _mxfp8_quantize("bf16", True),
     "mxfp8_quantize_rowwise_columnwise_fp32": _mxfp8_quantize("fp32", True),
-    "mxfp8_quantize_rowwise_columnwise_bf16_one_tile_per_block": _mxfp8_quantize("bf16", True),
     "mxfp8_quantize_rowwise_columnwise_bf16_integer_codec": _mxfp8_quantize("bf16", True),
     "mxfp8_quantize_rowwise_bf16": _mxfp8_quantize("bf16", False),
     "block1d_quantize_rowwise_columnwise_bf16": _block_quantize(False),

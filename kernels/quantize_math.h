@@ -44,20 +44,6 @@ TESERVE_HD uint8_t Mxfp8ScaleCode(float block_amax, float fp8_max) {
   return FloatToE8M0RoundUp(DivRn(block_amax, fp8_max));
 }
 
-// Mxfp8ScaleCode for the two FP8 formats' maxima, fp8_max = 1.75 * 2^k (E4M3 448: k = 8,
-// E5M2 57344: k = 15), computed from the amax bits without a division. For a normal
-// amax with biased exponent e in (k, 255), amax / fp8_max rounds to a value whose E8M0
-// round-up is e - k, plus one when the mantissa exceeds 1.75's (0x600000); the quotient
-// is never rounded onto a power of two from either side (checked for every such FP32
-// input). Zero, tiny, Inf and NaN amaxes take the division.
-TESERVE_HD uint8_t Mxfp8ScaleCodeFromBits(uint32_t amax_bits, int k, float fp8_max) {
-  const uint32_t exponent = amax_bits >> 23;
-  if (exponent > static_cast<uint32_t>(k) && exponent < 255u) {
-    return static_cast<uint8_t>(exponent - k + ((amax_bits & 0x7FFFFFu) > 0x600000u ? 1u : 0u));
-  }
-  return Mxfp8ScaleCode(BitsToFloat(amax_bits), fp8_max);
-}
-
 // 2^(127 - code), built from bits: brings the block under fp8_max. Codes 0 (factor
 // 2^127) and 254 (2^-127, an FP32 subnormal) need no special case. NaN for 0xFF, so a
 // block holding a NaN encodes entirely as NaN.

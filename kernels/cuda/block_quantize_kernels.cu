@@ -9,42 +9,35 @@
 //   overflow and Inf to +-max) and signed zeros are those of the codec; NaN codes are
 //   patched to 0x7F explicitly, and only in blocks whose amax is NaN.
 // - One pass: every element is loaded once (16 bytes per thread per row: 4 FP32 or
-//   8 BF16, kept packed and widened where used), and both copies' block amaxes, the
-//   scales, the rowwise codes and the columnwise (transposed) codes all come from
-//   registers. A thread holds kRowsPerThread consecutive rows x kVec consecutive
-//   columns, so:
+//   8 BF16), both copies' block amaxes, the scales, the rowwise codes and the columnwise
+//   (transposed) codes all come from registers. A thread holds kRowsPerThread
+//   consecutive rows x kVec consecutive columns, so:
 //     rowwise block amax    = in-thread max over kVec, then xor-shuffles across the
-//                             kBlock / kVec threads of the block (one warp row);
+//                             kBlock / kVec threads of the block;
 //     columnwise block amax = in-thread max over the rows, then xor-shuffles across the
 //                             warp's row lanes (and, for 128-row blocks, shared memory
 //                             across the 8 warps stacked down the tile);
 //     columnwise codes      = kRowsPerThread consecutive bytes of one output row, one
-//                             4-, 8- or 16-byte store per column: no shared-memory
-//                             transpose.
-// - Tiles. MXFP8: a warp owns 32 rows x 32 columns (BF16: 4 threads across, 8 row lanes
-//   of 4 rows; FP32: 8 across, 4 lanes of 8 rows), 4 warps side by side per 128-thread
-//   block. Each columnwise store instruction gives every output row it touches 32
-//   contiguous bytes (one full sector). Block scaling: a 256-thread block owns a 128x128
-//   tile (8 warps stacked down; BF16 16 threads x 2 lanes x 8 rows, FP32 32 x 1 x 16),
-//   exactly one 2D block and 128 1x128 blocks per copy.
-// - MXFP8 with the hardware encoder runs persistent blocks (as many as fit at once)
-//   that load their next tile before working on the current one: every warp keeps its
-//   16-byte loads in flight while it computes and stores, which a one-tile-per-block
-//   grid only gets from other warps. Block scaling and the other variants run one tile
-//   per block.
-// - The MXFP8 E8M0 code comes from the amax bits (Mxfp8ScaleCodeFromBits) instead of a
-//   division per block.
+//                             8- or 16-byte store per column: no shared-memory transpose.
+// - Tiles. MXFP8: a warp owns 32 rows x 8 threads (32 FP32 / 64 BF16 columns), 4 row
+//   lanes of 8 rows; 4 warps side by side per 128-thread block, no barrier besides the
+//   final amax reduction. Per columnwise store instruction each output row receives 32
+//   contiguous bytes (one full sector); per rowwise store each row 32/64 bytes.
+//   Block scaling: a 256-thread block owns a 128x128 tile (8 warps stacked down; BF16
+//   16 threads x 2 row lanes x 8 rows, FP32 32 threads x 16 rows), which is exactly one
+//   2D block and 128 1x128 blocks per copy.
 // - Vectorized variant (16-byte loads, 4/8/16-byte stores) when cols % kVec == 0,
 //   rows % kRowsPerThread == 0 and the pointers are aligned; a scalar, bounds-checked
 //   variant covers every other shape (1 row, 257x259, partial 128-blocks at the tails).
 // - amax: FP32 magnitude bits in a uint32 (integer order is value order and NaN bits
 //   exceed Inf's), warp __reduce_max_sync, shared memory across warps, one atomicMax
 //   per block.
-// Expected speed: memory bound. MXFP8 rowwise+columnwise of BF16 moves 2 B in and
-// 2 B + 1/16 B out per element: 16384x8192 is ~545 MB, ~130 us at the 4.2 TB/s copy
-// rate. Measured on H200 (one tile per block, E8M0 code by division): 238 us
-// (2.29 TB/s); the hardware encoder costs ~10 instructions per element, the integer
-// codec ~70 (1069 us, issue-bound).
+// Speed. MXFP8 rowwise+columnwise of BF16 moves 2 B in and 2 B + 1/16 B out per element:
+// 16384x8192 is ~545 MB, ~130 us at the 4.1-4.3 TB/s device copy. Measured on H200:
+// 238 us (2.29 TB/s, 54% of copy; FP32 source 2.81 TB/s), short of the 3.2 TB/s target;
+// block 1D 2.02 TB/s, 2D 2.48 TB/s; the integer codec encoder 0.51 TB/s (issue-bound).
+// A variant with packed BF16 rows, 4x8 BF16 thread tiles and persistent prefetching
+// blocks measured slower for MXFP8 (265 / 312 us) and was not kept.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -69,24 +62,20 @@ constexpr bool kScalar = false;
 constexpr bool kMxfp8Tiles = true;
 constexpr bool kBlockTiles = false;
 
-// 16 bytes of one row of x as loaded: 4 FP32 or 8 BF16 elements. Elements are widened
-// to FP32 where they are used, so a thread keeps half the registers for BF16.
-struct Raw {
-  uint32_t w[4];
-};
-
 template <SourceType kType>
 struct Source;
 
 template <>
 struct Source<SourceType::kFloat32> {
   using Element = float;
-  static constexpr int kVec = 4;
-  __device__ static float At(const Raw& r, int j) { return __uint_as_float(r.w[j]); }
-  __device__ static uint32_t BitsOf(float v) { return __float_as_uint(v); }
-  __device__ static void Pack(uint32_t (&bits)[kVec], Raw& r) {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) r.w[j] = bits[j];
+  static constexpr int kVec = 4;  // elements per 16-byte load
+  __device__ static float ToFloat(float v) { return v; }
+  __device__ static void Load(const float* p, float out[kVec]) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
   }
 };
 
@@ -94,13 +83,15 @@ template <>
 struct Source<SourceType::kBFloat16> {
   using Element = uint16_t;
   static constexpr int kVec = 8;
-  __device__ static float At(const Raw& r, int j) {
-    return __uint_as_float(j % 2 == 0 ? r.w[j / 2] << 16 : r.w[j / 2] & 0xFFFF0000u);
-  }
-  __device__ static uint32_t BitsOf(uint16_t v) { return v; }
-  __device__ static void Pack(uint32_t (&bits)[kVec], Raw& r) {
+  __device__ static float ToFloat(uint16_t v) { return Bf16ToFloat(v); }
+  __device__ static void Load(const uint16_t* p, float out[kVec]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int k = 0; k < 4; ++k) r.w[k] = bits[2 * k] | (bits[2 * k + 1] << 16);
+    for (int k = 0; k < 4; ++k) {
+      out[2 * k] = __uint_as_float(words[k] << 16);
+      out[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
+    }
   }
 };
 
@@ -110,9 +101,7 @@ template <bool kMx, SourceType kType>
 struct Tile {
   static constexpr int kVec = Source<kType>::kVec;
   static constexpr int kBlock = kMx ? 32 : 128;
-  // One row block across a warp row: MXFP8 BF16 4 threads x 8 lanes x 4 rows each, FP32
-  // 8 x 4 x 8; block scaling BF16 16 x 2 x 8, FP32 32 x 1 x 16.
-  static constexpr int kColThreads = kBlock / kVec;
+  static constexpr int kColThreads = kMx ? 8 : kBlock / kVec;
   static constexpr int kRowLanes = 32 / kColThreads;  // per warp
   static constexpr int kWarpsDown = kMx ? 1 : 8;
   static constexpr int kWarpsAcross = kMx ? 4 : 1;
@@ -134,7 +123,6 @@ struct KernelArgs {
   bool power_2_scale;
   float amax_epsilon;
   float fp8_max;
-  int fp8_max_exponent;  // fp8_max = 1.75 * 2^fp8_max_exponent
   uint8_t* rowwise;
   void* rowwise_scale_inv;
   uint8_t* columnwise;
@@ -201,23 +189,25 @@ __device__ __forceinline__ uint8_t ByteOf(const uint32_t* words, int k) {
 
 __device__ __forceinline__ bool IsNanBits(uint32_t magnitude) { return magnitude > kInfBits; }
 
-// Per-block multiplier; the stored scale_inv is the E8M0 code (MXFP8) or 1 / multiplier
-// (block scaling, computed only by the thread that stores it).
+// Per-block multiplier and what to store as the block's scale_inv.
 struct BlockScaleValue {
   float multiplier;  // 2^(127 - code) for MXFP8, the scale for block scaling
   uint8_t code;      // MXFP8 E8M0 code
+  float scale_inv;   // block scaling: 1 / scale
 };
 
 template <bool kMx>
 __device__ __forceinline__ BlockScaleValue ScaleOf(uint32_t amax_bits, const KernelArgs& a) {
+  const float amax = __uint_as_float(amax_bits);
   BlockScaleValue s;
   if (kMx) {
-    s.code = Mxfp8ScaleCodeFromBits(amax_bits, a.fp8_max_exponent, a.fp8_max);
+    s.code = Mxfp8ScaleCode(amax, a.fp8_max);
     s.multiplier = Mxfp8EncodeFactor(s.code);
+    s.scale_inv = 0.0f;
   } else {
-    s.multiplier = BlockScalingScaleOf(__uint_as_float(amax_bits), a.fp8_max, a.power_2_scale,
-                                       a.amax_epsilon);
+    s.multiplier = BlockScalingScaleOf(amax, a.fp8_max, a.power_2_scale, a.amax_epsilon);
     s.code = 0;
+    s.scale_inv = DivRn(1.0f, s.multiplier);
   }
   return s;
 }
@@ -238,93 +228,59 @@ __device__ __forceinline__ uint32_t BlockMax(uint32_t value, uint32_t* scratch) 
   return value;
 }
 
-// Where a thread's kRowsPerThread x kVec elements of tile `tile` lie.
-template <bool kMx, SourceType kType>
-struct ThreadTile {
-  using T = Tile<kMx, kType>;
-  int64_t tile_row0;
-  int64_t tile_col0;
-  int64_t row0;  // first of the thread's rows
-  int64_t col0;  // first of its columns
-  int local_col0;
-  int warp_down;
-  int col_thread;
-  int row_lane;
-
-  __device__ ThreadTile(uint32_t tile, uint32_t tiles_across) {
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    warp_down = warp / T::kWarpsAcross;
-    col_thread = lane % T::kColThreads;
-    row_lane = lane / T::kColThreads;
-    local_col0 = ((warp % T::kWarpsAcross) * T::kColThreads + col_thread) * T::kVec;
-    tile_row0 = static_cast<int64_t>(tile / tiles_across) * T::kTileRows;
-    tile_col0 = static_cast<int64_t>(tile % tiles_across) * T::kTileCols;
-    row0 = tile_row0 + (warp_down * T::kRowLanes + row_lane) * T::kRowsPerThread;
-    col0 = tile_col0 + local_col0;
-  }
-  // In the vectorized variant all rows (rows % kRowsPerThread == 0) and all columns
-  // (cols % kVec == 0) of a thread are inside x or outside together.
-  template <bool kVectorizedIo>
-  __device__ bool RowOk(int i, int64_t rows) const {
-    return kVectorizedIo ? row0 < rows : row0 + i < rows;
-  }
-  template <bool kVectorizedIo>
-  __device__ bool ColOk(int j, int64_t cols) const {
-    return kVectorizedIo ? col0 < cols : col0 + j < cols;
-  }
-};
-
-// The thread's rows of the tile (zeros outside x).
-template <bool kMx, SourceType kType, bool kVectorizedIo>
-__device__ __forceinline__ void LoadTile(const KernelArgs& a, const ThreadTile<kMx, kType>& t,
-                                         Raw (&raw)[Tile<kMx, kType>::kRowsPerThread]) {
-  using T = Tile<kMx, kType>;
-  using S = Source<kType>;
-  const typename S::Element* x = static_cast<const typename S::Element*>(a.x);
-#pragma unroll
-  for (int i = 0; i < T::kRowsPerThread; ++i) {
-    const typename S::Element* src = x + (t.row0 + i) * a.cols + t.col0;
-    if (kVectorizedIo) {
-      if (t.template RowOk<kVectorizedIo>(i, a.rows) && t.template ColOk<kVectorizedIo>(0, a.cols)) {
-        const uint4 v = *reinterpret_cast<const uint4*>(src);
-        raw[i] = Raw{{v.x, v.y, v.z, v.w}};
-      } else {
-        raw[i] = Raw{{0u, 0u, 0u, 0u}};
-      }
-    } else {
-      uint32_t bits[T::kVec];
-#pragma unroll
-      for (int j = 0; j < T::kVec; ++j) {
-        const bool inside = t.template RowOk<kVectorizedIo>(i, a.rows) &&
-                            t.template ColOk<kVectorizedIo>(j, a.cols);
-        bits[j] = inside ? S::BitsOf(src[j]) : 0u;
-      }
-      S::Pack(bits, raw[i]);
-    }
-  }
-}
-
-// Scales, codes and stores of one tile from the thread's raw rows; returns the max
-// magnitude bits of the thread's elements. Every thread of the block must call it (it
-// shuffles and, for 128-row tiles, synchronizes).
 template <bool kMx, SourceType kType, Fp8Format kFormat, Fp8Encoder kEncoder, bool kVectorizedIo>
-__device__ __forceinline__ uint32_t QuantizeTile(
-    const KernelArgs& a, const ThreadTile<kMx, kType>& t,
-    const Raw (&raw)[Tile<kMx, kType>::kRowsPerThread],
-    uint32_t (&column_amax_smem)[Tile<kMx, kType>::kWarpsDown][Tile<kMx, kType>::kTileCols]) {
+__global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
+    BlockQuantizeKernel(const KernelArgs a) {
   using T = Tile<kMx, kType>;
-  using S = Source<kType>;
+  using Element = typename Source<kType>::Element;
   constexpr int kVec = T::kVec;
   constexpr int kRows = T::kRowsPerThread;
+  __shared__ uint32_t column_amax_smem[T::kWarpsDown][T::kTileCols];
+  __shared__ uint32_t reduce_smem[T::kThreads / 32];
+
+  const Element* x = static_cast<const Element*>(a.x);
   const int64_t rows = a.rows;
   const int64_t cols = a.cols;
+  const int64_t tiles_across = (cols + T::kTileCols - 1) / T::kTileCols;
+  const int64_t tile_row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * T::kTileRows;
+  const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * T::kTileCols;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int warp_down = warp / T::kWarpsAcross;
+  const int warp_across = warp % T::kWarpsAcross;
+  const int col_thread = lane % T::kColThreads;
+  const int row_lane = lane / T::kColThreads;
+  const int local_col0 = (warp_across * T::kColThreads + col_thread) * kVec;
+  const int64_t row0 = tile_row0 + (warp_down * T::kRowLanes + row_lane) * kRows;
+  const int64_t col0 = tile_col0 + local_col0;
+
+  // Validity: in the vectorized variant all kRows rows (rows % kRows == 0) and all kVec
+  // columns (cols % kVec == 0) of a thread are inside or outside together.
   bool row_ok[kRows];
   bool col_ok[kVec];
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) row_ok[i] = t.template RowOk<kVectorizedIo>(i, rows);
+  for (int i = 0; i < kRows; ++i) row_ok[i] = kVectorizedIo ? row0 < rows : row0 + i < rows;
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) col_ok[j] = t.template ColOk<kVectorizedIo>(j, cols);
+  for (int j = 0; j < kVec; ++j) col_ok[j] = kVectorizedIo ? col0 < cols : col0 + j < cols;
+
+  float v[kRows][kVec];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const Element* src = x + (row0 + i) * cols + col0;
+    if (kVectorizedIo) {
+      if (row_ok[i] && col_ok[0]) {
+        Source<kType>::Load(src, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[i][j] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        v[i][j] = row_ok[i] && col_ok[j] ? Source<kType>::ToFloat(src[j]) : 0.0f;
+      }
+    }
+  }
 
   // Magnitude maxima: per row over the thread's columns, per column over its rows.
   uint32_t row_amax[kRows];
@@ -336,7 +292,7 @@ __device__ __forceinline__ uint32_t QuantizeTile(
     row_amax[i] = 0u;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const uint32_t m = __float_as_uint(S::At(raw[i], j)) & kMagnitudeMask;
+      const uint32_t m = __float_as_uint(v[i][j]) & kMagnitudeMask;
       row_amax[i] = max(row_amax[i], m);
       col_amax[j] = max(col_amax[j], m);
     }
@@ -359,19 +315,18 @@ __device__ __forceinline__ uint32_t QuantizeTile(
       }
     }
     if (T::kWarpsDown > 1) {
-      if (t.row_lane == 0) {
+      if (row_lane == 0) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) column_amax_smem[t.warp_down][t.local_col0 + j] = col_amax[j];
+        for (int j = 0; j < kVec; ++j) column_amax_smem[warp_down][local_col0 + j] = col_amax[j];
       }
       __syncthreads();
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         uint32_t m = 0u;
 #pragma unroll
-        for (int w = 0; w < T::kWarpsDown; ++w) m = max(m, column_amax_smem[w][t.local_col0 + j]);
+        for (int w = 0; w < T::kWarpsDown; ++w) m = max(m, column_amax_smem[w][local_col0 + j]);
         col_amax[j] = m;
       }
-      __syncthreads();  // the next tile overwrites column_amax_smem
     }
   }
 
@@ -398,37 +353,36 @@ __device__ __forceinline__ uint32_t QuantizeTile(
     }
   }
 
-  const int64_t tile_row_block = t.tile_row0 / T::kBlock;
+  const int64_t tile_row_block = tile_row0 / T::kBlock;
   if (rowwise) {
-    const bool writes_scale = two_d ? threadIdx.x == 0
-                                    : t.col_thread % T::kRowBlockThreads == 0 && col_ok[0];
+    const bool writes_scale =
+        two_d ? threadIdx.x == 0 : col_thread % T::kRowBlockThreads == 0 && col_ok[0];
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const BlockScaleValue s = ScaleOf<kMx>(row_amax[i], a);
-      const int64_t r = t.row0 + i;
+      const int64_t r = row0 + i;
       if (writes_scale && row_ok[i]) {
         if (kMx) {
-          static_cast<uint8_t*>(a.rowwise_scale_inv)[r * (cols / T::kBlock) + t.col0 / T::kBlock] =
+          static_cast<uint8_t*>(a.rowwise_scale_inv)[r * (cols / T::kBlock) + col0 / T::kBlock] =
               s.code;
         } else if (two_d) {
           if (i == 0) {
             const int64_t col_blocks = (cols + T::kBlock - 1) / T::kBlock;
             static_cast<float*>(a.rowwise_scale_inv)[tile_row_block * col_blocks +
-                                                     t.tile_col0 / T::kBlock] =
-                DivRn(1.0f, s.multiplier);
+                                                     tile_col0 / T::kBlock] = s.scale_inv;
           }
         } else {
           const int64_t col_blocks = (cols + T::kBlock - 1) / T::kBlock;
-          static_cast<float*>(a.rowwise_scale_inv)[r * col_blocks + t.col0 / T::kBlock] =
-              DivRn(1.0f, s.multiplier);
+          static_cast<float*>(a.rowwise_scale_inv)[r * col_blocks + col0 / T::kBlock] =
+              s.scale_inv;
         }
       }
       float p[kVec];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) p[j] = __fmul_rn(S::At(raw[i], j), s.multiplier);
+      for (int j = 0; j < kVec; ++j) p[j] = __fmul_rn(v[i][j], s.multiplier);
       uint32_t words[kVec / 4];
       EncodeWords<kFormat, kEncoder, kVec / 4>(p, IsNanBits(row_amax[i]), words);
-      uint8_t* dst = a.rowwise + r * cols + t.col0;
+      uint8_t* dst = a.rowwise + r * cols + col0;
       if (kVectorizedIo) {
         if (row_ok[i] && col_ok[0]) StoreWords<kVec / 4>(dst, words);
       } else {
@@ -441,17 +395,17 @@ __device__ __forceinline__ uint32_t QuantizeTile(
   }
 
   if (columnwise) {
-    const bool writes_scale = !two_d && t.warp_down == 0 && t.row_lane == 0;
+    const bool writes_scale = two_d ? false : warp_down == 0 && row_lane == 0;
     if (two_d && threadIdx.x == 0) {
       const BlockScaleValue s = ScaleOf<kMx>(col_amax[0], a);
       const int64_t row_blocks = (rows + T::kBlock - 1) / T::kBlock;
-      static_cast<float*>(a.columnwise_scale_inv)[(t.tile_col0 / T::kBlock) * row_blocks +
-                                                  tile_row_block] = DivRn(1.0f, s.multiplier);
+      static_cast<float*>(a.columnwise_scale_inv)[(tile_col0 / T::kBlock) * row_blocks +
+                                                  tile_row_block] = s.scale_inv;
     }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const BlockScaleValue s = ScaleOf<kMx>(col_amax[j], a);
-      const int64_t c = t.col0 + j;
+      const int64_t c = col0 + j;
       if (writes_scale && col_ok[j]) {
         if (kMx) {
           static_cast<uint8_t*>(a.columnwise_scale_inv)[c * (rows / T::kBlock) + tile_row_block] =
@@ -459,15 +413,15 @@ __device__ __forceinline__ uint32_t QuantizeTile(
         } else {
           const int64_t row_blocks = (rows + T::kBlock - 1) / T::kBlock;
           static_cast<float*>(a.columnwise_scale_inv)[c * row_blocks + tile_row_block] =
-              DivRn(1.0f, s.multiplier);
+              s.scale_inv;
         }
       }
       float p[kRows];
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) p[i] = __fmul_rn(S::At(raw[i], j), s.multiplier);
+      for (int i = 0; i < kRows; ++i) p[i] = __fmul_rn(v[i][j], s.multiplier);
       uint32_t words[kRows / 4];
       EncodeWords<kFormat, kEncoder, kRows / 4>(p, IsNanBits(col_amax[j]), words);
-      uint8_t* dst = a.columnwise + c * rows + t.row0;
+      uint8_t* dst = a.columnwise + c * rows + row0;
       if (kVectorizedIo) {
         if (row_ok[0] && col_ok[j]) StoreWords<kRows / 4>(dst, words);
       } else {
@@ -478,53 +432,7 @@ __device__ __forceinline__ uint32_t QuantizeTile(
       }
     }
   }
-  return thread_amax;
-}
 
-// One tile per block.
-template <bool kMx, SourceType kType, Fp8Format kFormat, Fp8Encoder kEncoder, bool kVectorizedIo>
-__global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
-    BlockQuantizeKernel(const KernelArgs a, uint32_t tiles_across) {
-  using T = Tile<kMx, kType>;
-  __shared__ uint32_t column_amax_smem[T::kWarpsDown][T::kTileCols];
-  __shared__ uint32_t reduce_smem[T::kThreads / 32];
-  const ThreadTile<kMx, kType> t(blockIdx.x, tiles_across);
-  Raw raw[T::kRowsPerThread];
-  LoadTile<kMx, kType, kVectorizedIo>(a, t, raw);
-  const uint32_t thread_amax =
-      QuantizeTile<kMx, kType, kFormat, kEncoder, kVectorizedIo>(a, t, raw, column_amax_smem);
-  const uint32_t block_amax = BlockMax<T::kThreads>(thread_amax, reduce_smem);
-  if (threadIdx.x == 0 && block_amax != 0u) atomicMax(a.amax_bits, block_amax);
-}
-
-// Persistent blocks (a grid of what fits on the GPU at once) striding over the tiles;
-// each thread loads its rows of the next tile before working on the current one, so
-// every warp keeps 16-byte loads in flight while it computes and stores.
-template <bool kMx, SourceType kType, Fp8Format kFormat>
-__global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
-    BlockQuantizePipelinedKernel(const KernelArgs a, uint32_t tiles_across, uint32_t tiles) {
-  using T = Tile<kMx, kType>;
-  __shared__ uint32_t column_amax_smem[T::kWarpsDown][T::kTileCols];
-  __shared__ uint32_t reduce_smem[T::kThreads / 32];
-  uint32_t tile = blockIdx.x;  // the grid never exceeds the tile count
-  ThreadTile<kMx, kType> t(tile, tiles_across);
-  Raw raw[T::kRowsPerThread];
-  LoadTile<kMx, kType, kVectorized>(a, t, raw);
-  uint32_t thread_amax = 0u;
-  while (true) {
-    const uint32_t next = tile + gridDim.x;
-    const bool has_next = next < tiles;  // uniform across the block
-    const ThreadTile<kMx, kType> next_t(has_next ? next : tile, tiles_across);
-    Raw next_raw[T::kRowsPerThread];
-    if (has_next) LoadTile<kMx, kType, kVectorized>(a, next_t, next_raw);
-    thread_amax = max(thread_amax, QuantizeTile<kMx, kType, kFormat, Fp8Encoder::kHardware,
-                                                kVectorized>(a, t, raw, column_amax_smem));
-    if (!has_next) break;
-#pragma unroll
-    for (int i = 0; i < T::kRowsPerThread; ++i) raw[i] = next_raw[i];
-    tile = next;
-    t = next_t;
-  }
   const uint32_t block_amax = BlockMax<T::kThreads>(thread_amax, reduce_smem);
   if (threadIdx.x == 0 && block_amax != 0u) atomicMax(a.amax_bits, block_amax);
 }
@@ -625,27 +533,6 @@ int Log2(int power_of_two) {
   return n;
 }
 
-// Blocks of the pipelined kernel that fit on the current device at once (0 on error).
-template <bool kMx, SourceType kType, Fp8Format kFormat>
-int ResidentPipelinedBlocks() {
-  static const int per_sm = [] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n, BlockQuantizePipelinedKernel<kMx, kType, kFormat>, Tile<kMx, kType>::kThreads,
-            0) != cudaSuccess) {
-      return 0;
-    }
-    return n;
-  }();
-  int device = 0;
-  int sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 0;
-  }
-  return per_sm * sms;
-}
-
 template <bool kMx, SourceType kType, Fp8Format kFormat, Fp8Encoder kEncoder>
 cudaError_t LaunchTyped(const BlockQuantizeLaunchParams& p, const KernelArgs& args,
                         cudaStream_t stream) {
@@ -654,26 +541,16 @@ cudaError_t LaunchTyped(const BlockQuantizeLaunchParams& p, const KernelArgs& ar
                           IsAligned(p.x, 16) &&
                           (p.rowwise == nullptr || IsAligned(p.rowwise, T::kVec)) &&
                           (p.columnwise == nullptr || IsAligned(p.columnwise, T::kRowsPerThread));
-  const int64_t tiles_across = (p.cols + T::kTileCols - 1) / T::kTileCols;
-  const int64_t tiles = ((p.rows + T::kTileRows - 1) / T::kTileRows) * tiles_across;
+  const int64_t tiles = ((p.rows + T::kTileRows - 1) / T::kTileRows) *
+                        ((p.cols + T::kTileCols - 1) / T::kTileCols);
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
-  const uint32_t across = static_cast<uint32_t>(tiles_across);
-  if constexpr (kMx && kEncoder == Fp8Encoder::kHardware) {
-    if (vectorized && p.pipelined) {
-      const int resident = ResidentPipelinedBlocks<kMx, kType, kFormat>();
-      if (resident <= 0) return cudaErrorInvalidConfiguration;
-      const unsigned blocks = static_cast<unsigned>(tiles < resident ? tiles : resident);
-      BlockQuantizePipelinedKernel<kMx, kType, kFormat>
-          <<<blocks, T::kThreads, 0, stream>>>(args, across, static_cast<uint32_t>(tiles));
-      return cudaGetLastError();
-    }
-  }
+  const unsigned blocks = static_cast<unsigned>(tiles);
   if (vectorized) {
     BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kVectorized>
-        <<<static_cast<unsigned>(tiles), T::kThreads, 0, stream>>>(args, across);
+        <<<blocks, T::kThreads, 0, stream>>>(args);
   } else {
     BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kScalar>
-        <<<static_cast<unsigned>(tiles), T::kThreads, 0, stream>>>(args, across);
+        <<<blocks, T::kThreads, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }
@@ -715,7 +592,6 @@ cudaError_t LaunchBlockQuantize(const BlockQuantizeLaunchParams& p, cudaStream_t
   args.power_2_scale = p.power_2_scale;
   args.amax_epsilon = p.amax_epsilon;
   args.fp8_max = p.format == Fp8Format::kE4M3 ? kE4M3Max : kE5M2Max;
-  args.fp8_max_exponent = p.format == Fp8Format::kE4M3 ? 8 : 15;
   args.rowwise = p.rowwise;
   args.rowwise_scale_inv = p.rowwise_scale_inv;
   args.columnwise = p.columnwise;

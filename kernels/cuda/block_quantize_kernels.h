@@ -37,9 +37,6 @@ struct BlockQuantizeLaunchParams {
   BlockRecipe recipe = BlockRecipe::kMxfp8;
   Fp8Format format = Fp8Format::kE4M3;
   Fp8Encoder encoder = Fp8Encoder::kHardware;
-  // MXFP8 on vectorizable shapes with the hardware encoder runs persistent blocks that
-  // prefetch their next tile (same results); false runs one tile per block.
-  bool pipelined = true;
   bool power_2_scale = true;  // block scaling only
   float amax_epsilon = 0.0f;  // block scaling only
   // Copies (null when not requested). MXFP8: scale_inv is E8M0 bytes [R, C/32] per copy.

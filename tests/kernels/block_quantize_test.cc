@@ -18,7 +18,6 @@
 #include "core/float_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/quantize_math.h"
 #include "tests/kernels/block_quantize_test_util.h"
 #include "tests/kernels/quantize_test_util.h"
 #include "tests/kernels/test_util.h"
@@ -266,27 +265,6 @@ INSTANTIATE_TEST_SUITE_P(Kernels, BlockVectors,
 
 
 // ---- Metadata errors name the argument and say expected vs got. ----
-
-// The CUDA kernels derive the MXFP8 code from the amax bits; it must equal the division
-// the reference uses. Every exponent with the mantissas around 1.75 (the only place the
-// quotient can land on a power of two) and a spread of others; the whole FP32 range was
-// checked once exhaustively the same way.
-TEST(Mxfp8ScaleCode, FromBitsEqualsTheDivision) {
-  const uint32_t mantissas[] = {0u,        1u,        0x123456u, 0x3FFFFFu, 0x400000u,
-                                0x5FFFFEu, 0x5FFFFFu, 0x600000u, 0x600001u, 0x600002u,
-                                0x7FFFFEu, 0x7FFFFFu};
-  for (int k : {8, 15}) {
-    const float fp8_max = k == 8 ? kE4M3Max : kE5M2Max;
-    for (uint32_t exponent = 0; exponent < 256; ++exponent) {
-      for (uint32_t mantissa : mantissas) {
-        const uint32_t bits = (exponent << 23) | mantissa;
-        EXPECT_EQ(Mxfp8ScaleCodeFromBits(bits, k, fp8_max),
-                  Mxfp8ScaleCode(BitsToFloat(bits), fp8_max))
-            << "fp8_max " << fp8_max << " amax bits 0x" << std::hex << bits;
-      }
-    }
-  }
-}
 
 TEST(BlockQuantizeErrors, Mxfp8RejectsIndivisibleDims) {
   const Tensor x = Tensor::Zeros(DType::kFloat32, {33, 64}).value();
