@@ -1,17 +1,22 @@
-// Checked entry points of kernels/activation.h: validate metadata (FP32 rank-2 x, even
-// width for gated kinds, dy shaped like the output, clamped_swiglu params finite and
-// > 0, devices; errors name the argument and say expected vs got), then run the CPU
-// reference. There is no CUDA activation kernel yet, so CUDA contexts get
-// UNIMPLEMENTED naming the op.
+// Checked entry points of kernels/activation.h: validate metadata (rank-2 x of FP32, or
+// FP32/FP16/BF16 for the fused entry points, even width for gated kinds, dy shaped like
+// the output, clamped_swiglu params finite and > 0, options, devices; errors name the
+// argument and say expected vs got), then dispatch on the Context's device: kernels/cpu
+// for the CPU, kernels/cuda when the CUDA backend is compiled in (TESERVE_WITH_CUDA).
 #include "kernels/activation.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "kernels/cpu/activation_cpu.h"
 #include "kernels/tensor_checks.h"
+
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/activation_cuda.h"
+#endif
 
 namespace teserve {
 namespace kernels {
@@ -45,15 +50,77 @@ absl::Status CheckParams(Activation kind, const ActivationParams& params) {
   return CheckFinitePositive("params.alpha", params.alpha);
 }
 
-// x: FP32 [rows, cols] with cols even for gated kinds.
-absl::Status CheckInput(Activation kind, const Tensor& x, const Context& ctx) {
-  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
+absl::Status CheckGatedWidth(Activation kind, const Tensor& x) {
   if (IsGated(kind) && x.dim(1) % 2 != 0) {
     return InvalidField("x.shape",
                         absl::StrCat("[rows, 2k] (", ActivationName(kind), " splits the last dimension in halves)"),
                         ShapeToString(x.shape()));
   }
   return absl::OkStatus();
+}
+
+// x: FP32 [rows, cols] with cols even for gated kinds.
+absl::Status CheckInput(Activation kind, const Tensor& x, const Context& ctx) {
+  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
+  return CheckGatedWidth(kind, x);
+}
+
+constexpr char kFloatTypes[] = "one of FLOAT32, FLOAT16, BFLOAT16";
+
+// x: FP32, FP16 or BF16 [rows, cols] with cols even for gated kinds.
+absl::Status CheckFusedInput(Activation kind, const Tensor& x, const Context& ctx) {
+  RETURN_IF_ERROR(CheckDefined("x", x));
+  if (x.rank() != 2) return InvalidField("x.shape", "[rows, cols]", ShapeToString(x.shape()));
+  if (!IsHighPrecisionFloat(x.dtype())) return InvalidField("x.dtype", kFloatTypes, DTypeName(x.dtype()));
+  RETURN_IF_ERROR(CheckDevice("x", x, ctx));
+  return CheckGatedWidth(kind, x);
+}
+
+int64_t OutputWidth(Activation kind, const Tensor& x) { return IsGated(kind) ? x.dim(1) / 2 : x.dim(1); }
+
+absl::Status CheckForwardOptions(const ActivationForwardOptions& options) {
+  if (options.y_dtype.has_value() && !IsHighPrecisionFloat(*options.y_dtype)) {
+    return InvalidField("options.y_dtype", kFloatTypes, DTypeName(*options.y_dtype));
+  }
+  if (!options.write_y && !options.quantize) {
+    return InvalidField("options.write_y", "true when options.quantize is false", "false");
+  }
+  if (options.quantize) {
+    const PerTensorQuantizeOptions& q = options.quantize_options;
+    RETURN_IF_ERROR(CheckFloat8("options.quantize_options.format", q.format));
+    RETURN_IF_ERROR(CheckFinitePositive("options.quantize_options.scale", q.scale));
+    RETURN_IF_ERROR(CheckCopiesRequested("options.quantize_options", q.rowwise, q.columnwise));
+  }
+  return absl::OkStatus();
+}
+
+#if !TESERVE_WITH_CUDA
+absl::Status NoCudaBackend(absl::string_view op) {
+  return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+}
+#endif
+
+absl::StatusOr<ActivationForwardResult> DispatchForward(absl::string_view op, const Context& ctx, Activation kind,
+                                                        const ActivationParams& params, const Tensor& x,
+                                                        const ActivationForwardOptions& options) {
+  if (ctx.device.is_cpu()) return cpu::FusedActivationForward(ctx, kind, params, x, options);
+#if TESERVE_WITH_CUDA
+  return cuda::FusedActivationForward(ctx, kind, params, x, options);
+#else
+  return NoCudaBackend(op);
+#endif
+}
+
+absl::StatusOr<ActivationBackwardResult> DispatchBackward(absl::string_view op, const Context& ctx,
+                                                          Activation kind, const ActivationParams& params,
+                                                          const Tensor& dy, const Tensor& x,
+                                                          const ActivationBackwardOptions& options) {
+  if (ctx.device.is_cpu()) return cpu::FusedActivationBackward(ctx, kind, params, dy, x, options);
+#if TESERVE_WITH_CUDA
+  return cuda::FusedActivationBackward(ctx, kind, params, dy, x, options);
+#else
+  return NoCudaBackend(op);
+#endif
 }
 
 }  // namespace
@@ -78,8 +145,12 @@ absl::StatusOr<Tensor> ActivationForward(const Context& ctx, Activation kind, co
                                          const Tensor& x) {
   RETURN_IF_ERROR(CheckInput(kind, x, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
-  RETURN_IF_ERROR(CpuOnly("ActivationForward", ctx));
-  return cpu::ActivationForward(ctx, kind, params, x);
+  if (ctx.device.is_cpu()) return cpu::ActivationForward(ctx, kind, params, x);
+  ActivationForwardOptions options;
+  options.y_dtype = DType::kFloat32;
+  ASSIGN_OR_RETURN(ActivationForwardResult result,
+                   DispatchForward("ActivationForward", ctx, kind, params, x, options));
+  return std::move(result.y);
 }
 
 absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, const ActivationParams& params,
@@ -88,8 +159,30 @@ absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, c
   RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, DType::kFloat32,
                                      {x.dim(0), IsGated(kind) ? x.dim(1) / 2 : x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
-  RETURN_IF_ERROR(CpuOnly("ActivationBackward", ctx));
-  return cpu::ActivationBackward(ctx, kind, params, dy, x);
+  if (ctx.device.is_cpu()) return cpu::ActivationBackward(ctx, kind, params, dy, x);
+  ASSIGN_OR_RETURN(ActivationBackwardResult result,
+                   DispatchBackward("ActivationBackward", ctx, kind, params, dy, x, ActivationBackwardOptions()));
+  return std::move(result.dx);
+}
+
+absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ctx, Activation kind,
+                                                               const ActivationParams& params,
+                                                               const Tensor& x,
+                                                               const ActivationForwardOptions& options) {
+  RETURN_IF_ERROR(CheckFusedInput(kind, x, ctx));
+  RETURN_IF_ERROR(CheckParams(kind, params));
+  RETURN_IF_ERROR(CheckForwardOptions(options));
+  return DispatchForward("FusedActivationForward", ctx, kind, params, x, options);
+}
+
+absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& ctx, Activation kind,
+                                                                 const ActivationParams& params,
+                                                                 const Tensor& dy, const Tensor& x,
+                                                                 const ActivationBackwardOptions& options) {
+  RETURN_IF_ERROR(CheckFusedInput(kind, x, ctx));
+  RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, x.dtype(), {x.dim(0), OutputWidth(kind, x)}, ctx));
+  RETURN_IF_ERROR(CheckParams(kind, params));
+  return DispatchBackward("FusedActivationBackward", ctx, kind, params, dy, x, options);
 }
 
 }  // namespace kernels

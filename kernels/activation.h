@@ -19,16 +19,34 @@
 // ActivationForward(x) returns y; ActivationBackward(dy, x) returns dx = dy * dy/dx
 // (shape of x) from the forward input x, which the caller keeps. Both are computed in
 // FP32 per element; rows or K may be 0.
+//
+// Fused entry points (FusedActivationForward / FusedActivationBackward): x and dy in FP32,
+// BF16 or FP16, widened exactly to FP32, the same FP32 math, then
+//   forward:  y in a chosen dtype (RNE from the FP32 value) and/or a per-tensor FP8 copy
+//             of the FP32 y: q = satfinite_rne(y_fp32 * scale), rowwise [rows, K] and/or
+//             columnwise [K, rows], amax = max |y_fp32| (NaN propagates); exactly
+//             kernels::QuantizePerTensor applied to the FP32 y (the CPU reference is that
+//             composition).
+//   backward: dx in x's dtype and, optionally, dbias = column sums of the FP32 dx
+//             (FP32 [cols of x]; the bias gradient of the GEMM that produced x, as
+//             LayerNormMLP's fc1 needs). The CPU sums in FP64, CUDA in FP32 partial sums.
+// Numerical contract between devices: the FP32 values agree within the FP32 tolerance
+// (CUDA's expf and FMA contraction differ from the host's by an ulp or so); given the
+// same FP32 y the FP8 code is the same on every device, so codes differ only where the
+// FP32 values do, and then by one code step.
 #ifndef TESERVE_KERNELS_ACTIVATION_H_
 #define TESERVE_KERNELS_ACTIVATION_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/context.h"
+#include "core/quantized_tensor.h"
 #include "core/tensor.h"
+#include "kernels/cast.h"
 
 namespace teserve {
 namespace kernels {
@@ -75,6 +93,42 @@ absl::StatusOr<Tensor> ActivationForward(const Context& ctx, Activation kind, co
 // dy: FP32 shaped like ActivationForward's output for x. Returns dx, shaped like x.
 absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, const ActivationParams& params,
                                           const Tensor& dy, const Tensor& x);
+
+struct ActivationForwardOptions {
+  // Write y (in y_dtype: FP32, FP16 or BF16; unset = x's dtype). May be false only when
+  // `quantize` is set.
+  bool write_y = true;
+  std::optional<DType> y_dtype;
+  // Fused per-tensor FP8 output of the FP32 y (format, scale, rowwise, columnwise).
+  bool quantize = false;
+  PerTensorQuantizeOptions quantize_options;
+};
+
+struct ActivationForwardResult {
+  Tensor y;             // [rows, K] in y_dtype, when write_y
+  QuantizedTensor fp8;  // when quantize: per-tensor copies, scale_inv = 1 / scale, amax
+};
+
+// x: [rows, cols] FP32, FP16 or BF16 (cols even for gated kinds); K = cols or cols / 2.
+absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ctx, Activation kind,
+                                                               const ActivationParams& params,
+                                                               const Tensor& x,
+                                                               const ActivationForwardOptions& options);
+
+struct ActivationBackwardOptions {
+  bool compute_dbias = false;
+};
+
+struct ActivationBackwardResult {
+  Tensor dx;     // shaped like x, x's dtype
+  Tensor dbias;  // FP32 [cols of x], when compute_dbias
+};
+
+// dy: [rows, K] of x's dtype; x: the forward input.
+absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& ctx, Activation kind,
+                                                                 const ActivationParams& params,
+                                                                 const Tensor& dy, const Tensor& x,
+                                                                 const ActivationBackwardOptions& options);
 
 }  // namespace kernels
 }  // namespace teserve

@@ -4,8 +4,11 @@
 // it against closed forms evaluated in double.
 #include "kernels/cpu/activation_cpu.h"
 
+#include <vector>
+
 #include "core/status.h"
 #include "kernels/activation_math.h"
+#include "kernels/cpu/cast_cpu.h"
 
 namespace teserve {
 namespace kernels {
@@ -109,6 +112,63 @@ absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, c
     }
     return dx;
   });
+}
+
+namespace {
+
+absl::StatusOr<Tensor> AsFloat32(const Context& ctx, const Tensor& t) {
+  if (t.dtype() == DType::kFloat32) return t;
+  return cpu::ToFloat32(ctx, t);
+}
+
+}  // namespace
+
+absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ctx, Activation kind,
+                                                               const ActivationParams& params,
+                                                               const Tensor& x,
+                                                               const ActivationForwardOptions& options) {
+  ASSIGN_OR_RETURN(const Tensor x32, AsFloat32(ctx, x));
+  ASSIGN_OR_RETURN(Tensor y32, cpu::ActivationForward(ctx, kind, params, x32));
+  ActivationForwardResult out;
+  if (options.quantize) {
+    ASSIGN_OR_RETURN(out.fp8, cpu::QuantizePerTensor(ctx, y32, options.quantize_options));
+  }
+  if (options.write_y) {
+    const DType y_dtype = options.y_dtype.value_or(x.dtype());
+    if (y_dtype == DType::kFloat32) {
+      out.y = std::move(y32);
+    } else {
+      ASSIGN_OR_RETURN(out.y, cpu::CastFromFloat32(ctx, y32, y_dtype));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& ctx, Activation kind,
+                                                                 const ActivationParams& params,
+                                                                 const Tensor& dy, const Tensor& x,
+                                                                 const ActivationBackwardOptions& options) {
+  ASSIGN_OR_RETURN(const Tensor dy32, AsFloat32(ctx, dy));
+  ASSIGN_OR_RETURN(const Tensor x32, AsFloat32(ctx, x));
+  ASSIGN_OR_RETURN(Tensor dx32, cpu::ActivationBackward(ctx, kind, params, dy32, x32));
+  ActivationBackwardResult out;
+  if (options.compute_dbias) {
+    const int64_t rows = x.dim(0);
+    const int64_t cols = x.dim(1);
+    std::vector<double> sums(cols, 0.0);
+    const float* dx = dx32.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) sums[c] += dx[r * cols + c];
+    }
+    ASSIGN_OR_RETURN(out.dbias, Tensor::Zeros(DType::kFloat32, {cols}));
+    for (int64_t c = 0; c < cols; ++c) out.dbias.data<float>()[c] = static_cast<float>(sums[c]);
+  }
+  if (x.dtype() == DType::kFloat32) {
+    out.dx = std::move(dx32);
+  } else {
+    ASSIGN_OR_RETURN(out.dx, cpu::CastFromFloat32(ctx, dx32, x.dtype()));
+  }
+  return out;
 }
 
 }  // namespace cpu

@@ -21,6 +21,18 @@ absl::StatusOr<Tensor> ActivationForward(const Context& ctx, Activation kind, co
 absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, const ActivationParams& params,
                                           const Tensor& dy, const Tensor& x);
 
+// Reference of the fused entry points: x (and dy) widened to FP32, the FP32 op above,
+// then QuantizePerTensor / CastFromFloat32 of the FP32 y; dbias sums the FP32 dx in FP64.
+absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ctx, Activation kind,
+                                                               const ActivationParams& params,
+                                                               const Tensor& x,
+                                                               const ActivationForwardOptions& options);
+
+absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& ctx, Activation kind,
+                                                                 const ActivationParams& params,
+                                                                 const Tensor& dy, const Tensor& x,
+                                                                 const ActivationBackwardOptions& options);
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace teserve

@@ -1,0 +1,559 @@
+// CUDA kernels for the activations of kernels/activation.h: forward with the fused
+// per-tensor FP8 output (rowwise + transposed columnwise codes and amax in one pass over
+// x), backward with the optional fused dbias.
+//
+// Design:
+// - Bit-exactness: the scalar formulas are kernels/activation_math.h's (the CPU
+//   reference's, evaluated in the same order), narrow inputs widen and outputs narrow
+//   through core/float_codec.h, y * scale is one FP32 multiply (__fmul_rn), and the FP8
+//   code is the cvt.rn.satfinite instruction (RNE and satfinite like the codec; NaN
+//   patched to the codec's 0x7F) or the codec itself. So given the FP32 y the codes and
+//   amax are the CPU's bit for bit; the FP32 y itself can differ from the host's by an
+//   ulp or so (CUDA's expf, FMA contraction).
+// - Forward: a 256-thread block owns a 64x64 tile of the output (16 threads across, 4
+//   consecutive columns each, 16 rows per pass, 4 passes), looping over tiles with a
+//   grid sized to the resident blocks. Each thread first loads all 4 passes (16-byte FP32
+//   / 8-byte BF16/FP16 loads, both halves for gated kinds), then computes, stores y and
+//   the rowwise codes (4 bytes per store) and parks the codes in a shared-memory tile,
+//   which the block writes transposed (4 consecutive bytes per thread) after a barrier.
+//   amax: FP32 magnitude bits (integer order is value order, NaN above Inf), warp
+//   reductions, one atomicMax per block.
+// - Backward: a 256-thread block owns 128 output columns (32 threads x 4 columns) of a
+//   chunk of rows (8 row lanes, 4 rows in flight per lane); dx = dy * f'(x) (gated: da,
+//   db). With dbias each thread keeps FP32 column sums, the block adds its 8 row lanes
+//   in shared memory and writes one partial row per chunk; a second kernel adds the
+//   chunks in order. The chunk count depends on the shape only, so dbias is deterministic.
+// - Vectorized access when K % 4 == 0 and the pointers are aligned (transposed stores:
+//   rows % 4 == 0); otherwise the same kernels run bounds-checked scalar accesses.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/float_codec.h"
+#include "kernels/activation_math.h"
+#include "kernels/cuda/activation_kernels.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+constexpr int kVec = 4;  // consecutive elements per thread
+
+// Forward tiling.
+constexpr int kTile = 64;
+constexpr int kForwardThreads = 256;
+constexpr int kAcross = kTile / kVec;                        // 16
+constexpr int kRowsPerPass = kForwardThreads / kAcross;      // 16
+constexpr int kPasses = kTile / kRowsPerPass;                // 4
+constexpr int kTileRowPadBytes = 4;
+
+// Backward tiling.
+constexpr int kBackwardThreads = 256;
+constexpr int kBackwardAcross = 32;                                 // threads across
+constexpr int kBackwardCols = kBackwardAcross * kVec;               // 128 output columns
+constexpr int kRowLanes = kBackwardThreads / kBackwardAcross;       // 8
+constexpr int kRowsInFlight = 4;                                    // rows per lane per step
+constexpr int kRowsPerStep = kRowLanes * kRowsInFlight;             // 32
+constexpr int kTargetBackwardBlocks = 1056;                         // ~8 per SM on 132 SMs
+constexpr int kReduceThreads = 256;
+
+constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
+
+__device__ __forceinline__ uint32_t MagnitudeBits(float v) { return __float_as_uint(v) & kMagnitudeMask; }
+
+bool IsAligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+size_t ElementBytes(ActDType type) { return type == ActDType::kFloat32 ? 4 : 2; }
+
+// ---------------------------------------------------------------------------------------
+// Element access.
+
+template <ActDType kType>
+struct Elem {
+  using Type = uint16_t;
+  __device__ static float Widen(uint16_t v) {
+    return kType == ActDType::kBFloat16 ? Bf16ToFloat(v) : Fp16ToFloat(v);
+  }
+  __device__ static void Load4(const uint16_t* p, float (&out)[kVec]) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    out[0] = Widen(static_cast<uint16_t>(v.x & 0xFFFFu));
+    out[1] = Widen(static_cast<uint16_t>(v.x >> 16));
+    out[2] = Widen(static_cast<uint16_t>(v.y & 0xFFFFu));
+    out[3] = Widen(static_cast<uint16_t>(v.y >> 16));
+  }
+};
+
+template <>
+struct Elem<ActDType::kFloat32> {
+  using Type = float;
+  __device__ static float Widen(float v) { return v; }
+  __device__ static void Load4(const float* p, float (&out)[kVec]) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+
+// The 4 elements at base[index..index+3] marked valid (0 elsewhere). Vectorized: all
+// four are valid or none.
+template <ActDType kType>
+__device__ __forceinline__ void LoadValues(const void* base, int64_t index, const bool (&valid)[kVec],
+                                           bool vectorized, float (&out)[kVec]) {
+  using T = typename Elem<kType>::Type;
+  const T* p = static_cast<const T*>(base) + index;
+  if (vectorized) {
+    if (valid[0]) {
+      Elem<kType>::Load4(p, out);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) out[k] = 0.0f;
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) out[k] = valid[k] ? Elem<kType>::Widen(p[k]) : 0.0f;
+}
+
+__device__ __forceinline__ uint16_t Narrow16(ActDType type, float v) {
+  return type == ActDType::kBFloat16 ? FloatToBf16(v) : FloatToFp16(v);
+}
+
+// Stores the valid values at base[index..] in `type` (RNE from FP32).
+__device__ __forceinline__ void StoreValues(void* base, ActDType type, int64_t index, const float (&v)[kVec],
+                                            const bool (&valid)[kVec], bool vectorized) {
+  if (type == ActDType::kFloat32) {
+    float* p = static_cast<float*>(base) + index;
+    if (vectorized) {
+      if (valid[0]) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (valid[k]) p[k] = v[k];
+      }
+    }
+    return;
+  }
+  uint16_t* p = static_cast<uint16_t*>(base) + index;
+  uint16_t h[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) h[k] = Narrow16(type, v[k]);
+  if (vectorized) {
+    if (valid[0]) {
+      *reinterpret_cast<uint2*>(p) =
+          make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (valid[k]) p[k] = h[k];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// FP8 encoding.
+
+// Hardware pair conversion: code of a in the low byte, b in the high byte.
+__device__ __forceinline__ uint32_t CvtPair(bool e4m3, float a, float b) {
+  uint16_t packed;
+  if (e4m3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  }
+  return packed;
+}
+
+// Codes of v[0..3] packed little-endian (element k in byte k), exactly core/float_codec.h's.
+__device__ __forceinline__ uint32_t Encode4(Fp8Format format, ActFp8Encoder encoder, const float (&v)[kVec]) {
+  const bool e4m3 = format == Fp8Format::kE4M3;
+  uint32_t word = 0;
+  if (encoder == ActFp8Encoder::kCodec) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const uint32_t code = e4m3 ? FloatToE4M3(v[k]) : FloatToE5M2(v[k]);
+      word |= code << (8 * k);
+    }
+    return word;
+  }
+  word = CvtPair(e4m3, v[0], v[1]) | (CvtPair(e4m3, v[2], v[3]) << 16);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (v[k] != v[k]) word = (word & ~(0xFFu << (8 * k))) | (0x7Fu << (8 * k));
+  }
+  return word;
+}
+
+// Max over the block, valid in thread 0. Every thread of the block must call it.
+template <int kBlockThreads>
+__device__ uint32_t BlockMax(uint32_t value) {
+  constexpr int kWarps = kBlockThreads / 32;
+  __shared__ uint32_t warp_max[kWarps];
+  value = __reduce_max_sync(0xFFFFFFFFu, value);
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) warp_max[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < kWarps ? warp_max[lane] : 0u;
+    value = __reduce_max_sync(0xFFFFFFFFu, value);
+  }
+  return value;
+}
+
+// ---------------------------------------------------------------------------------------
+// Scalar activation, in the CPU reference's order (kernels/cpu/activation_cpu.cc).
+
+template <typename Op, bool kGated>
+__device__ __forceinline__ float ForwardValue(const Op& op, const act::GateClamp& clamp, float a, float b) {
+  if (!kGated) return op.Value(a);
+  return op.Value(clamp.ActIn(a)) * (clamp.LinearIn(b) + clamp.offset);
+}
+
+template <typename Op>
+struct ForwardArgs {
+  ActivationForwardParams p;
+  Op op;
+  act::GateClamp clamp;
+  bool vectorized;            // K % 4 == 0, x / y / rowwise aligned
+  bool columnwise_vectorized; // rows % 4 == 0, columnwise aligned
+};
+
+__device__ __forceinline__ void StoreBytes(uint8_t* p, uint32_t word, const bool (&valid)[kVec], bool vectorized) {
+  if (vectorized) {
+    if (valid[0]) *reinterpret_cast<uint32_t*>(p) = word;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (valid[k]) p[k] = static_cast<uint8_t>(word >> (8 * k));
+  }
+}
+
+template <typename Op, bool kGated, ActDType kIn>
+__global__ void __launch_bounds__(kForwardThreads) ActivationForwardKernel(const ForwardArgs<Op> args) {
+  __shared__ uint8_t tile[kTile][kTile + kTileRowPadBytes];
+  const ActivationForwardParams& p = args.p;
+  const int64_t rows = p.rows;
+  const int64_t cols = p.cols;
+  const int64_t in_cols = kGated ? 2 * cols : cols;
+  const int64_t tiles_across = (cols + kTile - 1) / kTile;
+  const int64_t tiles = ((rows + kTile - 1) / kTile) * tiles_across;
+  const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
+  const int lane_across = threadIdx.x % kAcross;
+  const int lane_down = threadIdx.x / kAcross;
+  const int tc = lane_across * kVec;
+
+  uint32_t local_amax = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t row0 = (t / tiles_across) * kTile;
+    const int64_t c = (t % tiles_across) * kTile + tc;
+    float a[kPasses][kVec];
+    float b[kPasses][kVec];
+    bool valid[kPasses][kVec];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int64_t r = row0 + pass * kRowsPerPass + lane_down;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) valid[pass][k] = r < rows && c + k < cols;
+      LoadValues<kIn>(p.x, r * in_cols + c, valid[pass], args.vectorized, a[pass]);
+      if (kGated) LoadValues<kIn>(p.x, r * in_cols + cols + c, valid[pass], args.vectorized, b[pass]);
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int tr = pass * kRowsPerPass + lane_down;
+      const int64_t r = row0 + tr;
+      float y[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        y[k] = ForwardValue<Op, kGated>(args.op, args.clamp, a[pass][k], kGated ? b[pass][k] : 0.0f);
+        if (valid[pass][k]) local_amax = max(local_amax, MagnitudeBits(y[k]));
+      }
+      if (p.y != nullptr) StoreValues(p.y, p.y_type, r * cols + c, y, valid[pass], args.vectorized);
+      if (quantize) {
+        float scaled[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) scaled[k] = __fmul_rn(y[k], p.scale);
+        const uint32_t word = Encode4(p.format, p.encoder, scaled);
+        if (p.rowwise != nullptr) StoreBytes(p.rowwise + r * cols + c, word, valid[pass], args.vectorized);
+        if (p.columnwise != nullptr) *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = word;
+      }
+    }
+    if (p.columnwise != nullptr) {  // uniform across the block: the barriers are safe
+      __syncthreads();
+      const int64_t col0 = c - tc;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int oc = pass * kRowsPerPass + lane_down;  // output row = source column
+        const int orr = lane_across * kVec;              // 4 consecutive source rows
+        const int64_t cc = col0 + oc;
+        const int64_t r = row0 + orr;
+        bool ok[kVec];
+        uint32_t word = 0;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          ok[k] = cc < cols && r + k < rows;
+          word |= static_cast<uint32_t>(tile[orr + k][oc]) << (8 * k);
+        }
+        if (cc < cols) StoreBytes(p.columnwise + cc * rows + r, word, ok, args.columnwise_vectorized);
+      }
+      __syncthreads();  // the tile is rewritten by the next iteration
+    }
+  }
+
+  if (p.amax_bits != nullptr) {
+    const uint32_t block_amax = BlockMax<kForwardThreads>(local_amax);
+    if (threadIdx.x == 0 && block_amax != 0u) atomicMax(p.amax_bits, block_amax);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
+    if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward.
+
+template <typename Op>
+struct BackwardArgs {
+  ActivationBackwardParams p;
+  Op op;
+  act::GateClamp clamp;
+  bool vectorized;
+  int64_t rows_per_chunk;  // multiple of kRowsPerStep
+};
+
+template <typename Op, bool kGated, ActDType kType>
+__global__ void __launch_bounds__(kBackwardThreads) ActivationBackwardKernel(const BackwardArgs<Op> args) {
+  const ActivationBackwardParams& p = args.p;
+  const int64_t rows = p.rows;
+  const int64_t cols = p.cols;
+  const int64_t in_cols = kGated ? 2 * cols : cols;
+  const int lane_across = threadIdx.x % kBackwardAcross;
+  const int lane_down = threadIdx.x / kBackwardAcross;
+  const int tc = lane_across * kVec;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBackwardCols;
+  const int64_t c = col0 + tc;
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * args.rows_per_chunk;
+  const int64_t chunk_end = chunk_begin + args.rows_per_chunk < rows ? chunk_begin + args.rows_per_chunk : rows;
+
+  float sum_a[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float sum_b[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t step = chunk_begin; step < chunk_end; step += kRowsPerStep) {
+    float g[kRowsInFlight][kVec];
+    float a[kRowsInFlight][kVec];
+    float b[kRowsInFlight][kVec];
+    bool valid[kRowsInFlight][kVec];
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t r = step + i * kRowLanes + lane_down;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) valid[i][k] = r < chunk_end && c + k < cols;
+      LoadValues<kType>(p.dy, r * cols + c, valid[i], args.vectorized, g[i]);
+      LoadValues<kType>(p.x, r * in_cols + c, valid[i], args.vectorized, a[i]);
+      if (kGated) LoadValues<kType>(p.x, r * in_cols + cols + c, valid[i], args.vectorized, b[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t r = step + i * kRowLanes + lane_down;
+      float da[kVec];
+      float db[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (kGated) {
+          const float a_in = args.clamp.ActIn(a[i][k]);
+          const float linear = args.clamp.LinearIn(b[i][k]) + args.clamp.offset;
+          da[k] = g[i][k] * args.op.Grad(a_in) * args.clamp.ActInGrad(a[i][k]) * linear;
+          db[k] = g[i][k] * args.op.Value(a_in) * args.clamp.LinearInGrad(b[i][k]);
+        } else {
+          da[k] = g[i][k] * args.op.Grad(a[i][k]);
+          db[k] = 0.0f;
+        }
+        if (valid[i][k]) {
+          sum_a[k] += da[k];
+          sum_b[k] += db[k];
+        }
+      }
+      StoreValues(p.dx, kType, r * in_cols + c, da, valid[i], args.vectorized);
+      if (kGated) StoreValues(p.dx, kType, r * in_cols + cols + c, db, valid[i], args.vectorized);
+    }
+  }
+
+  if (p.dbias == nullptr) return;  // uniform across the grid
+  constexpr int kHalves = kGated ? 2 : 1;
+  __shared__ float partial[kRowLanes][2 * kBackwardCols];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    partial[lane_down][tc + k] = sum_a[k];
+    if (kGated) partial[lane_down][kBackwardCols + tc + k] = sum_b[k];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHalves * kBackwardCols; i += kBackwardThreads) {
+    const int half = i / kBackwardCols;
+    const int64_t col = col0 + i % kBackwardCols;
+    if (col >= cols) continue;
+    float s = 0.0f;
+    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
+    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
+  }
+}
+
+// dbias[j] = sum over chunks (in order) of workspace[chunk, j].
+__global__ void __launch_bounds__(kReduceThreads)
+    ReduceChunksKernel(const float* workspace, int64_t chunks, int64_t width, float* dbias) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < width; j += stride) {
+    float s = 0.0f;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) s += workspace[chunk * width + j];
+    dbias[j] = s;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Launch helpers.
+
+act::GateClamp ClampOf(const ActivationFunctionParams& act) {
+  act::GateClamp clamp;
+  clamp.enabled = act.clamped;
+  clamp.limit = act.limit;
+  clamp.offset = act.offset;
+  return clamp;
+}
+
+// Calls fn(op) with the scalar op of `act`.
+template <typename Fn>
+cudaError_t WithOp(const ActivationFunctionParams& act, Fn&& fn) {
+  switch (act.function) {
+    case ActFunction::kGelu: return fn(act::GeluOp());
+    case ActFunction::kSigmoidLinear: return fn(act::SigmoidLinearOp{act.alpha});
+    case ActFunction::kRelu: return fn(act::ReluOp());
+    case ActFunction::kSquaredRelu: return fn(act::SquaredReluOp());
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename Op, bool kGated, ActDType kIn>
+cudaError_t LaunchForwardTyped(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
+  const auto kernel = ActivationForwardKernel<Op, kGated, kIn>;
+  int device = 0;
+  int sms = 0;
+  int per_sm = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kForwardThreads, 0);
+  }
+  if (status != cudaSuccess) return status;
+  const int64_t resident = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(tiles, resident)));
+  kernel<<<blocks, kForwardThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <typename Op, bool kGated>
+cudaError_t LaunchForwardGated(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
+  switch (args.p.x_type) {
+    case ActDType::kFloat32: return LaunchForwardTyped<Op, kGated, ActDType::kFloat32>(args, tiles, stream);
+    case ActDType::kFloat16: return LaunchForwardTyped<Op, kGated, ActDType::kFloat16>(args, tiles, stream);
+    case ActDType::kBFloat16: return LaunchForwardTyped<Op, kGated, ActDType::kBFloat16>(args, tiles, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename Op, bool kGated, ActDType kType>
+cudaError_t LaunchBackwardTyped(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
+  ActivationBackwardKernel<Op, kGated, kType><<<grid, kBackwardThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <typename Op, bool kGated>
+cudaError_t LaunchBackwardGated(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
+  switch (args.p.type) {
+    case ActDType::kFloat32: return LaunchBackwardTyped<Op, kGated, ActDType::kFloat32>(args, grid, stream);
+    case ActDType::kFloat16: return LaunchBackwardTyped<Op, kGated, ActDType::kFloat16>(args, grid, stream);
+    case ActDType::kBFloat16: return LaunchBackwardTyped<Op, kGated, ActDType::kBFloat16>(args, grid, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Row chunks of the backward grid: about kTargetBackwardBlocks blocks in all, each chunk
+// a multiple of kRowsPerStep rows. Depends on the shape only.
+struct BackwardPlan {
+  int64_t col_tiles = 0;
+  int64_t rows_per_chunk = kRowsPerStep;
+  int64_t chunks = 0;
+};
+
+BackwardPlan PlanBackward(int64_t rows, int64_t cols) {
+  BackwardPlan plan;
+  plan.col_tiles = (cols + kBackwardCols - 1) / kBackwardCols;
+  if (rows == 0 || cols == 0) return plan;
+  const int64_t steps = (rows + kRowsPerStep - 1) / kRowsPerStep;
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(steps, kTargetBackwardBlocks / plan.col_tiles));
+  const int64_t steps_per_chunk = (steps + wanted - 1) / wanted;
+  plan.rows_per_chunk = steps_per_chunk * kRowsPerStep;
+  plan.chunks = (rows + plan.rows_per_chunk - 1) / plan.rows_per_chunk;
+  return plan;
+}
+
+}  // namespace
+
+cudaError_t LaunchActivationForward(const ActivationForwardParams& p, cudaStream_t stream) {
+  if (p.amax_bits != nullptr) {
+    const cudaError_t status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
+    if (status != cudaSuccess) return status;
+  }
+  const size_t in_bytes = ElementBytes(p.x_type);
+  const bool vectorized = p.cols % kVec == 0 && IsAligned(p.x, in_bytes * kVec) &&
+                          (p.y == nullptr || IsAligned(p.y, ElementBytes(p.y_type) * kVec)) &&
+                          (p.rowwise == nullptr || IsAligned(p.rowwise, kVec));
+  const bool columnwise_vectorized = p.rows % kVec == 0 && (p.columnwise == nullptr || IsAligned(p.columnwise, kVec));
+  const int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
+  const act::GateClamp clamp = ClampOf(p.act);
+  return WithOp(p.act, [&](const auto& op) -> cudaError_t {
+    using Op = std::decay_t<decltype(op)>;
+    ForwardArgs<Op> args{p, op, clamp, vectorized, columnwise_vectorized};
+    return p.act.gated ? LaunchForwardGated<Op, true>(args, tiles, stream)
+                       : LaunchForwardGated<Op, false>(args, tiles, stream);
+  });
+}
+
+int64_t ActivationBackwardWorkspaceFloats(const ActivationBackwardParams& p) {
+  if (p.dbias == nullptr) return 0;
+  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
+  return plan.chunks * (p.act.gated ? 2 * p.cols : p.cols);
+}
+
+cudaError_t LaunchActivationBackward(const ActivationBackwardParams& p, cudaStream_t stream) {
+  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
+  const int64_t in_cols = p.act.gated ? 2 * p.cols : p.cols;
+  if (plan.chunks > 0) {
+    if (plan.col_tiles > INT32_MAX || plan.chunks > 65535) return cudaErrorInvalidConfiguration;
+    const size_t bytes = ElementBytes(p.type);
+    const bool vectorized = p.cols % kVec == 0 && IsAligned(p.dy, bytes * kVec) && IsAligned(p.x, bytes * kVec) &&
+                            IsAligned(p.dx, bytes * kVec);
+    const dim3 grid(static_cast<unsigned>(plan.col_tiles), static_cast<unsigned>(plan.chunks));
+    const act::GateClamp clamp = ClampOf(p.act);
+    const cudaError_t status = WithOp(p.act, [&](const auto& op) -> cudaError_t {
+      using Op = std::decay_t<decltype(op)>;
+      BackwardArgs<Op> args{p, op, clamp, vectorized, plan.rows_per_chunk};
+      return p.act.gated ? LaunchBackwardGated<Op, true>(args, grid, stream)
+                         : LaunchBackwardGated<Op, false>(args, grid, stream);
+    });
+    if (status != cudaSuccess) return status;
+  }
+  if (p.dbias == nullptr || in_cols == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((in_cols + kReduceThreads - 1) / kReduceThreads, 4096);
+  ReduceChunksKernel<<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(p.workspace, plan.chunks, in_cols,
+                                                                                   p.dbias);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve

@@ -1,0 +1,708 @@
+// CUDA activations (kernels/cuda/activation_*) against the CPU reference on the same
+// inputs, every activation kind.
+//
+// The contract tested (kernels/activation.h):
+// - y, dx and dbias agree with the CPU within tests/kernels/tolerances.h, the relative
+//   part taken on the forward-error scale of each value (the sum of the magnitudes of the
+//   terms of its formula, evaluated in double; for dbias the sum of |dx| over the rows).
+//   NaN must meet NaN and infinities must be equal.
+// - FP8 codes: the kernel's codes are exactly encode(y * scale) of its own FP32 y (every
+//   element; the columnwise copy is the transpose of the rowwise one; amax = max |y|
+//   bitwise), so wherever the GPU's FP32 y equals the CPU's bit for bit the codes are the
+//   CPU's. Where the two FP32 values differ (expf, FMA contraction) the codes may differ
+//   by one code step at most; those elements are counted and reported.
+// - y in BF16 / FP16 is the RNE narrowing of the same launch's FP32 y, bit for bit.
+// - The FP32 entry points (ActivationForward / ActivationBackward) give the fused ones'
+//   results on a CUDA device.
+// - Direct launches write every output element (outputs poisoned first); the hardware and
+//   codec FP8 encoders give the same codes, NaN and infinities included.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+#if TESERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+#include "core/float_codec.h"
+#include "core/quantized_tensor.h"
+#include "core/tensor.h"
+#include "kernels/activation.h"
+#include "kernels/cpu/cast_cpu.h"
+#include "kernels/cuda/activation_kernels.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "tests/kernels/tolerances.h"
+#endif
+
+namespace teserve {
+namespace {
+
+#if TESERVE_WITH_CUDA
+
+using kernels::Activation;
+using kernels::ActivationBackwardOptions;
+using kernels::ActivationBackwardResult;
+using kernels::ActivationForwardOptions;
+using kernels::ActivationForwardResult;
+using kernels::ActivationParams;
+
+const Device kGpu = Device::Cuda(0);
+
+Context GpuContext() {
+  Context ctx;
+  ctx.device = kGpu;
+  return ctx;
+}
+
+Tensor ToDevice(const Tensor& host) {
+  auto device = kernels::cuda::CopyToDevice(Context{}, host, kGpu);
+  EXPECT_TRUE(device.ok()) << device.status();
+  return device.ok() ? *device : Tensor();
+}
+
+Tensor OnHost(const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  auto host = kernels::cuda::CopyToHost(Context{}, t);
+  EXPECT_TRUE(host.ok()) << host.status();
+  return host.ok() ? *host : Tensor();
+}
+
+// FP32 values of a tensor of any high-precision dtype (device tensors copied back).
+std::vector<float> Floats(const Tensor& t) {
+  const Tensor host = OnHost(t);
+  auto wide = kernels::cpu::ToFloat32(Context::Cpu(), host);
+  EXPECT_TRUE(wide.ok()) << wide.status();
+  if (!wide.ok()) return {};
+  return std::vector<float>(wide->floats().begin(), wide->floats().end());
+}
+
+std::vector<uint8_t> Bytes(const Tensor& t) {
+  const Tensor host = OnHost(t);
+  const uint8_t* p = host.data<uint8_t>();
+  return std::vector<uint8_t>(p, p + host.nbytes());
+}
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+// Deterministic pseudo-random uniforms in [-1, 1) (splitmix64).
+float Uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
+}
+
+uint8_t Encode(DType format, float v) { return format == DType::kFloat8E4M3 ? FloatToE4M3(v) : FloatToE5M2(v); }
+
+// Position of an FP8 code in value order (-0 and +0 share 0).
+int Ordinal(uint8_t code) { return (code & 0x80) ? -static_cast<int>(code & 0x7F) : code; }
+
+const ActivationParams kParams;  // clamped_swiglu: limit 7, alpha 1.702
+
+// Host input [rows, cols] of `dtype`: uniforms in [-4.5, 4.5), every 5th row 3x larger
+// (so the clamp limit 7 is crossed), exact zeros, exact +-limit, and with `specials` a few
+// NaN and +-Inf.
+Tensor MakeInput(DType dtype, int64_t rows, int64_t cols, uint64_t seed, bool specials) {
+  Tensor x = Tensor::Zeros(DType::kFloat32, {rows, cols}).value();
+  float* v = x.data<float>();
+  const int64_t n = rows * cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float row_scale = r % 5 == 2 ? 3.0f : 1.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      float value = 4.5f * row_scale * Uniform(seed, static_cast<uint64_t>(i));
+      if (i % 97 == 13) value = 0.0f;
+      if (i % 89 == 7) value = (i % 2) ? kParams.limit : -kParams.limit;
+      v[i] = value;
+    }
+  }
+  if (specials && n > 64) {
+    v[n / 7] = std::numeric_limits<float>::quiet_NaN();
+    v[n / 3] = std::numeric_limits<float>::infinity();
+    v[(2 * n) / 3] = -std::numeric_limits<float>::infinity();
+  }
+  if (dtype == DType::kFloat32) return x;
+  return kernels::cpu::CastFromFloat32(Context::Cpu(), x, dtype).value();
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward-error scales: sums of the magnitudes of each formula's terms, in double.
+
+double SigmoidD(double u) { return 1.0 / (1.0 + std::exp(-u)); }
+
+struct TermScale {
+  double value;  // |f(x)|
+  double grad;   // sum of |terms| of f'(x)
+};
+
+TermScale ScaleOf(Activation kind, double x) {
+  switch (kind) {
+    case Activation::kGelu:
+    case Activation::kGeglu: {
+      const double c = 0.7978845608028654, k = 0.044715;
+      const double s = SigmoidD(2.0 * c * (x + k * x * x * x));
+      const double du = 2.0 * c * (1.0 + 3.0 * k * x * x);
+      return {std::fabs(x * s), s + std::fabs(x) * s * (1.0 - s) * du};
+    }
+    case Activation::kQgelu:
+    case Activation::kQgeglu:
+    case Activation::kSilu:
+    case Activation::kSwiglu:
+    case Activation::kClampedSwiglu: {
+      const double alpha = kind == Activation::kSilu || kind == Activation::kSwiglu ? 1.0
+                           : kind == Activation::kClampedSwiglu                  ? kParams.alpha
+                                                                                  : 1.702;
+      const double s = SigmoidD(alpha * x);
+      return {std::fabs(x) * s, s + alpha * std::fabs(x) * s * (1.0 - s)};
+    }
+    case Activation::kRelu:
+    case Activation::kReglu: return {std::max(x, 0.0), 1.0};
+    case Activation::kSrelu:
+    case Activation::kSreglu: return {x > 0.0 ? x * x : 0.0, 2.0 * std::fabs(x)};
+  }
+  return {0.0, 0.0};
+}
+
+double ClampA(Activation kind, double a) {
+  return kind == Activation::kClampedSwiglu ? std::min(a, static_cast<double>(kParams.limit)) : a;
+}
+
+double LinearOf(Activation kind, double b) {
+  if (kind != Activation::kClampedSwiglu) return b;
+  const double l = kParams.limit;
+  return std::max(-l, std::min(b, l)) + 1.0;
+}
+
+// Scales of y [rows, K] and of dx [rows, in_cols] (dy given).
+void Scales(Activation kind, const std::vector<float>& x, const std::vector<float>* dy, int64_t rows, int64_t k,
+            std::vector<double>* y_scale, std::vector<double>* dx_scale) {
+  const bool gated = kernels::IsGated(kind);
+  const int64_t in_cols = gated ? 2 * k : k;
+  y_scale->assign(rows * k, 0.0);
+  if (dx_scale != nullptr) dx_scale->assign(rows * in_cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      const double g = dy != nullptr ? std::fabs((*dy)[r * k + j]) : 0.0;
+      if (!gated) {
+        const TermScale t = ScaleOf(kind, x[r * k + j]);
+        (*y_scale)[r * k + j] = t.value;
+        if (dx_scale != nullptr) (*dx_scale)[r * k + j] = g * t.grad;
+        continue;
+      }
+      const double a = ClampA(kind, x[r * in_cols + j]);
+      const double linear = std::fabs(LinearOf(kind, x[r * in_cols + k + j]));
+      const TermScale t = ScaleOf(kind, a);
+      (*y_scale)[r * k + j] = t.value * linear;
+      if (dx_scale != nullptr) {
+        (*dx_scale)[r * in_cols + j] = g * t.grad * linear;
+        (*dx_scale)[r * in_cols + k + j] = g * t.value;
+      }
+    }
+  }
+}
+
+// |got - want| <= atol + rtol * max(scale, |want|) for every element; NaN must meet NaN,
+// infinities must be equal. Reports the count and the first few failures.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale,
+                 DType dtype, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const testing_kernels::Tolerance tol = testing_kernels::ToleranceFor(dtype);
+  int64_t failures = 0;
+  std::string report;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float g = got[i];
+    const float w = want[i];
+    bool ok;
+    if (std::isnan(w) || std::isnan(g)) {
+      ok = std::isnan(w) && std::isnan(g);
+    } else if (std::isinf(w) || std::isinf(g)) {
+      ok = g == w;
+    } else {
+      double s = std::fabs(static_cast<double>(w));
+      if (!scale.empty() && scale[i] > s) s = scale[i];  // a NaN scale is ignored
+      ok = std::fabs(static_cast<double>(g) - w) <= tol.atol + tol.rtol * s;
+    }
+    if (ok) continue;
+    if (++failures <= 5) absl::StrAppend(&report, "\n  [", i, "] gpu ", g, " cpu ", w);
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << got.size() << " elements out of "
+                         << DTypeName(dtype) << " tolerance" << report;
+}
+
+// ---------------------------------------------------------------------------------------
+// Cases.
+
+struct Case {
+  Activation kind;
+  int64_t rows;
+  int64_t k;  // output width; x is [rows, k] or [rows, 2k]
+  DType dtype;
+  DType format;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return absl::StrCat(kernels::ActivationName(c.kind), "_", c.rows, "x", c.k, "_", DTypeName(c.dtype), "_",
+                      c.format == DType::kFloat8E4M3 ? "E4M3" : "E5M2");
+}
+
+constexpr Activation kKinds[] = {
+    Activation::kGelu,  Activation::kGeglu,  Activation::kQgelu, Activation::kQgeglu,
+    Activation::kRelu,  Activation::kReglu,  Activation::kSrelu, Activation::kSreglu,
+    Activation::kSilu,  Activation::kSwiglu, Activation::kClampedSwiglu,
+};
+
+struct Shape2 {
+  int64_t rows, k;
+};
+
+// Small shapes for every kind and dtype: one row (scalar and vectorized widths), odd
+// widths and row counts (scalar path, tile tails), multiples of 4 (vectorized path).
+constexpr Shape2 kSmallShapes[] = {{1, 259}, {1, 1024}, {257, 259}, {128, 129}, {128, 128}, {260, 192}};
+
+std::vector<Case> SmallCases() {
+  std::vector<Case> cases;
+  for (Activation kind : kKinds) {
+    for (const Shape2& s : kSmallShapes) {
+      cases.push_back({kind, s.rows, s.k, DType::kFloat32, DType::kFloat8E4M3});
+      cases.push_back({kind, s.rows, s.k, DType::kBFloat16, DType::kFloat8E4M3});
+      cases.push_back({kind, s.rows, s.k, DType::kFloat16, DType::kFloat8E5M2});
+    }
+  }
+  return cases;
+}
+
+// The benchmark shape, BF16 input (x is 16384 x 16384 for gated kinds).
+std::vector<Case> LargeForwardCases() {
+  std::vector<Case> cases;
+  for (Activation kind : kKinds) cases.push_back({kind, 16384, 8192, DType::kBFloat16, DType::kFloat8E4M3});
+  return cases;
+}
+
+std::vector<Case> LargeBackwardCases() {
+  return {{Activation::kGelu, 16384, 8192, DType::kBFloat16, DType::kFloat8E4M3},
+          {Activation::kSwiglu, 16384, 8192, DType::kBFloat16, DType::kFloat8E4M3},
+          {Activation::kClampedSwiglu, 16384, 8192, DType::kFloat32, DType::kFloat8E4M3}};
+}
+
+int64_t InputWidth(const Case& c) { return kernels::ActivationInputWidth(c.kind, c.k); }
+
+uint64_t SeedOf(const Case& c) { return static_cast<uint64_t>(c.rows * 7919 + c.k * 31 + static_cast<int>(c.kind)); }
+
+constexpr float kScale = 16.0f;  // saturates the largest srelu / sreglu values in E4M3
+
+// ---------------------------------------------------------------------------------------
+// Forward.
+
+// Checks a fused GPU forward (FP32 y, both FP8 copies) against the CPU on the same input.
+void CheckForward(const Case& c, bool specials) {
+  const int64_t in_cols = InputWidth(c);
+  const Tensor host_x = MakeInput(c.dtype, c.rows, in_cols, SeedOf(c), specials);
+  const Tensor x = ToDevice(host_x);
+  ActivationForwardOptions options;
+  options.y_dtype = DType::kFloat32;
+  options.quantize = true;
+  options.quantize_options.format = c.format;
+  options.quantize_options.scale = kScale;
+  options.quantize_options.rowwise = true;
+  options.quantize_options.columnwise = true;
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult gpu,
+                       kernels::FusedActivationForward(GpuContext(), c.kind, kParams, x, options));
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult cpu,
+                       kernels::FusedActivationForward(Context::Cpu(), c.kind, kParams, host_x, options));
+  const std::vector<float> gpu_y = Floats(gpu.y);
+  const std::vector<float> cpu_y = Floats(cpu.y);
+  std::vector<double> y_scale;
+  Scales(c.kind, Floats(host_x), nullptr, c.rows, c.k, &y_scale, nullptr);
+  ExpectClose(gpu_y, cpu_y, y_scale, DType::kFloat32, "y");
+
+  const std::vector<uint8_t> gpu_row = Bytes(gpu.fp8.rowwise_data);
+  const std::vector<uint8_t> gpu_col = Bytes(gpu.fp8.columnwise_data);
+  const std::vector<uint8_t> cpu_row = Bytes(cpu.fp8.rowwise_data);
+  const std::vector<uint8_t> cpu_col = Bytes(cpu.fp8.columnwise_data);
+  ASSERT_EQ(gpu_row.size(), static_cast<size_t>(c.rows * c.k));
+  ASSERT_EQ(gpu_col.size(), gpu_row.size());
+  int64_t not_own = 0, not_transposed = 0, same_value_differs = 0, more_than_one_step = 0, value_differs = 0;
+  int64_t first_bad = -1;
+  uint32_t own_max = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t j = 0; j < c.k; ++j) {
+      const int64_t i = r * c.k + j;
+      const float gy = gpu_y[i];
+      own_max = std::max(own_max, Bits(gy) & 0x7FFFFFFFu);
+      if (gpu_row[i] != Encode(c.format, gy * kScale)) {
+        ++not_own;
+        if (first_bad < 0) first_bad = i;
+      }
+      const bool same = Bits(gy) == Bits(cpu_y[i]) || (std::isnan(gy) && std::isnan(cpu_y[i]));
+      if (same) {
+        if (gpu_row[i] != cpu_row[i]) ++same_value_differs;
+      } else {
+        ++value_differs;
+        if (std::abs(Ordinal(gpu_row[i]) - Ordinal(cpu_row[i])) > 1) ++more_than_one_step;
+      }
+    }
+  }
+  // Transposes, checked in 64x64 tiles (cache-friendly on the 134M-element shapes).
+  int64_t cpu_not_transposed = 0;
+  for (int64_t r0 = 0; r0 < c.rows; r0 += 64) {
+    for (int64_t j0 = 0; j0 < c.k; j0 += 64) {
+      for (int64_t j = j0; j < std::min(c.k, j0 + 64); ++j) {
+        for (int64_t r = r0; r < std::min(c.rows, r0 + 64); ++r) {
+          not_transposed += gpu_col[j * c.rows + r] != gpu_row[r * c.k + j] ? 1 : 0;
+          cpu_not_transposed += cpu_col[j * c.rows + r] != cpu_row[r * c.k + j] ? 1 : 0;
+        }
+      }
+    }
+  }
+  ASSERT_EQ(cpu_not_transposed, 0) << "CPU reference columnwise copy";
+  EXPECT_EQ(not_own, 0) << "codes that are not encode(gpu y * scale); first at " << first_bad;
+  EXPECT_EQ(not_transposed, 0) << "columnwise codes that are not the rowwise transposed";
+  EXPECT_EQ(same_value_differs, 0) << "codes differing from the CPU's where the FP32 y agrees";
+  EXPECT_EQ(more_than_one_step, 0) << "codes more than one step from the CPU's";
+  std::printf("  %s: FP32 y differs from the CPU's in %lld of %lld elements\n", CaseName(::testing::TestParamInfo<Case>(c, 0)).c_str(),
+              static_cast<long long>(value_differs), static_cast<long long>(c.rows * c.k));
+
+  // amax: max |y| of the GPU's own FP32 y, bitwise (NaN as NaN), and close to the CPU's.
+  if (own_max > 0x7F800000u) {
+    EXPECT_TRUE(std::isnan(gpu.fp8.amax)) << gpu.fp8.amax;
+  } else {
+    EXPECT_EQ(Bits(gpu.fp8.amax), own_max) << gpu.fp8.amax;
+  }
+  ExpectClose({gpu.fp8.amax}, {cpu.fp8.amax}, {}, DType::kFloat32, "amax");
+  EXPECT_EQ(Bits(Floats(gpu.fp8.rowwise_scale_inv)[0]), Bits(1.0f / kScale));
+  EXPECT_EQ(Bits(Floats(gpu.fp8.columnwise_scale_inv)[0]), Bits(1.0f / kScale));
+  EXPECT_EQ(gpu.fp8.format, c.format);
+  EXPECT_EQ(gpu.fp8.shape, (Shape{c.rows, c.k}));
+}
+
+class ActivationForwardGpuTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { TESERVE_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(ActivationForwardGpuTest, MatchesCpuAndQuantizesItsOwnFp32Output) { CheckForward(GetParam(), false); }
+
+TEST_P(ActivationForwardGpuTest, NanAndInfinityInputsMatchCpu) { CheckForward(GetParam(), true); }
+
+// y in x's dtype (the default) and an FP8-only run give the FP32 run's values narrowed,
+// and the same codes.
+TEST_P(ActivationForwardGpuTest, YDtypeAndFp8OnlyVariantsAgreeWithTheFp32Run) {
+  const Case& c = GetParam();
+  const Tensor host_x = MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false);
+  const Tensor x = ToDevice(host_x);
+  ActivationForwardOptions fp32;
+  fp32.y_dtype = DType::kFloat32;
+  fp32.quantize = true;
+  fp32.quantize_options.format = c.format;
+  fp32.quantize_options.scale = kScale;
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult wide,
+                       kernels::FusedActivationForward(GpuContext(), c.kind, kParams, x, fp32));
+  ActivationForwardOptions native = fp32;
+  native.y_dtype.reset();
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult narrow,
+                       kernels::FusedActivationForward(GpuContext(), c.kind, kParams, x, native));
+  ActivationForwardOptions fp8_only = fp32;
+  fp8_only.write_y = false;
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult codes_only,
+                       kernels::FusedActivationForward(GpuContext(), c.kind, kParams, x, fp8_only));
+  ASSERT_EQ(narrow.y.dtype(), c.dtype);
+  EXPECT_FALSE(codes_only.y.defined());
+  EXPECT_FALSE(codes_only.fp8.columnwise_data.defined());
+
+  ASSERT_OK_AND_ASSIGN(const Tensor expected,
+                       kernels::cpu::CastFromFloat32(Context::Cpu(), OnHost(wide.y), c.dtype));
+  const std::vector<uint8_t> want = Bytes(expected);
+  const std::vector<uint8_t> got = Bytes(narrow.y);
+  int64_t differing = 0;
+  for (size_t i = 0; i < want.size(); ++i) differing += want[i] != got[i] ? 1 : 0;
+  EXPECT_EQ(differing, 0) << "bytes of y in " << DTypeName(c.dtype) << " differ from the FP32 run narrowed";
+  EXPECT_EQ(Bytes(narrow.fp8.rowwise_data), Bytes(wide.fp8.rowwise_data));
+  EXPECT_EQ(Bytes(codes_only.fp8.rowwise_data), Bytes(wide.fp8.rowwise_data));
+  EXPECT_EQ(Bits(codes_only.fp8.amax), Bits(wide.fp8.amax));
+}
+
+// The FP32 entry point on a CUDA device returns the fused entry point's y.
+TEST_P(ActivationForwardGpuTest, Fp32EntryPointDispatchesToCuda) {
+  const Case& c = GetParam();
+  if (c.dtype != DType::kFloat32) GTEST_SKIP() << "FP32 entry point takes FP32 x";
+  const Tensor x = ToDevice(MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false));
+  ASSERT_OK_AND_ASSIGN(const Tensor y, kernels::ActivationForward(GpuContext(), c.kind, kParams, x));
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult fused,
+                       kernels::FusedActivationForward(GpuContext(), c.kind, kParams, x, ActivationForwardOptions()));
+  EXPECT_EQ(y.device(), kGpu);
+  EXPECT_EQ(Bytes(y), Bytes(fused.y));
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, ActivationForwardGpuTest, ::testing::ValuesIn(SmallCases()), CaseName);
+
+class ActivationForwardLargeGpuTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { TESERVE_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(ActivationForwardLargeGpuTest, MatchesCpuAndQuantizesItsOwnFp32Output) { CheckForward(GetParam(), false); }
+
+INSTANTIATE_TEST_SUITE_P(Large, ActivationForwardLargeGpuTest, ::testing::ValuesIn(LargeForwardCases()), CaseName);
+
+// ---------------------------------------------------------------------------------------
+// Backward.
+
+void CheckBackward(const Case& c, bool specials) {
+  const int64_t in_cols = InputWidth(c);
+  const Tensor host_x = MakeInput(c.dtype, c.rows, in_cols, SeedOf(c), specials);
+  const Tensor host_dy = MakeInput(c.dtype, c.rows, c.k, SeedOf(c) + 1, false);
+  ActivationBackwardOptions options;
+  options.compute_dbias = true;
+  ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult gpu,
+                       kernels::FusedActivationBackward(GpuContext(), c.kind, kParams, ToDevice(host_dy),
+                                                        ToDevice(host_x), options));
+  ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult cpu,
+                       kernels::FusedActivationBackward(Context::Cpu(), c.kind, kParams, host_dy, host_x, options));
+  ASSERT_EQ(gpu.dx.dtype(), c.dtype);
+  ASSERT_EQ(gpu.dx.shape(), (Shape{c.rows, in_cols}));
+  ASSERT_EQ(gpu.dbias.shape(), (Shape{in_cols}));
+  const std::vector<float> x = Floats(host_x);
+  const std::vector<float> dy = Floats(host_dy);
+  std::vector<double> y_scale, dx_scale;
+  Scales(c.kind, x, &dy, c.rows, c.k, &y_scale, &dx_scale);
+  const std::vector<float> cpu_dx = Floats(cpu.dx);
+  ExpectClose(Floats(gpu.dx), cpu_dx, dx_scale, c.dtype, "dx");
+  // dbias: a sum over rows of FP32 dx, judged on the sum of |dx|.
+  std::vector<double> dbias_scale(in_cols, 0.0);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t j = 0; j < in_cols; ++j) dbias_scale[j] += std::max(dx_scale[r * in_cols + j], std::fabs(double{cpu_dx[r * in_cols + j]}));
+  }
+  ExpectClose(Floats(gpu.dbias), Floats(cpu.dbias), dbias_scale, DType::kFloat32, "dbias");
+}
+
+class ActivationBackwardGpuTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { TESERVE_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(ActivationBackwardGpuTest, DxAndDbiasMatchCpu) { CheckBackward(GetParam(), false); }
+
+TEST_P(ActivationBackwardGpuTest, NanAndInfinityInputsMatchCpu) { CheckBackward(GetParam(), true); }
+
+// Without dbias the same dx; the FP32 entry point on a CUDA device gives it too.
+TEST_P(ActivationBackwardGpuTest, DxWithoutDbiasAndFp32EntryPointAgree) {
+  const Case& c = GetParam();
+  const Tensor x = ToDevice(MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false));
+  const Tensor dy = ToDevice(MakeInput(c.dtype, c.rows, c.k, SeedOf(c) + 1, false));
+  ActivationBackwardOptions with_dbias;
+  with_dbias.compute_dbias = true;
+  ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult a,
+                       kernels::FusedActivationBackward(GpuContext(), c.kind, kParams, dy, x, with_dbias));
+  ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult b,
+                       kernels::FusedActivationBackward(GpuContext(), c.kind, kParams, dy, x,
+                                                        ActivationBackwardOptions()));
+  EXPECT_FALSE(b.dbias.defined());
+  EXPECT_EQ(Bytes(a.dx), Bytes(b.dx));
+  if (c.dtype == DType::kFloat32) {
+    ASSERT_OK_AND_ASSIGN(const Tensor dx, kernels::ActivationBackward(GpuContext(), c.kind, kParams, dy, x));
+    EXPECT_EQ(Bytes(dx), Bytes(a.dx));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, ActivationBackwardGpuTest, ::testing::ValuesIn(SmallCases()), CaseName);
+
+class ActivationBackwardLargeGpuTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { TESERVE_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(ActivationBackwardLargeGpuTest, DxAndDbiasMatchCpu) { CheckBackward(GetParam(), false); }
+
+INSTANTIATE_TEST_SUITE_P(Large, ActivationBackwardLargeGpuTest, ::testing::ValuesIn(LargeBackwardCases()),
+                         CaseName);
+
+// ---------------------------------------------------------------------------------------
+// Direct launches: poisoned outputs, encoders.
+
+template <typename T>
+T* PoisonedBuffer(int64_t count, int byte) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(p, byte, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)), cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+std::vector<T> Download(const T* p, int64_t count) {
+  std::vector<T> out(count);
+  EXPECT_EQ(cudaMemcpy(out.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+kernels::cuda::ActivationFunctionParams FunctionParams(Activation kind) {
+  kernels::cuda::ActivationFunctionParams f;
+  f.gated = kernels::IsGated(kind);
+  switch (kind) {
+    case Activation::kGelu:
+    case Activation::kGeglu: f.function = kernels::cuda::ActFunction::kGelu; break;
+    case Activation::kSwiglu:
+    case Activation::kSilu: f.function = kernels::cuda::ActFunction::kSigmoidLinear; f.alpha = 1.0f; break;
+    case Activation::kClampedSwiglu:
+      f.function = kernels::cuda::ActFunction::kSigmoidLinear;
+      f.alpha = kParams.alpha;
+      f.clamped = true;
+      f.limit = kParams.limit;
+      f.offset = 1.0f;
+      break;
+    default: ADD_FAILURE() << "not used here";
+  }
+  return f;
+}
+
+struct DirectCase {
+  Activation kind;
+  int64_t rows, k;
+};
+
+std::string DirectName(const ::testing::TestParamInfo<DirectCase>& info) {
+  return absl::StrCat(kernels::ActivationName(info.param.kind), "_", info.param.rows, "x", info.param.k);
+}
+
+class ActivationDirectLaunchTest : public ::testing::TestWithParam<DirectCase> {
+ protected:
+  void SetUp() override { TESERVE_SKIP_WITHOUT_GPU(); }
+};
+
+// Outputs poisoned with 0xFF bytes (NaN / 0xFF codes) are fully overwritten, with the
+// values of the checked entry point; the codec encoder gives the hardware encoder's codes.
+TEST_P(ActivationDirectLaunchTest, WritesEveryOutputElementWithEitherEncoder) {
+  const DirectCase& d = GetParam();
+  const int64_t in_cols = kernels::ActivationInputWidth(d.kind, d.k);
+  const Tensor host_x = MakeInput(DType::kFloat32, d.rows, in_cols, 5, true);
+  const Tensor x = ToDevice(host_x);
+  ActivationForwardOptions options;
+  options.quantize = true;
+  options.quantize_options.scale = kScale;
+  options.quantize_options.columnwise = true;
+  ASSERT_OK_AND_ASSIGN(const ActivationForwardResult api,
+                       kernels::FusedActivationForward(GpuContext(), d.kind, kParams, x, options));
+  for (auto encoder : {kernels::cuda::ActFp8Encoder::kHardware, kernels::cuda::ActFp8Encoder::kCodec}) {
+    kernels::cuda::ActivationForwardParams p;
+    p.act = FunctionParams(d.kind);
+    p.x = x.raw_data();
+    p.rows = d.rows;
+    p.cols = d.k;
+    p.encoder = encoder;
+    p.scale = kScale;
+    p.scale_inv = 1.0f / kScale;
+    float* y = PoisonedBuffer<float>(d.rows * d.k, 0xFF);
+    uint8_t* row = PoisonedBuffer<uint8_t>(d.rows * d.k, 0xFF);
+    uint8_t* col = PoisonedBuffer<uint8_t>(d.rows * d.k, 0xFF);
+    uint32_t* amax = PoisonedBuffer<uint32_t>(1, 0xFF);
+    p.y = y;
+    p.rowwise = row;
+    p.columnwise = col;
+    p.amax_bits = amax;
+    ASSERT_EQ(kernels::cuda::LaunchActivationForward(p, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got_y = Download(y, d.rows * d.k);
+    const std::vector<float> want_y = Floats(api.y);
+    int64_t y_differs = 0;
+    for (size_t i = 0; i < want_y.size(); ++i) {
+      const bool same = Bits(got_y[i]) == Bits(want_y[i]) || (std::isnan(got_y[i]) && std::isnan(want_y[i]));
+      y_differs += same ? 0 : 1;
+    }
+    EXPECT_EQ(y_differs, 0) << "y";
+    EXPECT_EQ(Download(row, d.rows * d.k), Bytes(api.fp8.rowwise_data));
+    EXPECT_EQ(Download(col, d.rows * d.k), Bytes(api.fp8.columnwise_data));
+    const uint32_t amax_bits = Download(amax, 1)[0];
+    EXPECT_TRUE(amax_bits > 0x7F800000u ? std::isnan(api.fp8.amax) : amax_bits == Bits(api.fp8.amax));
+    cudaFree(y);
+    cudaFree(row);
+    cudaFree(col);
+    cudaFree(amax);
+  }
+
+  // Backward: dx poisoned, dbias poisoned.
+  const Tensor dy = ToDevice(MakeInput(DType::kFloat32, d.rows, d.k, 6, false));
+  ActivationBackwardOptions bwd;
+  bwd.compute_dbias = true;
+  ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult api_bwd,
+                       kernels::FusedActivationBackward(GpuContext(), d.kind, kParams, dy, x, bwd));
+  kernels::cuda::ActivationBackwardParams b;
+  b.act = FunctionParams(d.kind);
+  b.dy = dy.raw_data();
+  b.x = x.raw_data();
+  b.rows = d.rows;
+  b.cols = d.k;
+  float* dx = PoisonedBuffer<float>(d.rows * in_cols, 0xFF);
+  float* dbias = PoisonedBuffer<float>(in_cols, 0xFF);
+  b.dx = dx;
+  b.dbias = dbias;
+  const int64_t workspace_floats = kernels::cuda::ActivationBackwardWorkspaceFloats(b);
+  float* workspace = PoisonedBuffer<float>(workspace_floats, 0xFF);
+  b.workspace = workspace;
+  ASSERT_EQ(kernels::cuda::LaunchActivationBackward(b, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got_dx = Download(dx, d.rows * in_cols);
+  const std::vector<float> want_dx = Floats(api_bwd.dx);
+  int64_t dx_differs = 0;
+  for (size_t i = 0; i < want_dx.size(); ++i) {
+    const bool same = Bits(got_dx[i]) == Bits(want_dx[i]) || (std::isnan(got_dx[i]) && std::isnan(want_dx[i]));
+    dx_differs += same ? 0 : 1;
+  }
+  EXPECT_EQ(dx_differs, 0) << "dx";
+  const std::vector<float> got_dbias = Download(dbias, in_cols);
+  const std::vector<float> want_dbias = Floats(api_bwd.dbias);
+  for (int64_t j = 0; j < in_cols; ++j) {
+    const bool same =
+        Bits(got_dbias[j]) == Bits(want_dbias[j]) || (std::isnan(got_dbias[j]) && std::isnan(want_dbias[j]));
+    ASSERT_TRUE(same) << "dbias[" << j << "] " << got_dbias[j] << " vs " << want_dbias[j];
+  }
+  cudaFree(dx);
+  cudaFree(dbias);
+  cudaFree(workspace);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ActivationDirectLaunchTest,
+                         ::testing::Values(DirectCase{Activation::kGelu, 257, 259}, DirectCase{Activation::kGelu, 1, 1024},
+                                           DirectCase{Activation::kSwiglu, 128, 129},
+                                           DirectCase{Activation::kSwiglu, 260, 192},
+                                           DirectCase{Activation::kClampedSwiglu, 257, 259}),
+                         DirectName);
+
+// ---------------------------------------------------------------------------------------
+// Errors on a CUDA device.
+
+TEST(ActivationGpuErrorsTest, RejectsMixedDevicesAndBadOptions) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const Tensor x = ToDevice(MakeInput(DType::kFloat32, 4, 8, 1, false));
+  const Tensor host_dy = MakeInput(DType::kFloat32, 4, 8, 2, false);
+  auto mixed = kernels::FusedActivationBackward(GpuContext(), Activation::kGelu, kParams, host_dy, x,
+                                                ActivationBackwardOptions());
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
+  ActivationForwardOptions options;
+  options.write_y = false;
+  auto nothing = kernels::FusedActivationForward(GpuContext(), Activation::kGelu, kParams, x, options);
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kInvalidArgument) << nothing.status();
+  EXPECT_NE(nothing.status().message().find("options.write_y"), std::string::npos) << nothing.status();
+}
+
+#else
+
+TEST(ActivationGpuTest, SkippedWithoutCuda) { TESERVE_SKIP_WITHOUT_GPU(); }
+
+#endif  // TESERVE_WITH_CUDA
+
+}  // namespace
+}  // namespace teserve
