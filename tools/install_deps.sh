@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Installs what teserve needs to build and test, and nothing that is already there:
 # Debian/Ubuntu packages (Bazel, gRPC, protobuf, abseil, prometheus-cpp, GoogleTest,
-# Google Benchmark, OpenBLAS) and the cuDNN frontend headers (pip). The CUDA toolkit is
-# not installed here: with one in CUDA_PATH or /usr/local/cuda the CUDA kernels are
-# built, without one the build falls back to the CPU backend.
+# Google Benchmark, OpenBLAS, and prometheus: the server and promtool that
+# tests/integration/prometheus_test runs against deploy/; the test starts its own
+# instance, the package's system service is not needed) and the cuDNN frontend headers
+# (pip). The CUDA toolkit is not installed here: with one in CUDA_PATH or
+# /usr/local/cuda the CUDA kernels are built, without one the build falls back to the
+# CPU backend.
 set -euo pipefail
 
 packages=(
   bazel-bootstrap g++ python3 python3-pip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  prometheus
 )
 
 missing=()
