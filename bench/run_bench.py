@@ -241,6 +241,110 @@ TORCH_EQUIVALENTS.update({
 })
 
 
+# --- Activations (activation_bench) ----------------------------------------------------
+# The bench's shape RxK is the output [R, K]; x is [R, K] or [R, 2K] for gated kinds (TE's
+# convention: the activation goes on the first half, the second half is the linear gate).
+# The torch equivalents run the activation in FP32 on the BF16 input, then amax, scale +
+# cast to float8_e4m3fn and a transposed copy: the unfused path the fused kernel replaces.
+BENCHES.append("activation_bench")
+
+
+def _act_fn(torch, kind):
+    F = torch.nn.functional
+
+    def gated(f, clamp=False):
+        def run(x):
+            a, b = x.chunk(2, dim=-1)
+            if clamp:
+                a = a.clamp(max=7.0)
+                b = b.clamp(-7.0, 7.0) + 1.0
+            return f(a) * b
+        return run
+
+    gelu = lambda t: F.gelu(t, approximate="tanh")
+    qgelu = lambda t: t * torch.sigmoid(1.702 * t)
+    srelu = lambda t: F.relu(t).square()
+    return {
+        "gelu": gelu, "geglu": gated(gelu),
+        "qgelu": qgelu, "qgeglu": gated(qgelu),
+        "relu": F.relu, "reglu": gated(F.relu),
+        "srelu": srelu, "sreglu": gated(srelu),
+        "silu": F.silu, "swiglu": gated(F.silu),
+        "clamped_swiglu": gated(qgelu, clamp=True),
+    }[kind]
+
+
+_ACT_GATED = {"geglu", "qgeglu", "reglu", "sreglu", "swiglu", "clamped_swiglu"}
+
+
+def _act_fwd_fp8(kind, dtype_name="bf16", columnwise=True):
+    def build(rows, cols):
+        torch = _torch()
+        dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+        width = 2 * cols if kind in _ACT_GATED else cols
+        x = _randn(rows, width, dtype, 0.0, 2.0, seed=10)
+        f = _act_fn(torch, kind)
+
+        def run():
+            y = f(x.float())
+            amax = y.abs().amax()
+            q = (y * 64.0).to(torch.float8_e4m3fn)
+            return (q, q.t().contiguous(), amax) if columnwise else (q, amax)
+
+        return run, (f"{kind} in FP32 on {dtype_name} x, abs().amax(), (y*scale).to(float8_e4m3fn)"
+                     + ("; .t().contiguous()" if columnwise else ""))
+    return build
+
+
+def _act_fwd_bf16(rows, cols):
+    torch = _torch()
+    x = _randn(rows, cols, torch.bfloat16, 0.0, 2.0, seed=11)
+    return (lambda: torch.nn.functional.gelu(x, approximate="tanh")), "F.gelu(x, approximate='tanh') on BF16"
+
+
+def _act_bwd(kind, dbias):
+    def build(rows, cols):
+        torch = _torch()
+        F = torch.nn.functional
+        dy = _randn(rows, cols, torch.bfloat16, 0.0, 1.0, seed=12)
+        if kind == "gelu":
+            x = _randn(rows, cols, torch.bfloat16, 0.0, 2.0, seed=13)
+
+            def grad():
+                return torch.ops.aten.gelu_backward(dy.float(), x.float(), approximate="tanh")
+        else:  # swiglu
+            x = _randn(rows, 2 * cols, torch.bfloat16, 0.0, 2.0, seed=13)
+
+            def grad():
+                a, b = x.float().chunk(2, dim=-1)
+                g = dy.float()
+                return torch.cat([torch.ops.aten.silu_backward(g * b, a), g * F.silu(a)], dim=-1)
+
+        def run():
+            dx = grad()
+            out = dx.to(torch.bfloat16)
+            return (out, dx.sum(0)) if dbias else out
+
+        return run, (f"{kind} backward in FP32 (aten.{'gelu' if kind == 'gelu' else 'silu'}_backward), dx to BF16"
+                     + (", dbias = dx.sum(0)" if dbias else ""))
+    return build
+
+
+TORCH_EQUIVALENTS.update({f"{k}_fwd_fp8": _act_fwd_fp8(k) for k in
+                          ["gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu",
+                           "swiglu", "clamped_swiglu"]})
+TORCH_EQUIVALENTS.update({
+    "gelu_fwd_fp8_fp32": _act_fwd_fp8("gelu", "fp32"),
+    "gelu_fwd_fp8_codec": _act_fwd_fp8("gelu"),
+    "gelu_fwd_fp8_rowwise": _act_fwd_fp8("gelu", columnwise=False),
+    "gelu_fwd_bf16": _act_fwd_bf16,
+    "gelu_bwd_dbias": _act_bwd("gelu", True),
+    "gelu_bwd": _act_bwd("gelu", False),
+    "swiglu_bwd_dbias": _act_bwd("swiglu", True),
+    "swiglu_bwd": _act_bwd("swiglu", False),
+})
+
+
 def time_torch(fn, warmup, iters):
     torch = _torch()
     for _ in range(warmup):
