@@ -9,11 +9,16 @@
 #include "core/tensor.h"
 
 namespace teserve {
+namespace kernels {
+class KernelTimingSink;  // kernels/timing.h
+}  // namespace kernels
 
 struct Context {
   Device device = Device::Cpu();
   void* stream = nullptr;  // cudaStream_t on CUDA devices; nullptr = default stream
   uint64_t seed = 0;       // base seed for stochastic ops (dropout, stochastic rounding)
+  // Receives sampled kernel durations (kernels/timing.h); nullptr = no timing. Not owned.
+  kernels::KernelTimingSink* kernel_timing = nullptr;
 
   static Context Cpu() { return Context{}; }
 };

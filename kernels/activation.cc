@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "kernels/cpu/activation_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/activation_cuda.h"
@@ -145,6 +146,7 @@ absl::StatusOr<Tensor> ActivationForward(const Context& ctx, Activation kind, co
                                          const Tensor& x) {
   RETURN_IF_ERROR(CheckInput(kind, x, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
+  ScopedKernelTimer timer(ctx, KernelOp::kActivationForward);
   if (ctx.device.is_cpu()) return cpu::ActivationForward(ctx, kind, params, x);
   ActivationForwardOptions options;
   options.y_dtype = DType::kFloat32;
@@ -159,6 +161,7 @@ absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, c
   RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, DType::kFloat32,
                                      {x.dim(0), IsGated(kind) ? x.dim(1) / 2 : x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
+  ScopedKernelTimer timer(ctx, KernelOp::kActivationBackward);
   if (ctx.device.is_cpu()) return cpu::ActivationBackward(ctx, kind, params, dy, x);
   ASSIGN_OR_RETURN(ActivationBackwardResult result,
                    DispatchBackward("ActivationBackward", ctx, kind, params, dy, x, ActivationBackwardOptions()));
@@ -172,6 +175,7 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   RETURN_IF_ERROR(CheckFusedInput(kind, x, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
   RETURN_IF_ERROR(CheckForwardOptions(options));
+  ScopedKernelTimer timer(ctx, KernelOp::kActivationForward);
   return DispatchForward("FusedActivationForward", ctx, kind, params, x, options);
 }
 
@@ -182,6 +186,7 @@ absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& 
   RETURN_IF_ERROR(CheckFusedInput(kind, x, ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, x.dtype(), {x.dim(0), OutputWidth(kind, x)}, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
+  ScopedKernelTimer timer(ctx, KernelOp::kActivationBackward);
   return DispatchBackward("FusedActivationBackward", ctx, kind, params, dy, x, options);
 }
 

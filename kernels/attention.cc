@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 namespace teserve {
 namespace kernels {
@@ -358,6 +359,7 @@ absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, con
                                                          const AttentionSideTensors& side) {
   RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
   RETURN_IF_ERROR(CpuOnly("AttentionForward", ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kAttentionForward);
   return cpu::AttentionForward(ctx, config, q, k, v, side);
 }
 
@@ -371,6 +373,7 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   RETURN_IF_ERROR(CheckTensorOfShape("softmax_lse", softmax_lse, DType::kFloat32, WithoutLastDim(q.shape()), ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("dout", dout, DType::kFloat32, out_shape, ctx));
   RETURN_IF_ERROR(CpuOnly("AttentionBackward", ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kAttentionBackward);
   return cpu::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout);
 }
 

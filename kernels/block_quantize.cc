@@ -12,6 +12,7 @@
 #include "kernels/cpu/block_math.h"
 #include "kernels/cpu/block_quantize_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/block_quantize_cuda.h"
@@ -88,6 +89,7 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
   RETURN_IF_ERROR(CheckMxfp8Divisible(x, options));
+  ScopedKernelTimer timer(ctx, KernelOp::kQuantizeMxfp8);
   if (ctx.device.is_cpu()) return cpu::QuantizeMxfp8(ctx, x, options);
 #if TESERVE_WITH_CUDA
   return cuda::QuantizeMxfp8(ctx, x, options);
@@ -101,6 +103,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
   RETURN_IF_ERROR(CheckFiniteNonNegative("options.amax_epsilon", options.amax_epsilon));
+  ScopedKernelTimer timer(ctx, KernelOp::kQuantizeBlock);
   if (ctx.device.is_cpu()) return cpu::QuantizeBlockScaling(ctx, x, options);
 #if TESERVE_WITH_CUDA
   return cuda::QuantizeBlockScaling(ctx, x, options);
@@ -111,6 +114,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
 
 absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckBlockCopy(q, copy, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kDequantizeBlock);
   if (ctx.device.is_cpu()) return cpu::DequantizeBlock(ctx, q, copy);
 #if TESERVE_WITH_CUDA
   return cuda::DequantizeBlock(ctx, q, copy);

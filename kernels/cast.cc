@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "kernels/cpu/cast_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/cast_cuda.h"
@@ -63,6 +64,7 @@ absl::Status NotOnCuda(absl::string_view op) {
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kAmax);
   if (ctx.device.is_cpu()) return cpu::Amax(ctx, x);
 #if TESERVE_WITH_CUDA
   return cuda::Amax(ctx, x);
@@ -75,6 +77,7 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
                                                   const PerTensorQuantizeOptions& options) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckQuantizeOptions(options));
+  ScopedKernelTimer timer(ctx, KernelOp::kQuantizePerTensor);
   if (ctx.device.is_cpu()) return cpu::QuantizePerTensor(ctx, x, options);
 #if TESERVE_WITH_CUDA
   return cuda::QuantizePerTensor(ctx, x, options);
@@ -85,6 +88,7 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
 
 absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckQuantizedCopy(q, copy, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kDequantizePerTensor);
   if (ctx.device.is_cpu()) return cpu::Dequantize(ctx, q, copy);
 #if TESERVE_WITH_CUDA
   return cuda::Dequantize(ctx, q, copy);

@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 #if TESERVE_WITH_CUDA
@@ -128,6 +129,26 @@ DeviceInfo QueryDeviceInfo() {
   info.no_gpu_reason = "teserve was built without CUDA (--config=cpu or no toolkit found)";
 #endif
   return info;
+}
+
+absl::StatusOr<DeviceMemory> QueryDeviceMemory(int index) {
+#if TESERVE_WITH_CUDA
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaError_t status = cudaSetDevice(index);
+  if (status == cudaSuccess) status = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat("cudaMemGetInfo on cuda:", index, " failed: ",
+                                               cudaGetErrorName(status)));
+  }
+  DeviceMemory memory;
+  memory.total_bytes = static_cast<int64_t>(total_bytes);
+  memory.used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+  return memory;
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("device memory of cuda:", index, ": teserve was built without CUDA"));
+#endif
 }
 
 }  // namespace kernels

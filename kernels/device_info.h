@@ -4,7 +4,10 @@
 #ifndef TESERVE_KERNELS_DEVICE_INFO_H_
 #define TESERVE_KERNELS_DEVICE_INFO_H_
 
+#include <cstdint>
 #include <string>
+
+#include "absl/status/statusor.h"
 
 namespace teserve {
 namespace kernels {
@@ -26,6 +29,15 @@ struct DeviceInfo {
 
 // Queries once per call; cheap enough for GetServerInfo.
 DeviceInfo QueryDeviceInfo();
+
+struct DeviceMemory {
+  int64_t used_bytes = 0;   // total - free, whoever allocated it
+  int64_t total_bytes = 0;
+};
+
+// cudaMemGetInfo of GPU `index` (selects it on the calling thread). UNAVAILABLE naming
+// the CUDA error, or FAILED_PRECONDITION in builds without CUDA.
+absl::StatusOr<DeviceMemory> QueryDeviceMemory(int index);
 
 }  // namespace kernels
 }  // namespace teserve

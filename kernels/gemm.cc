@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 namespace teserve {
 namespace kernels {
@@ -56,6 +57,7 @@ absl::Status Gemm(const Context& ctx, const Tensor& a, bool transpose_a, const T
   RETURN_IF_ERROR(CheckOutput("c", c, 2, ctx));
   RETURN_IF_ERROR(CheckGemmShapes(a, transpose_a, b, transpose_b, *c));
   RETURN_IF_ERROR(CpuOnly("Gemm", ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kGemm);
   return cpu::Gemm(ctx, a, transpose_a, b, transpose_b, alpha, beta, c);
 }
 

@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "kernels/cpu/loss_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 namespace teserve {
 namespace kernels {
@@ -73,12 +74,14 @@ absl::Status CheckCrossEntropyLabels(const Tensor& labels, const Shape& leading_
 absl::StatusOr<MseForwardOutput> MseForward(const Context& ctx, const Tensor& y, const Tensor& target) {
   RETURN_IF_ERROR(CheckMse(ctx, y, target));
   RETURN_IF_ERROR(CpuOnly("MseForward", ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kMseForward);
   return cpu::MseForward(y, target);
 }
 
 absl::StatusOr<Tensor> MseBackward(const Context& ctx, const Tensor& y, const Tensor& target, float grad_loss) {
   RETURN_IF_ERROR(CheckMse(ctx, y, target));
   RETURN_IF_ERROR(CpuOnly("MseBackward", ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kMseBackward);
   return cpu::MseBackward(y, target, grad_loss);
 }
 
@@ -86,6 +89,7 @@ absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Context& ctx
                                                               const Tensor& labels,
                                                               const CrossEntropyOptions& options) {
   RETURN_IF_ERROR(CheckCrossEntropy(ctx, "CrossEntropyForward", logits, labels, options));
+  ScopedKernelTimer timer(ctx, KernelOp::kCrossEntropyForward);
   return cpu::CrossEntropyForward(logits, labels, options);
 }
 
@@ -98,6 +102,7 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Context& ctx, const Tensor& lo
   if (num_valid < 0 || num_valid > tokens) {
     return InvalidField("num_valid", absl::StrCat("a count in 0..", tokens, " (the tokens)"), num_valid);
   }
+  ScopedKernelTimer timer(ctx, KernelOp::kCrossEntropyBackward);
   return cpu::CrossEntropyBackward(logits, labels, lse, num_valid, options, grad_loss);
 }
 

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "kernels/cpu/normalization_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/normalization_cuda.h"
@@ -146,6 +147,7 @@ absl::StatusOr<NormForwardOutputs> LayerNormForward(const Context& ctx, const Te
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("beta", beta, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
+  ScopedKernelTimer timer(ctx, KernelOp::kLayerNormForward);
   if (ctx.device.is_cpu()) return cpu::LayerNormForward(ctx, x, gamma, beta, eps, zero_centered_gamma);
   ASSIGN_OR_RETURN(NormForwardResult result,
                    DispatchForward("LayerNormForward", ctx, NormType::kLayerNorm, x, gamma, beta,
@@ -158,6 +160,7 @@ absl::StatusOr<NormBackwardOutputs> LayerNormBackward(const Context& ctx, const 
                                                       const Tensor& rsigma, const Tensor& gamma,
                                                       bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckBackward(dy, x, &mu, rsigma, gamma, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kLayerNormBackward);
   if (ctx.device.is_cpu()) {
     return cpu::LayerNormBackward(ctx, dy, x, mu, rsigma, gamma, zero_centered_gamma);
   }
@@ -173,6 +176,7 @@ absl::StatusOr<NormForwardOutputs> RmsNormForward(const Context& ctx, const Tens
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
+  ScopedKernelTimer timer(ctx, KernelOp::kRmsNormForward);
   if (ctx.device.is_cpu()) return cpu::RmsNormForward(ctx, x, gamma, eps, zero_centered_gamma);
   ASSIGN_OR_RETURN(NormForwardResult result,
                    DispatchForward("RmsNormForward", ctx, NormType::kRmsNorm, x, gamma, Tensor(),
@@ -184,6 +188,7 @@ absl::StatusOr<NormBackwardOutputs> RmsNormBackward(const Context& ctx, const Te
                                                     const Tensor& x, const Tensor& rsigma,
                                                     const Tensor& gamma, bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckBackward(dy, x, nullptr, rsigma, gamma, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kRmsNormBackward);
   if (ctx.device.is_cpu()) {
     return cpu::RmsNormBackward(ctx, dy, x, rsigma, gamma, zero_centered_gamma);
   }
@@ -205,6 +210,7 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
     RETURN_IF_ERROR(CheckAbsentForRmsNorm("beta", beta));
   }
   RETURN_IF_ERROR(CheckForwardOptions(options));
+  ScopedKernelTimer timer(ctx, KernelOp::kNormalizationForward);
   return DispatchForward("NormalizationForward", ctx, type, x, gamma, beta, options);
 }
 
@@ -226,6 +232,7 @@ absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, No
   RETURN_IF_ERROR(CheckFloatTensor("rsigma", rsigma, rows, ctx));
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckSmMargin("options.sm_margin", options.sm_margin));
+  ScopedKernelTimer timer(ctx, KernelOp::kNormalizationBackward);
   return DispatchBackward("NormalizationBackward", ctx, type, dy, x, mu, rsigma, gamma, options);
 }
 

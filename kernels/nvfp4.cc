@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "kernels/cpu/nvfp4_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/nvfp4_cuda.h"
@@ -70,6 +71,7 @@ absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Conte
 absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& x,
                                               const Nvfp4QuantizeOptions& options) {
   RETURN_IF_ERROR(CheckQuantizeArgs(x, options, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kQuantizeNvfp4);
   if (ctx.device.is_cpu()) return cpu::QuantizeNvfp4(ctx, x, options);
 #if TESERVE_WITH_CUDA
   return cuda::QuantizeNvfp4(ctx, x, options);
@@ -80,6 +82,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
 
 absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckQuantizedCopy(q, copy, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kDequantizeNvfp4);
   if (ctx.device.is_cpu()) return cpu::DequantizeNvfp4(ctx, q, copy);
 #if TESERVE_WITH_CUDA
   return cuda::DequantizeNvfp4(ctx, q, copy);

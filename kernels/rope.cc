@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "kernels/cpu/rope_cpu.h"
 #include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
 
 namespace teserve {
 namespace kernels {
@@ -169,6 +170,7 @@ absl::StatusOr<Tensor> RopeForward(const Context& ctx, const Tensor& t, const Te
                                    bool interleaved, const Tensor* cu_seqlens) {
   RETURN_IF_ERROR(CpuOnly("RopeForward", ctx));  // first: the checks read cu_seqlens on the host
   RETURN_IF_ERROR(CheckRope("t", t, freqs, format, cu_seqlens, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kRopeForward);
   return cpu::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens);
 }
 
@@ -176,6 +178,7 @@ absl::StatusOr<Tensor> RopeBackward(const Context& ctx, const Tensor& dy, const 
                                     bool interleaved, const Tensor* cu_seqlens) {
   RETURN_IF_ERROR(CpuOnly("RopeBackward", ctx));
   RETURN_IF_ERROR(CheckRope("dy", dy, freqs, format, cu_seqlens, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kRopeBackward);
   return cpu::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens);
 }
 

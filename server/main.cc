@@ -21,6 +21,13 @@
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on (gRPC and metrics)");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one, -1 = off");
+ABSL_FLAG(std::string, metrics_detail, "tensor",
+          "tensor | layer | session | off: per-tensor FP8 series, per-layer maxima, "
+          "session series only, or only RPC and session-count series");
+ABSL_FLAG(int64_t, fp8_stats_interval, 10,
+          "measure FP8 underflow/overflow/MSE in every Nth training step; 0 = never");
+ABSL_FLAG(int64_t, kernel_timing_interval, 16,
+          "time every Nth call of each kernel op for teserve_kernel_duration_seconds; 0 = never");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, max_sessions, 64, "most sessions alive at once");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
@@ -51,6 +58,9 @@ int main(int argc, char** argv) {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_detail = absl::GetFlag(FLAGS_metrics_detail);
+  options.fp8_stats_interval = absl::GetFlag(FLAGS_fp8_stats_interval);
+  options.kernel_timing_interval = absl::GetFlag(FLAGS_kernel_timing_interval);
   options.device = absl::GetFlag(FLAGS_device);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -67,6 +77,9 @@ int main(int argc, char** argv) {
   if ((*server)->metrics_port() >= 0) {
     Log(absl::StrFormat("metrics on http://%s:%d/metrics", options.host,
                         (*server)->metrics_port()));
+    Log(absl::StrFormat("metrics detail %s, FP8 health every %d steps, kernel timing every %d calls",
+                        options.metrics_detail, options.fp8_stats_interval,
+                        options.kernel_timing_interval));
   } else {
     Log("metrics endpoint off (--metrics_port=-1)");
   }

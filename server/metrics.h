@@ -1,51 +1,189 @@
-// Prometheus metrics of the server: prometheus-cpp's metric types and text format,
-// served by MetricsHttpServer (metrics_http.h says why not prometheus-cpp's Exposer).
+// Prometheus metrics of the server (DESIGN.md section 9): prometheus-cpp's metric types
+// and text format, served by MetricsHttpServer (metrics_http.h says why not
+// prometheus-cpp's Exposer).
 //
-// This is the seam the full catalogue of DESIGN.md section 9 grows from; for now it
-// holds the RPC and session series. Families are created once; label sets are added on
-// first use (prometheus-cpp makes Family::Add thread-safe).
+// Catalogue (labels: session = session id, layer = quantizer layer name, tensor =
+// "input" | "weight" | "grad_output", or "all" at --metrics_detail=layer):
+//   teserve_rpc_requests_total{method,code}         counter
+//   teserve_rpc_duration_seconds{method}            histogram
+//   teserve_rpc_received_bytes_total{method}        counter, serialized request sizes
+//   teserve_rpc_sent_bytes_total{method}            counter, serialized response sizes (OK calls)
+//   teserve_sessions                                gauge
+//   teserve_train_steps_total{session}              counter = SessionInfo.step
+//   teserve_steps_skipped_total{session}            counter, steps with non-finite gradients
+//   teserve_loss{session}                           gauge, latest ForwardBackward loss
+//   teserve_grad_norm{session}                      gauge, latest Step's norm before clipping
+//   teserve_fp8_amax{session,layer,tensor}          gauge, latest quantization's amax
+//   teserve_fp8_amax_window_max{...}                gauge, max of the amax history (delayed)
+//                                                   or the amax (other recipes)
+//   teserve_fp8_scale{...}, teserve_fp8_scale_inv{...}  gauges
+//   teserve_amax_log2{...}                          histogram of log2(amax), buckets -24..24
+//                                                   by 2; one observation per update in which
+//                                                   the tensor was quantized (amax 0 skipped)
+//   teserve_fp8_underflow_ratio{...}, teserve_fp8_overflow_ratio{...},
+//   teserve_fp8_quantization_mse{...}               gauges, sampled (below)
+//   teserve_kernel_duration_seconds{op,device}      histogram, sampled (kernels/timing.h)
+//   teserve_device_memory_bytes{device,kind}        gauge, kind "used" | "total", read at
+//                                                   scrape time (CPU: process RSS as used)
+// The values come from the session (Stats(), QuantizationState()) at the end of every
+// Forward, Backward, ForwardBackward and Step, so they equal what GetSession and
+// GetQuantizationState report at that moment.
+//
+// FP8 health sampling: the passes of every fp8_stats_interval-th training step (steps
+// interval, 2*interval, ... counting from 1) run with Session::SetHealthSampling on;
+// the health gauges are written from those passes only and hold the latest sample in
+// between. Other steps measure nothing. 0 disables sampling.
+//
+// Cardinality: MetricsDetail picks the series (see below); every series labelled with a
+// session is removed when the session is (RemoveSession). A server that exposes no
+// endpoint (port -1) keeps the cheap series but switches on neither health sampling nor
+// kernel timing, since nothing could read them.
+//
+// Thread-safety: every method may be called concurrently. Session state is read before
+// the metrics lock is taken, so a long computation on one session never delays another
+// session's updates.
 #ifndef TESERVE_SERVER_METRICS_H_
 #define TESERVE_SERVER_METRICS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/status.h"
+#include "kernels/timing.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/metrics_http.h"
+#include "train/session.h"
 
 namespace teserve {
 namespace server {
 
+enum class MetricsDetail {
+  kTensor,   // per (session, layer, tensor) FP8 series
+  kLayer,    // per (session, layer): max over the layer's tensors, tensor="all"
+  kSession,  // no FP8 series; session, kernel and memory series
+  kOff,      // RPC and session-count series only
+};
+
+// "tensor" | "layer" | "session" | "off"; INVALID_ARGUMENT naming --metrics_detail.
+absl::StatusOr<MetricsDetail> ParseMetricsDetail(absl::string_view text);
+absl::string_view MetricsDetailName(MetricsDetail detail);
+
+struct MetricsOptions {
+  std::string host = "0.0.0.0";  // numeric
+  int port = 9464;               // 0: any free port; -1: no endpoint
+  MetricsDetail detail = MetricsDetail::kTensor;
+  int64_t fp8_stats_interval = 10;      // steps; 0: no health sampling
+  int64_t kernel_timing_interval = 16;  // calls per op; 0: no kernel timing
+  int gpu_index = -1;                   // the selected GPU, -1 for none
+};
+
+// INVALID_ARGUMENT naming the flag (--metrics_port, --fp8_stats_interval,
+// --kernel_timing_interval) for values out of range.
+absl::Status ValidateMetricsOptions(const MetricsOptions& options);
+
 class Metrics {
  public:
-  // Serves /metrics on host:port (host numeric); port 0 picks a free port, -1 exposes
-  // nothing (the series are still kept, so callers need no special case).
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& host, int port);
+  // Validates the options (INVALID_ARGUMENT naming the flag) and serves /metrics.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsOptions& options);
   ~Metrics();
 
-  void RecordRpc(absl::string_view method, grpc::StatusCode code, double seconds);
+  void RecordRpc(absl::string_view method, grpc::StatusCode code, double seconds,
+                 int64_t received_bytes, int64_t sent_bytes);
   void SetSessions(int64_t live);
 
+  // Starts the series of a new session and sets its health-sampling switch for its first
+  // step. Updates of ids never added (or already removed) are ignored, so a late update
+  // racing DeleteSession cannot bring a deleted session's series back.
+  void AddSession(const std::string& id, train::Session& session);
+  // After a Forward, Backward, ForwardBackward or Step of `session`: copies its state
+  // into the series, then sets its health-sampling switch for the step it is now in.
+  void UpdateSession(const std::string& id, train::Session& session);
+  // Removes every series labelled with `id`.
+  void RemoveSession(const std::string& id);
+
+  // The sink sessions' Contexts carry (Context::kernel_timing); null when kernel timing
+  // is off.
+  kernels::KernelTimingSink* kernel_timing() { return kernel_timing_.get(); }
+  // Whether the passes of training step `step` (1-based) measure FP8 health.
+  bool SamplesHealthInStep(int64_t step) const;
+
+  MetricsDetail detail() const { return options_.detail; }
   // The bound HTTP port, or -1 when not exposed.
   int port() const { return http_ == nullptr ? -1 : http_->port(); }
 
  private:
-  Metrics();
+  class KernelTimings;
+  struct TensorSeries {
+    prometheus::Gauge* amax = nullptr;
+    prometheus::Gauge* window_max = nullptr;
+    prometheus::Gauge* scale = nullptr;
+    prometheus::Gauge* scale_inv = nullptr;
+    prometheus::Histogram* amax_log2 = nullptr;
+    // Created at the first health sample.
+    prometheus::Gauge* underflow = nullptr;
+    prometheus::Gauge* overflow = nullptr;
+    prometheus::Gauge* mse = nullptr;
+    int64_t quantize_calls = 0;  // at the previous update
+  };
+  struct SessionSeries {
+    prometheus::Counter* steps = nullptr;
+    prometheus::Counter* skipped = nullptr;
+    prometheus::Gauge* loss = nullptr;       // once a ForwardBackward ran
+    prometheus::Gauge* grad_norm = nullptr;  // once a Step ran
+    std::map<std::pair<std::string, std::string>, TensorSeries> tensors;  // (layer, tensor)
+  };
+  // One row of FP8 series: a quantized tensor, or a layer's aggregate.
+  struct Fp8Row;
 
+  explicit Metrics(const MetricsOptions& options);
+  bool fp8_series() const;
+  std::vector<Fp8Row> Fp8Rows(const std::vector<train::QuantizerReport>& reports) const;
+  void UpdateFp8(const std::string& id, const Fp8Row& row, bool health_sampled,
+                 SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveSeries(SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshDeviceMemory();
+  std::string Render();
+
+  const MetricsOptions options_;
   const prometheus::Histogram::BucketBoundaries duration_buckets_;
+  const prometheus::Histogram::BucketBoundaries amax_log2_buckets_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* rpc_requests_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
+  prometheus::Family<prometheus::Counter>* rpc_received_bytes_;
+  prometheus::Family<prometheus::Counter>* rpc_sent_bytes_;
   prometheus::Gauge* sessions_;
-  std::unique_ptr<MetricsHttpServer> http_;  // null when not exposed
+  prometheus::Family<prometheus::Counter>* train_steps_;
+  prometheus::Family<prometheus::Counter>* steps_skipped_;
+  prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Family<prometheus::Gauge>* grad_norm_;
+  prometheus::Family<prometheus::Gauge>* fp8_amax_;
+  prometheus::Family<prometheus::Gauge>* fp8_amax_window_max_;
+  prometheus::Family<prometheus::Gauge>* fp8_scale_;
+  prometheus::Family<prometheus::Gauge>* fp8_scale_inv_;
+  prometheus::Family<prometheus::Histogram>* amax_log2_;
+  prometheus::Family<prometheus::Gauge>* fp8_underflow_;
+  prometheus::Family<prometheus::Gauge>* fp8_overflow_;
+  prometheus::Family<prometheus::Gauge>* fp8_mse_;
+  prometheus::Family<prometheus::Histogram>* kernel_duration_;
+  prometheus::Family<prometheus::Gauge>* device_memory_;
+
+  absl::Mutex mu_;
+  std::map<std::string, SessionSeries> sessions_series_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<kernels::KernelTimingSink> kernel_timing_;  // null when off
+  std::unique_ptr<MetricsHttpServer> http_;       // null when not exposed; stopped first
 };
 
 }  // namespace server

@@ -18,15 +18,27 @@ std::string HostPort(const std::string& host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
+absl::StatusOr<MetricsOptions> MetricsOptionsOf(const ServerOptions& options) {
+  MetricsOptions metrics;
+  metrics.host = options.host;
+  metrics.port = options.metrics_port;
+  absl::StatusOr<MetricsDetail> detail = ParseMetricsDetail(options.metrics_detail);
+  if (!detail.ok()) return detail.status();
+  metrics.detail = *detail;
+  metrics.fp8_stats_interval = options.fp8_stats_interval;
+  metrics.kernel_timing_interval = options.kernel_timing_interval;
+  absl::Status valid = ValidateMetricsOptions(metrics);
+  if (!valid.ok()) return valid;
+  return metrics;
+}
+
 absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--port: expected 0..65535, got ", options.port));
   }
-  if (options.metrics_port < -1 || options.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_port: expected -1 (off) or 0..65535, got ", options.metrics_port));
-  }
+  absl::StatusOr<MetricsOptions> metrics = MetricsOptionsOf(options);
+  if (!metrics.ok()) return metrics.status();
   if (options.max_sessions < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_sessions: expected at least 1, got ", options.max_sessions));
@@ -95,8 +107,10 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
         "kernels land");
   }
 
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(options.host, options.metrics_port);
+  absl::StatusOr<MetricsOptions> metrics_options = MetricsOptionsOf(options);
+  if (!metrics_options.ok()) return metrics_options.status();
+  metrics_options->gpu_index = gpu_selected ? device->device.index : -1;
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(*metrics_options);
   if (!metrics.ok()) return metrics.status();
   server->metrics_ = std::move(*metrics);
 
@@ -137,12 +151,15 @@ void TeserveServer::Shutdown(absl::Duration grace) {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
 
-void TeserveServer::Wait() { server_->Wait(); }
+void TeserveServer::Wait() {
+  server_->Wait();
+  service_->CloseSessions();
+}
 
 TeserveServer::~TeserveServer() {
   if (server_ == nullptr) return;
   Shutdown(absl::ZeroDuration());
-  server_->Wait();
+  Wait();
 }
 
 }  // namespace server

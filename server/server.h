@@ -31,6 +31,12 @@ struct ServerOptions {
   std::string device = "auto";  // auto | cpu | cuda | cuda:N
   int64_t max_sessions = 64;
   int64_t max_message_bytes = int64_t{1} << 30;  // send and receive
+  // Metrics (server/metrics.h): tensor | layer | session | off, FP8 health sampled every
+  // fp8_stats_interval steps, kernels timed every kernel_timing_interval calls per op
+  // (0 turns either off).
+  std::string metrics_detail = "tensor";
+  int64_t fp8_stats_interval = 10;
+  int64_t kernel_timing_interval = 16;
 };
 
 struct DeviceSelection {
@@ -57,6 +63,8 @@ class TeserveServer {
   const std::string& device_note() const { return device_note_; }
 
   void Shutdown(absl::Duration grace);
+  // Returns once the server has stopped; then deletes the sessions left (and their
+  // metric series).
   void Wait();
 
  private:

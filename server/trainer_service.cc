@@ -93,7 +93,10 @@ TrainerService::TrainerService(TrainerConfig config, Metrics* metrics)
 
 template <typename Handler>
 grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* context,
-                                                absl::string_view method, Handler&& handler) {
+                                                absl::string_view method,
+                                                const google::protobuf::Message& request,
+                                                const google::protobuf::Message& response,
+                                                Handler&& handler) {
   const absl::Time start = absl::Now();
   absl::Status status;
   // Our code returns Status; this only catches what a library might still throw (an
@@ -106,26 +109,38 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
     status = absl::InternalError(absl::StrCat(method, ": unexpected exception: ", e.what()));
   }
   const grpc::Status grpc_status = ToGrpcStatus(status);
-  metrics_->RecordRpc(method, grpc_status.error_code(),
-                      absl::ToDoubleSeconds(absl::Now() - start));
+  // A failed call sends no message, only its status.
+  const int64_t sent = grpc_status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0;
+  metrics_->RecordRpc(method, grpc_status.error_code(), absl::ToDoubleSeconds(absl::Now() - start),
+                      static_cast<int64_t>(request.ByteSizeLong()), sent);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc_status);
   return reactor;
 }
 
+void TrainerService::CloseSessions() {
+  for (const auto& [id, session] : registry_.List()) {
+    if (registry_.Remove(id).ok()) metrics_->RemoveSession(id);
+  }
+  metrics_->SetSessions(registry_.size());
+}
+
 grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerContext* context,
                                                         const v1::CreateSessionRequest* request,
                                                         v1::CreateSessionResponse* response) {
-  return Serve(context, "CreateSession", [&]() -> absl::Status {
+  return Serve(context, "CreateSession", *request, *response, [&]() -> absl::Status {
     RETURN_IF_ERROR(RejectUnknownFields(request->model(), "model"));
     RETURN_IF_ERROR(RejectUnknownFields(request->recipe(), "recipe"));
     RETURN_IF_ERROR(RejectUnknownFields(request->optimizer(), "optimizer"));
     RETURN_IF_ERROR(registry_.CheckCapacity());
+    Context ctx = Context::Cpu();
+    ctx.kernel_timing = metrics_->kernel_timing();
     ASSIGN_OR_RETURN(std::unique_ptr<train::Session> session,
                      train::Session::Create(request->model(), request->recipe(),
-                                            request->optimizer(), Context::Cpu()));
+                                            request->optimizer(), ctx));
     std::shared_ptr<train::Session> shared = std::move(session);
     ASSIGN_OR_RETURN(std::string id, registry_.Add(shared));
+    metrics_->AddSession(id, *shared);
     metrics_->SetSessions(registry_.size());
     response->set_session_id(id);
     FillSessionInfo(id, *shared, response->mutable_info());
@@ -136,7 +151,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TrainerService::GetSession(grpc::CallbackServerContext* context,
                                                      const v1::GetSessionRequest* request,
                                                      v1::SessionInfo* response) {
-  return Serve(context, "GetSession", [&]() -> absl::Status {
+  return Serve(context, "GetSession", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     FillSessionInfo(request->session_id(), *session, response);
     return absl::OkStatus();
@@ -144,9 +159,9 @@ grpc::ServerUnaryReactor* TrainerService::GetSession(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* TrainerService::ListSessions(grpc::CallbackServerContext* context,
-                                                       const v1::ListSessionsRequest*,
+                                                       const v1::ListSessionsRequest* request,
                                                        v1::ListSessionsResponse* response) {
-  return Serve(context, "ListSessions", [&]() -> absl::Status {
+  return Serve(context, "ListSessions", *request, *response, [&]() -> absl::Status {
     for (const auto& [id, session] : registry_.List()) {
       FillSessionInfo(id, *session, response->add_sessions());
     }
@@ -156,9 +171,10 @@ grpc::ServerUnaryReactor* TrainerService::ListSessions(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* TrainerService::DeleteSession(grpc::CallbackServerContext* context,
                                                         const v1::DeleteSessionRequest* request,
-                                                        v1::DeleteSessionResponse*) {
-  return Serve(context, "DeleteSession", [&]() -> absl::Status {
+                                                        v1::DeleteSessionResponse* response) {
+  return Serve(context, "DeleteSession", *request, *response, [&]() -> absl::Status {
     RETURN_IF_ERROR(registry_.Remove(request->session_id()));
+    metrics_->RemoveSession(request->session_id());
     metrics_->SetSessions(registry_.size());
     return absl::OkStatus();
   });
@@ -167,12 +183,13 @@ grpc::ServerUnaryReactor* TrainerService::DeleteSession(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* context,
                                                   const v1::ForwardRequest* request,
                                                   v1::ForwardResponse* response) {
-  return Serve(context, "Forward", [&]() -> absl::Status {
+  return Serve(context, "Forward", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     ASSIGN_OR_RETURN(train::ForwardResult result,
                      session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
+    metrics_->UpdateSession(request->session_id(), *session);
     RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
     response->set_handle(result.handle);
     return absl::OkStatus();
@@ -182,13 +199,14 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* context,
                                                    const v1::BackwardRequest* request,
                                                    v1::BackwardResponse* response) {
-  return Serve(context, "Backward", [&]() -> absl::Status {
+  return Serve(context, "Backward", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                      DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
     std::vector<train::NamedTensor> side_grads;
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
                      session->Backward(request->handle(), grads, &side_grads));
+    metrics_->UpdateSession(request->session_id(), *session);
     for (const train::NamedTensor& g : side_grads) {
       v1::NamedTensor* wire = response->add_side_grads();
       wire->set_name(g.name);
@@ -201,7 +219,7 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerContext* context,
                                                           const v1::ForwardBackwardRequest* request,
                                                           v1::ForwardBackwardResponse* response) {
-  return Serve(context, "ForwardBackward", [&]() -> absl::Status {
+  return Serve(context, "ForwardBackward", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
@@ -211,6 +229,7 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
     ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
                      session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
                                               request->return_outputs()));
+    metrics_->UpdateSession(request->session_id(), *session);
     response->set_loss(result.loss);
     response->set_num_tokens(result.num_tokens);
     RETURN_IF_ERROR(EncodeTensors(result.grad_inputs, response->mutable_grad_inputs()));
@@ -222,10 +241,11 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* context,
                                                const v1::StepRequest* request,
                                                v1::StepResponse* response) {
-  return Serve(context, "Step", [&]() -> absl::Status {
+  return Serve(context, "Step", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(train::StepResult result, session->Step());
     if (request->zero_grad()) session->ZeroGrad();
+    metrics_->UpdateSession(request->session_id(), *session);
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
     response->set_skipped(result.skipped);
@@ -235,8 +255,8 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
 
 grpc::ServerUnaryReactor* TrainerService::ZeroGrad(grpc::CallbackServerContext* context,
                                                    const v1::ZeroGradRequest* request,
-                                                   v1::ZeroGradResponse*) {
-  return Serve(context, "ZeroGrad", [&]() -> absl::Status {
+                                                   v1::ZeroGradResponse* response) {
+  return Serve(context, "ZeroGrad", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     session->ZeroGrad();
     return absl::OkStatus();
@@ -246,7 +266,7 @@ grpc::ServerUnaryReactor* TrainerService::ZeroGrad(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TrainerService::GetParameters(grpc::CallbackServerContext* context,
                                                         const v1::GetParametersRequest* request,
                                                         v1::GetParametersResponse* response) {
-  return Serve(context, "GetParameters", [&]() -> absl::Status {
+  return Serve(context, "GetParameters", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     const std::vector<std::string> names(request->names().begin(), request->names().end());
     ASSIGN_OR_RETURN(std::vector<train::NamedTensor> parameters, session->GetParameters(names));
@@ -261,8 +281,8 @@ grpc::ServerUnaryReactor* TrainerService::GetParameters(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* TrainerService::SetParameters(grpc::CallbackServerContext* context,
                                                         const v1::SetParametersRequest* request,
-                                                        v1::SetParametersResponse*) {
-  return Serve(context, "SetParameters", [&]() -> absl::Status {
+                                                        v1::SetParametersResponse* response) {
+  return Serve(context, "SetParameters", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     std::vector<train::NamedTensor> parameters;
     parameters.reserve(request->parameters_size());
@@ -280,7 +300,7 @@ grpc::ServerUnaryReactor* TrainerService::SetParameters(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TrainerService::GetQuantizationState(
     grpc::CallbackServerContext* context, const v1::GetQuantizationStateRequest* request,
     v1::QuantizationState* response) {
-  return Serve(context, "GetQuantizationState", [&]() -> absl::Status {
+  return Serve(context, "GetQuantizationState", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     response->set_session_id(request->session_id());
     response->set_step(session->Summary().step);
@@ -315,9 +335,9 @@ grpc::ServerUnaryReactor* TrainerService::GetQuantizationState(
 }
 
 grpc::ServerUnaryReactor* TrainerService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                        const v1::GetServerInfoRequest*,
+                                                        const v1::GetServerInfoRequest* request,
                                                         v1::ServerInfo* response) {
-  return Serve(context, "GetServerInfo", [&]() -> absl::Status {
+  return Serve(context, "GetServerInfo", *request, *response, [&]() -> absl::Status {
     const kernels::DeviceInfo& info = config_.device_info;
     response->set_version(kTeserveVersion);
     response->set_device(config_.selected_device);

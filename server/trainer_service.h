@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/device_info.h"
 #include "server/metrics.h"
@@ -41,6 +42,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
  public:
   // `metrics` must outlive the service.
   TrainerService(TrainerConfig config, Metrics* metrics);
+
+  // Deletes every session and its metric series (server shutdown, once no RPC runs).
+  void CloseSessions();
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
                                           const v1::CreateSessionRequest* request,
@@ -83,10 +87,13 @@ class TrainerService final : public v1::Trainer::CallbackService {
                                           v1::ServerInfo* response) override;
 
  private:
-  // Runs `handler` (returning absl::Status), records metrics and finishes the call.
+  // Runs `handler` (returning absl::Status), records the RPC metrics (the serialized
+  // sizes of `request` and, for a successful call, `response`) and finishes the call.
   template <typename Handler>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context,
-                                  absl::string_view method, Handler&& handler);
+                                  absl::string_view method,
+                                  const google::protobuf::Message& request,
+                                  const google::protobuf::Message& response, Handler&& handler);
 
   const TrainerConfig config_;
   Metrics* const metrics_;

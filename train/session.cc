@@ -63,6 +63,13 @@ struct Session::State {
   // in this release whatever the selected device, so the plan is the CPU's.
   recipes::GemmPlan gemm_plan;
   int64_t step = 0;
+  int64_t skipped_steps = 0;
+  bool has_loss = false;
+  float last_loss = 0.0f;
+  bool has_grad_norm = false;
+  float last_grad_norm = 0.0f;
+  bool spec_health_stats = false;  // RecipeSpec.fp8_health_stats
+  bool health_sampling = false;
   uint64_t next_handle = 1;
   absl::flat_hash_map<uint64_t, Pending> pending;
 
@@ -133,8 +140,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
   ASSIGN_OR_RETURN(state->optimizer, OptimizerFromProto(optimizer));
   ASSIGN_OR_RETURN(state->stack, layers::BuildStack(model, state->recipe));
   state->params = state->stack->Parameters();
+  state->spec_health_stats = recipe.fp8_health_stats();
   for (const layers::NamedQuantizer& q : state->stack->Quantizers()) {
-    q.quantizer->set_health_stats(recipe.fp8_health_stats());
+    q.quantizer->set_health_stats(state->spec_health_stats);
   }
   state->max_grad_norm = optimizer.max_grad_norm();
   state->gemm_plan = recipes::PlanGemm(state->recipe.name(), recipes::DeviceFacts{});
@@ -228,6 +236,8 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
                    s.stack->Backward(s.ctx, *out.saved, {loss_result.grad_output}, &layer_side_grads));
   s.EndRegion(/*forward=*/false);
 
+  s.has_loss = true;
+  s.last_loss = loss_result.loss;
   ForwardBackwardResult result;
   result.loss = loss_result.loss;
   result.num_tokens = loss_result.num_tokens;
@@ -250,9 +260,12 @@ absl::StatusOr<StepResult> Session::Step() {
   }
   StepResult result;
   result.grad_norm = static_cast<float>(std::sqrt(sum_squares));
+  s.has_grad_norm = true;
+  s.last_grad_norm = result.grad_norm;
   if (!std::isfinite(sum_squares)) {
     result.step = s.step;
     result.skipped = true;
+    ++s.skipped_steps;
     return result;
   }
   if (s.max_grad_norm > 0.0f && result.grad_norm > s.max_grad_norm) {
@@ -333,6 +346,30 @@ std::vector<QuantizerReport> Session::QuantizationState() const {
     reports.push_back(std::move(r));
   }
   return reports;
+}
+
+TrainingStats Session::Stats() const {
+  absl::MutexLock lock(&mu_);
+  const State& s = *state_;
+  TrainingStats stats;
+  stats.step = s.step;
+  stats.skipped_steps = s.skipped_steps;
+  stats.has_loss = s.has_loss;
+  stats.loss = s.last_loss;
+  stats.has_grad_norm = s.has_grad_norm;
+  stats.grad_norm = s.last_grad_norm;
+  stats.health_sampling = s.health_sampling;
+  return stats;
+}
+
+void Session::SetHealthSampling(bool on) {
+  absl::MutexLock lock(&mu_);
+  State& s = *state_;
+  if (s.health_sampling == on) return;
+  s.health_sampling = on;
+  for (const layers::NamedQuantizer& q : s.stack->Quantizers()) {
+    q.quantizer->set_health_stats(s.spec_health_stats || on);
+  }
 }
 
 SessionSummary Session::Summary() const {

@@ -65,7 +65,18 @@ struct QuantizerReport {
   std::vector<float> amax_history;  // delayed scaling only, TE's slot order
   int64_t quantize_calls = 0;
   recipes::BlockScaleSummary block_scales;  // block recipes
-  recipes::HealthStats health;              // with RecipeSpec.fp8_health_stats
+  recipes::HealthStats health;              // with RecipeSpec.fp8_health_stats or while sampling
+};
+
+// Counters and latest values of the training loop (what the server's metrics export).
+struct TrainingStats {
+  int64_t step = 0;            // steps that updated the parameters (SessionSummary.step)
+  int64_t skipped_steps = 0;   // steps skipped for non-finite gradients
+  bool has_loss = false;       // a ForwardBackward has run
+  float loss = 0.0f;           // its loss; a client-side loss (Forward/Backward) is unknown
+  bool has_grad_norm = false;  // a Step has run
+  float grad_norm = 0.0f;      // of the latest Step, before clipping
+  bool health_sampling = false;  // SetHealthSampling's switch
 };
 
 struct LayerSummary {
@@ -125,6 +136,12 @@ class Session {
 
   std::vector<QuantizerReport> QuantizationState() const;
   SessionSummary Summary() const;
+  TrainingStats Stats() const;
+
+  // While on, every quantization measures the FP8 health statistics (as
+  // RecipeSpec.fp8_health_stats does always); off, quantizing costs nothing extra unless
+  // the spec asks for them. The server switches it on for the steps it samples.
+  void SetHealthSampling(bool on);
 
   const v1::ModelSpec& model_spec() const { return model_spec_; }
   const v1::RecipeSpec& recipe_spec() const { return recipe_spec_; }
