@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -440,13 +441,16 @@ cudaError_t WithOp(const ActivationFunctionParams& act, Fn&& fn) {
 template <typename Op, bool kGated, ActDType kIn>
 cudaError_t LaunchForwardTyped(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
   const auto kernel = ActivationForwardKernel<Op, kGated, kIn>;
+  // Resident blocks per SM depend on the kernel only: asked once per instantiation.
+  static std::atomic<int> cached_per_sm{0};
   int device = 0;
   int sms = 0;
-  int per_sm = 0;
+  int per_sm = cached_per_sm.load(std::memory_order_relaxed);
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess) {
+  if (status == cudaSuccess && per_sm == 0) {
     status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kForwardThreads, 0);
+    if (status == cudaSuccess) cached_per_sm.store(per_sm, std::memory_order_relaxed);
   }
   if (status != cudaSuccess) return status;
   const int64_t resident = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);

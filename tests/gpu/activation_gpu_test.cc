@@ -16,6 +16,8 @@
 //   results on a CUDA device.
 // - Direct launches write every output element (outputs poisoned first); the hardware and
 //   codec FP8 encoders give the same codes, NaN and infinities included.
+// The FusedActivationCpuTest cases check the CPU reference of the fused entry points and
+// the argument checks; they run in every build, with or without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,8 +27,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/context.h"
+#include "core/dtype.h"
+#include "core/float_codec.h"
+#include "core/tensor.h"
 #include "gtest/gtest.h"
+#include "kernels/activation.h"
+#include "kernels/cpu/cast_cpu.h"
 #include "tests/gpu/gpu_test_util.h"
 
 #if TESERVE_WITH_CUDA
@@ -45,6 +54,128 @@
 
 namespace teserve {
 namespace {
+
+// ---------------------------------------------------------------------------------------
+// The CPU reference of the fused entry points and their argument checks (every build).
+
+kernels::ActivationParams DefaultParams() { return kernels::ActivationParams(); }
+
+// BF16 x of uniforms in [-6, 6) (2 rows of 8 values per row group), widened exactly.
+Tensor CpuInput(int64_t rows, int64_t cols, DType dtype) {
+  Tensor x = Tensor::Zeros(DType::kFloat32, {rows, cols}).value();
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    x.data<float>()[i] = static_cast<float>(((i * 2654435761u) % 1200) / 100.0 - 6.0);
+  }
+  if (dtype == DType::kFloat32) return x;
+  return kernels::cpu::CastFromFloat32(Context::Cpu(), x, dtype).value();
+}
+
+TEST(FusedActivationCpuTest, ForwardQuantizesTheFp32OutputOfTheWidenedInput) {
+  const Tensor x = CpuInput(5, 2 * 37, DType::kBFloat16);
+  kernels::ActivationForwardOptions options;
+  options.quantize = true;
+  options.quantize_options.format = DType::kFloat8E4M3;
+  options.quantize_options.scale = 64.0f;
+  options.quantize_options.columnwise = true;
+  auto fused = kernels::FusedActivationForward(Context::Cpu(), kernels::Activation::kSwiglu, DefaultParams(), x,
+                                               options);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  auto x32 = kernels::cpu::ToFloat32(Context::Cpu(), x);
+  ASSERT_TRUE(x32.ok());
+  auto y32 = kernels::ActivationForward(Context::Cpu(), kernels::Activation::kSwiglu, DefaultParams(), *x32);
+  ASSERT_TRUE(y32.ok()) << y32.status();
+  ASSERT_EQ(fused->y.dtype(), DType::kBFloat16);
+  ASSERT_EQ(fused->y.shape(), (Shape{5, 37}));
+  float amax = 0.0f;
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t j = 0; j < 37; ++j) {
+      const float v = y32->data<float>()[r * 37 + j];
+      amax = std::max(amax, std::fabs(v));
+      EXPECT_EQ(fused->y.data<uint16_t>()[r * 37 + j], FloatToBf16(v)) << r << "," << j;
+      const uint8_t code = FloatToE4M3(v * 64.0f);
+      EXPECT_EQ(fused->fp8.rowwise_data.data<uint8_t>()[r * 37 + j], code) << r << "," << j;
+      EXPECT_EQ(fused->fp8.columnwise_data.data<uint8_t>()[j * 5 + r], code) << r << "," << j;
+    }
+  }
+  EXPECT_EQ(fused->fp8.amax, amax);
+  EXPECT_EQ(fused->fp8.rowwise_scale_inv.data<float>()[0], 1.0f / 64.0f);
+  EXPECT_EQ(fused->fp8.columnwise_data.shape(), (Shape{37, 5}));
+}
+
+TEST(FusedActivationCpuTest, BackwardDbiasIsTheColumnSumOfDx) {
+  const Tensor x = CpuInput(9, 2 * 11, DType::kFloat32);
+  const Tensor dy = CpuInput(9, 11, DType::kFloat32);
+  kernels::ActivationBackwardOptions options;
+  options.compute_dbias = true;
+  const kernels::ActivationParams params = DefaultParams();
+  auto fused = kernels::FusedActivationBackward(Context::Cpu(), kernels::Activation::kClampedSwiglu, params, dy, x,
+                                                options);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  auto dx = kernels::ActivationBackward(Context::Cpu(), kernels::Activation::kClampedSwiglu, params, dy, x);
+  ASSERT_TRUE(dx.ok()) << dx.status();
+  ASSERT_EQ(fused->dbias.shape(), (Shape{22}));
+  for (int64_t j = 0; j < 22; ++j) {
+    double sum = 0.0;
+    for (int64_t r = 0; r < 9; ++r) {
+      EXPECT_EQ(fused->dx.data<float>()[r * 22 + j], dx->data<float>()[r * 22 + j]);
+      sum += dx->data<float>()[r * 22 + j];
+    }
+    EXPECT_EQ(fused->dbias.data<float>()[j], static_cast<float>(sum)) << j;
+  }
+  auto no_dbias = kernels::FusedActivationBackward(Context::Cpu(), kernels::Activation::kClampedSwiglu, params, dy, x,
+                                                   kernels::ActivationBackwardOptions());
+  ASSERT_TRUE(no_dbias.ok());
+  EXPECT_FALSE(no_dbias->dbias.defined());
+}
+
+// Each bad argument is INVALID_ARGUMENT naming its field.
+TEST(FusedActivationCpuTest, RejectsBadArgumentsNamingTheField) {
+  const Context cpu = Context::Cpu();
+  const kernels::ActivationParams params = DefaultParams();
+  const Tensor x = CpuInput(3, 8, DType::kBFloat16);
+  auto expect_error = [](const absl::Status& status, const std::string& field) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(field), std::string::npos) << status;
+  };
+  kernels::ActivationForwardOptions nothing;
+  nothing.write_y = false;
+  expect_error(kernels::FusedActivationForward(cpu, kernels::Activation::kGelu, params, x, nothing).status(),
+               "options.write_y");
+  kernels::ActivationForwardOptions int_y;
+  int_y.y_dtype = DType::kInt32;
+  expect_error(kernels::FusedActivationForward(cpu, kernels::Activation::kGelu, params, x, int_y).status(),
+               "options.y_dtype");
+  kernels::ActivationForwardOptions bad_format;
+  bad_format.quantize = true;
+  bad_format.quantize_options.format = DType::kFloat32;
+  expect_error(kernels::FusedActivationForward(cpu, kernels::Activation::kGelu, params, x, bad_format).status(),
+               "options.quantize_options.format");
+  kernels::ActivationForwardOptions zero_scale;
+  zero_scale.quantize = true;
+  zero_scale.quantize_options.scale = 0.0f;
+  expect_error(kernels::FusedActivationForward(cpu, kernels::Activation::kGelu, params, x, zero_scale).status(),
+               "options.quantize_options.scale");
+  const Tensor ints = Tensor::Zeros(DType::kInt32, {3, 8}).value();
+  expect_error(kernels::FusedActivationForward(cpu, kernels::Activation::kGelu, params, ints,
+                                               kernels::ActivationForwardOptions())
+                   .status(),
+               "x.dtype");
+  const Tensor odd = CpuInput(3, 7, DType::kFloat32);
+  expect_error(kernels::FusedActivationForward(cpu, kernels::Activation::kGeglu, params, odd,
+                                               kernels::ActivationForwardOptions())
+                   .status(),
+               "x.shape");
+  const Tensor dy_fp32 = CpuInput(3, 8, DType::kFloat32);
+  expect_error(kernels::FusedActivationBackward(cpu, kernels::Activation::kGelu, params, dy_fp32, x,
+                                                kernels::ActivationBackwardOptions())
+                   .status(),
+               "dy");
+  const Tensor dy_wide = CpuInput(3, 8, DType::kBFloat16);
+  expect_error(kernels::FusedActivationBackward(cpu, kernels::Activation::kSwiglu, params, dy_wide, x,
+                                                kernels::ActivationBackwardOptions())
+                   .status(),
+               "dy");
+}
 
 #if TESERVE_WITH_CUDA
 
@@ -701,6 +832,21 @@ TEST(ActivationGpuErrorsTest, RejectsMixedDevicesAndBadOptions) {
 #else
 
 TEST(ActivationGpuTest, SkippedWithoutCuda) { TESERVE_SKIP_WITHOUT_GPU(); }
+
+// Without the CUDA backend a CUDA context is refused, not crashed on.
+TEST(FusedActivationCpuTest, CudaContextWithoutCudaBackendIsFailedPrecondition) {
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  float storage[8] = {};
+  const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {2, 4}, Device::Cuda(0));
+  auto fused = kernels::FusedActivationForward(ctx, kernels::Activation::kGelu, kernels::ActivationParams(), x,
+                                               kernels::ActivationForwardOptions());
+  EXPECT_EQ(fused.status().code(), absl::StatusCode::kFailedPrecondition) << fused.status();
+  EXPECT_NE(fused.status().message().find("FusedActivationForward on a CUDA device"), std::string::npos);
+  auto plain = kernels::ActivationBackward(ctx, kernels::Activation::kGelu, kernels::ActivationParams(), x, x);
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kFailedPrecondition) << plain.status();
+  EXPECT_NE(plain.status().message().find("ActivationBackward on a CUDA device"), std::string::npos);
+}
 
 #endif  // TESERVE_WITH_CUDA
 
