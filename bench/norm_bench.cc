@@ -1,7 +1,6 @@
 // LayerNorm / RMSNorm benchmarks (kernels/cuda/normalization_kernels.h), BF16 input:
 //   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
 //                            (read x; write 2 x n x h codes; mu, rsigma)
-//   layernorm_fwd_fp8_smem   the same with the shared-memory kernel variant
 //   layernorm_fwd_fp8_codec  the same with the integer-codec encoder
 //   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
 //   layernorm_fwd_fp8_rowwise  LN forward, rowwise codes only
@@ -30,9 +29,7 @@ using kernels::cuda::NormForwardParams;
 std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
-  return std::string(plan.variant == kernels::cuda::NormForwardVariant::kRegisters ? "registers"
-                                                                                   : "shared memory") +
-         ", tile " + std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +
+  return "tile " + std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +
          ", cluster " + std::to_string(plan.cluster_size) + ", " + std::to_string(plan.ctas) +
          " CTAs (" + std::to_string(plan.ctas_per_sm) + "/SM), smem " +
          std::to_string(plan.shared_bytes / 1024) + " KiB" +
@@ -77,9 +74,6 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   };
   const int64_t stats_ln = n * 8, stats_rms = n * 4;
   forward("layernorm_fwd_fp8", base, numel * 2 + numel * 2 + stats_ln);
-  NormForwardParams shared_variant = base;
-  shared_variant.variant = kernels::cuda::NormForwardVariant::kSharedMemory;
-  forward("layernorm_fwd_fp8_smem", shared_variant, numel * 2 + numel * 2 + stats_ln);
   NormForwardParams codec = base;
   codec.encoder = Fp8Encoder::kCodec;
   forward("layernorm_fwd_fp8_codec", codec, numel * 2 + numel * 2 + stats_ln);

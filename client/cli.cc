@@ -3,9 +3,12 @@
 //   teserve_cli health      [--server=ADDR]
 //   teserve_cli demo        [--server=ADDR] [--model=M] [--steps=N] [--seed=S] [--recipe=R]
 //   teserve_cli quant-state SESSION [--server=ADDR]
+//   teserve_cli fp8-health  SESSION [--server=ADDR] [--watch] [--interval=2s]
 //   teserve_cli server-info [--server=ADDR]
 //
 // Exit codes: 0 success, 1 the server or the call failed, 2 bad usage.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -19,8 +22,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "client/demo.h"
+#include "client/fp8_health.h"
 #include "client/transformer_demo.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "teserve address, host:port");
@@ -32,6 +38,8 @@ ABSL_FLAG(std::string, recipe, "delayed",
 ABSL_FLAG(std::string, model, "mlp",
           "demo: mlp (LayerNorm/Linear student of a teacher) or transformer (2 TransformerLayers "
           "reversing token sequences)");
+ABSL_FLAG(bool, watch, false, "fp8-health: redraw the table every --interval until interrupted");
+ABSL_FLAG(absl::Duration, interval, absl::Seconds(2), "fp8-health --watch: time between redraws");
 
 namespace {
 
@@ -53,6 +61,11 @@ constexpr char kUsage[] =
     "  quant-state SESSION     recipe, format, mode, execution, amax, scale, scale_inv,\n"
     "                          block scale_inv min/max/mean, FP8 health stats and amax\n"
     "                          history per quantized tensor\n"
+    "  fp8-health SESSION [--watch] [--interval=2s]\n"
+    "                          per layer and tensor: format, amax, amax window max, scale,\n"
+    "                          underflow %, overflow %, MSE (latest sampled health stats)\n"
+    "                          and emulated/native execution; --watch redraws the table\n"
+    "                          every --interval until interrupted\n"
     "  server-info             version, device, library versions, recipe availability\n"
     "common flags: --server=HOST:PORT (default localhost:50051)";
 
@@ -135,6 +148,26 @@ int QuantState(teserve::client::Client& client, const std::string& session_id) {
   return 0;
 }
 
+int Fp8Health(teserve::client::Client& client, const std::string& session_id) {
+  const bool watch = absl::GetFlag(FLAGS_watch);
+  const absl::Duration interval = absl::GetFlag(FLAGS_interval);
+  if (watch && interval <= absl::ZeroDuration()) {
+    return Usage(absl::StrFormat("--interval: expected a positive duration, got %s",
+                                 absl::FormatDuration(interval)));
+  }
+  const bool terminal = isatty(STDOUT_FILENO) == 1;
+  for (;;) {
+    absl::StatusOr<teserve::v1::QuantizationState> state = client.GetQuantizationState(session_id);
+    if (!state.ok()) return Fail("fp8-health", state.status());
+    // On a terminal each redraw replaces the previous table; piped, tables follow each other.
+    if (watch && terminal) std::cout << "\x1b[H\x1b[2J";
+    if (watch) std::cout << absl::FormatTime("%Y-%m-%d %H:%M:%S\n", absl::Now(), absl::LocalTimeZone());
+    std::cout << teserve::client::FormatFp8HealthTable(*state) << std::flush;
+    if (!watch) return 0;
+    absl::SleepFor(interval);
+  }
+}
+
 int ServerInfo(teserve::client::Client& client) {
   absl::StatusOr<teserve::v1::ServerInfo> info = client.GetServerInfo();
   if (!info.ok()) return Fail("server-info", info.status());
@@ -158,6 +191,10 @@ int main(int argc, char** argv) {
   if (command == "quant-state") {
     if (operands != 1) return Usage("quant-state: expected one SESSION id");
     return QuantState(client, args[2]);
+  }
+  if (command == "fp8-health") {
+    if (operands != 1) return Usage("fp8-health: expected one SESSION id");
+    return Fp8Health(client, args[2]);
   }
   if (command == "health" || command == "demo" || command == "server-info") {
     return Usage(command + ": takes no positional arguments");

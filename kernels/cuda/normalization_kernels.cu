@@ -2,9 +2,7 @@
 // normalization_kernels.h).
 //
 // Forward: one fused kernel reads x once and writes y (optional), mu, rsigma and the
-// per-tensor FP8 codes, rowwise and transposed (columnwise), with the amax. Two variants
-// share the tiling below: the register variant (default; see NormForwardRegisterKernel)
-// and the shared-memory variant described here.
+// per-tensor FP8 codes, rowwise and transposed (columnwise), with the amax.
 // - Work unit: a tile of 32 rows x C columns, staged in shared memory with 16-byte
 //   cp.async copies (zero-filled outside the tensor). A row longer than one tile is
 //   split across a thread-block cluster of S <= 8 CTAs (one column slice each); the CTAs
@@ -43,7 +41,6 @@
 // (two-stage, deterministic for a given grid). Other shapes use a streaming variant
 // (two reads of the row; partials accumulate in the CTA's own workspace row).
 #include <cooperative_groups.h>
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -52,7 +49,6 @@
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <type_traits>
 
 #include "core/float_codec.h"
 #include "kernels/cuda/normalization_kernels.h"
@@ -254,7 +250,6 @@ struct TileGeometry {
   bool vector_y = false;        // cols % 4 == 0 and y aligned for 4-element stores
   bool vector_rowwise = false;  // cols % 4 == 0 (4-byte code stores)
   bool vector_columnwise = false;  // rows % 16 == 0 (16-byte code stores)
-  bool vector_params = false;   // gamma (and beta) 16-byte aligned, cols % 4 == 0
 };
 
 // The column position of column c in the code tile: a permutation within aligned groups
@@ -523,388 +518,6 @@ __global__ void __launch_bounds__(kThreads)
     if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
   }
   // No CTA may leave while others can still read its partials.
-  if (g.clustered) cg::this_cluster().sync();
-}
-
-// ---------------------------------------------------------------------------------------
-// Forward, register variant (the default). Same tiles, cluster and outputs as the shared-
-// memory variant above, but each thread copies its part of the staged tile into registers
-// once, right after it lands; the next tile's copy is issued at once and overlaps all of
-// this tile's work. Thread geometry: warp w covers rows 16 (w & 1) .. + 15; lane (q = lane
-// / 8, g = lane % 8) rows 16 (w & 1) + 4q .. + 3 and, in unit j, the columns 128 j + 32 (w
-// >> 1) + 4g .. + 3, so a thread holds 4 rows x 4 columns per unit and a tile of C columns
-// takes C / 128 units (<= kUnits). Row statistics: per lane two passes over its registers
-// (mean, then sum of squared deviations), merged across lanes, warps and the cluster with
-// Chan's pairwise formula in a fixed order (one cluster barrier per tile); RMSNorm sums
-// squares. y = fma(fma(x, rsigma, -mu * rsigma), w, beta).
-
-template <NormDType kType>
-struct RegisterTile {
-  // 16-bit types: 8 units of 4 x 4 values packed in uint2 (64 registers); FP32: 4 units.
-  static constexpr int kUnits = kType == NormDType::kFloat32 ? 4 : 8;
-  using Quad = typename std::conditional<kType == NormDType::kFloat32, float4, uint2>::type;
-};
-
-template <NormDType kType>
-__device__ __forceinline__ void UnpackQuad(const typename RegisterTile<kType>::Quad& q, float v[4]) {
-  if constexpr (kType == NormDType::kFloat32) {
-    v[0] = q.x;
-    v[1] = q.y;
-    v[2] = q.z;
-    v[3] = q.w;
-  } else if constexpr (kType == NormDType::kBFloat16) {
-    v[0] = __uint_as_float(q.x << 16);
-    v[1] = __uint_as_float(q.x & 0xFFFF0000u);
-    v[2] = __uint_as_float(q.y << 16);
-    v[3] = __uint_as_float(q.y & 0xFFFF0000u);
-  } else {
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&q.x));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&q.y));
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = b.x;
-    v[3] = b.y;
-  }
-}
-
-// max that propagates NaN (max.NaN), on |b|.
-__device__ __forceinline__ float MaxAbsNan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(fabsf(b)));
-  return r;
-}
-
-// Running (count, mean, M2) of a set of values; Merge is Chan et al.'s pairwise update.
-struct Moments {
-  float n;
-  float mean;
-  float m2;
-};
-
-__device__ __forceinline__ Moments Merge(const Moments& a, const Moments& b) {
-  const float n = a.n + b.n;
-  if (n == 0.0f) return a;
-  const float delta = b.mean - a.mean;
-  const float wb = b.n / n;
-  return Moments{n, fmaf(delta, wb, a.mean), a.m2 + b.m2 + delta * delta * (a.n * wb)};
-}
-
-__device__ __forceinline__ Moments ShuffleXor(const Moments& m, int offset) {
-  return Moments{__shfl_xor_sync(0xFFFFFFFFu, m.n, offset),
-                 __shfl_xor_sync(0xFFFFFFFFu, m.mean, offset),
-                 __shfl_xor_sync(0xFFFFFFFFu, m.m2, offset)};
-}
-
-// Stores y (4 values) for the register variant; BF16 and FP16 through the hardware RNE
-// conversions (equal to the codec for every non-NaN value).
-__device__ __forceinline__ void StoreYQuad(void* y, NormDType type, int64_t index, const float v[4],
-                                           int n, bool vector) {
-  if (type == NormDType::kFloat32 || !vector || n != 4) {
-    StoreY4(y, type, index, v, n, vector);
-    return;
-  }
-  uint2 packed;
-  if (type == NormDType::kBFloat16) {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
-    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
-    packed = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-  } else {
-    const __half2 a = __floats2half2_rn(v[0], v[1]);
-    const __half2 b = __floats2half2_rn(v[2], v[3]);
-    packed = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-  }
-  *reinterpret_cast<uint2*>(static_cast<uint16_t*>(y) + index) = packed;
-}
-
-// Issues the cp.async copies of one tile with incrementally stepped (row, chunk) indices
-// (no division per chunk); the scalar path (unaligned rows) falls back to LoadTile.
-template <NormDType kType>
-__device__ __forceinline__ void LoadTileAsync(const NormForwardParams& p, const TileGeometry& g,
-                                              int64_t row0, int64_t col0, unsigned char* tile) {
-  using Storage = typename Elem<kType>::Storage;
-  if (!g.vector_load) {
-    LoadTile<kType>(p, g, row0, col0, tile);
-    return;
-  }
-  constexpr int kPerChunk = 16 / sizeof(Storage);
-  const Storage* x = static_cast<const Storage*>(p.x);
-  const int chunks_per_row = g.cols_per_cta / kPerChunk;
-  const int row_step = kThreads / chunks_per_row;
-  const int chunk_step = kThreads - row_step * chunks_per_row;
-  int r = threadIdx.x / chunks_per_row;
-  int k = threadIdx.x - r * chunks_per_row;
-  while (r < kTileRows) {
-    const int64_t row = row0 + r;
-    const int64_t col = col0 + static_cast<int64_t>(k) * kPerChunk;
-    const bool inside = row < p.rows && col < p.cols;
-    CpAsync16(tile + r * g.row_stride + k * 16, inside ? x + row * p.cols + col : x, inside);
-    k += chunk_step;
-    r += row_step;
-    if (k >= chunks_per_row) {
-      k -= chunks_per_row;
-      ++r;
-    }
-  }
-  CpAsyncCommit();
-}
-
-template <NormDType kType, Fp8Format kFormat, Fp8Encoder kEncoder>
-__global__ void __launch_bounds__(kThreads, 2)
-    NormForwardRegisterKernel(NormForwardParams p, TileGeometry g) {
-  using Tile = RegisterTile<kType>;
-  using Quad = typename Tile::Quad;
-  constexpr int kUnits = Tile::kUnits;
-  constexpr int kQuadBytes = sizeof(Quad);
-  extern __shared__ __align__(16) unsigned char shared[];
-  unsigned char* x_tile = shared;
-  uint8_t* code_tile = shared + kTileRows * g.row_stride;  // C x 32 bytes, column-major
-  __shared__ float4 warp_part[kWarps / 2][kTileRows];      // (n, mean, M2) per column group
-  __shared__ float4 partial[2][kTileRows];                  // this CTA's, parity-buffered
-  __shared__ float2 row_stats[kTileRows];                   // (rsigma, -mu * rsigma)
-
-  const int slice = blockIdx.x;
-  const int64_t col0 = static_cast<int64_t>(slice) * g.cols_per_cta;
-  const int valid_cols = static_cast<int>(min(static_cast<int64_t>(g.cols_per_cta), p.cols - col0));
-  const int units = g.cols_per_cta / 128;
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int q = lane / 8;
-  const int gl = lane % 8;
-  const int rbase = 16 * (warp & 1) + 4 * q;      // the thread's first tile row
-  const int ccol = 32 * (warp >> 1) + 4 * gl;     // its first column in unit 0
-  const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
-  const bool full_slice = valid_cols == g.cols_per_cta;
-  const float cols_f = static_cast<float>(p.cols);
-  // Valid elements per row among the thread's columns (the same for its 4 rows).
-  float lane_count = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kUnits; ++j) {
-    if (j < units) lane_count += static_cast<float>(max(0, min(4, valid_cols - (128 * j + ccol))));
-  }
-  int parity = 0;
-  float local_amax = 0.0f;
-
-  // Row groups fit in 32 bits (rows / 32 < 2^31 for any tensor this kernel takes).
-  const int row_groups = static_cast<int>(g.row_groups);
-  int group = blockIdx.y;
-  if (group < row_groups) LoadTileAsync<kType>(p, g, static_cast<int64_t>(group) * kTileRows, col0, x_tile);
-  for (; group < row_groups; group += gridDim.y) {
-    const int64_t row0 = static_cast<int64_t>(group) * kTileRows;
-    if (g.vector_load) CpAsyncWaitAll();
-    __syncthreads();
-    Quad xr[kUnits][4];
-#pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      if (j < units) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          xr[j][k] = *reinterpret_cast<const Quad*>(x_tile + (rbase + k) * g.row_stride +
-                                                    (128 * j + ccol) * (kQuadBytes / 4));
-        }
-      }
-    }
-    __syncthreads();  // the tile is in registers: stage the next one now
-    const int next = group + gridDim.y;
-    if (next < row_groups) LoadTileAsync<kType>(p, g, static_cast<int64_t>(next) * kTileRows, col0, x_tile);
-
-    // Row statistics, one row at a time (few live registers next to the tile).
-    if (g.clustered) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float sum = 0.0f;
-        if (!p.rms) {
-#pragma unroll
-          for (int j = 0; j < kUnits; ++j) {
-            if (j >= units) continue;
-            float v[4];
-            UnpackQuad<kType>(xr[j][k], v);
-            // Columns outside the tensor were zero-filled, so they add nothing here.
-            sum += (v[0] + v[1]) + (v[2] + v[3]);
-          }
-        }
-        const float mean = (p.rms || lane_count == 0.0f) ? 0.0f : sum / lane_count;
-        float m2 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kUnits; ++j) {
-          if (j >= units) continue;
-          float v[4];
-          UnpackQuad<kType>(xr[j][k], v);
-          const int n_valid = full_slice ? 4 : max(0, min(4, valid_cols - (128 * j + ccol)));
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float d = v[i] - mean;
-            if (i < n_valid) m2 = fmaf(d, d, m2);
-          }
-        }
-        // Across the 8 lanes that share the row (lane bits 0-2): both partners merge
-        // (lower, upper), so they hold identical results.
-        Moments m{lane_count, mean, m2};
-#pragma unroll
-        for (int offset = 1; offset < 8; offset *= 2) {
-          const Moments other = ShuffleXor(m, offset);
-          m = p.rms ? Moments{m.n + other.n, 0.0f, m.m2 + other.m2}
-                    : ((lane & offset) ? Merge(other, m) : Merge(m, other));
-        }
-        if (gl == 0) warp_part[warp >> 1][rbase + k] = make_float4(m.n, m.mean, m.m2, 0.0f);
-      }
-      __syncthreads();
-      // The 4 warps of each row half, then the cluster's slices, in a fixed order.
-      if (threadIdx.x < kTileRows) {
-        float4 a = warp_part[0][threadIdx.x];
-        Moments total{a.x, a.y, a.z};
-        for (int w = 1; w < kWarps / 2; ++w) {
-          a = warp_part[w][threadIdx.x];
-          total = p.rms ? Moments{total.n + a.x, 0.0f, total.m2 + a.z} : Merge(total, Moments{a.x, a.y, a.z});
-        }
-        partial[parity][threadIdx.x] = make_float4(total.n, total.mean, total.m2, 0.0f);
-      }
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      if (threadIdx.x < kTileRows) {
-        Moments total{0.0f, 0.0f, 0.0f};
-        for (int rank = 0; rank < g.slices; ++rank) {
-          const float4 a = cluster.map_shared_rank(&partial[parity][0], rank)[threadIdx.x];
-          total = p.rms ? Moments{total.n + a.x, 0.0f, total.m2 + a.z} : Merge(total, Moments{a.x, a.y, a.z});
-        }
-        const float rsigma = 1.0f / sqrtf(total.m2 / cols_f + p.eps);
-        row_stats[threadIdx.x] = make_float2(rsigma, -total.mean * rsigma);
-        const int64_t row = row0 + threadIdx.x;
-        if (slice == 0 && row < p.rows) {
-          p.rsigma[row] = rsigma;
-          if (!p.rms) p.mu[row] = total.mean;
-        }
-      }
-      parity ^= 1;
-    } else if (threadIdx.x < kTileRows) {
-      const int64_t row = row0 + threadIdx.x;
-      const bool inside = row < p.rows;
-      const float rsigma = inside ? p.rsigma[row] : 0.0f;
-      row_stats[threadIdx.x] = make_float2(rsigma, (inside && !p.rms) ? -p.mu[row] * rsigma : 0.0f);
-    }
-    __syncthreads();
-
-    // Phase A from registers, a row of 4 values at a time.
-    const int64_t valid_rows = p.rows - (row0 + rbase);  // of the thread's 4 rows: min(4, this)
-#pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      const int cbase = 128 * j + ccol;
-      if (j >= units || cbase >= valid_cols) continue;
-      const int ncols = min(4, valid_cols - cbase);
-      const int64_t col = col0 + cbase;
-      float w[4], b[4];
-      if (g.vector_params && ncols == 4) {
-        const float4 wv = __ldg(reinterpret_cast<const float4*>(p.gamma + col));
-        w[0] = wv.x;
-        w[1] = wv.y;
-        w[2] = wv.z;
-        w[3] = wv.w;
-        if (!p.rms) {
-          const float4 bv = __ldg(reinterpret_cast<const float4*>(p.beta + col));
-          b[0] = bv.x;
-          b[1] = bv.y;
-          b[2] = bv.z;
-          b[3] = bv.w;
-        } else {
-          b[0] = b[1] = b[2] = b[3] = 0.0f;
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          w[i] = i < ncols ? __ldg(p.gamma + col + i) : 0.0f;
-          b[i] = (i < ncols && !p.rms) ? __ldg(p.beta + col + i) : 0.0f;
-        }
-      }
-      if (p.zero_centered_gamma) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] += 1.0f;
-      }
-      uint32_t row_codes[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 st = row_stats[rbase + k];
-        float y[4];
-        UnpackQuad<kType>(xr[j][k], y);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) y[i] = fmaf(fmaf(y[i], st.x, st.y), w[i], b[i]);
-        const bool row_inside = k < valid_rows;
-        float row_max = 0.0f;  // max |y| of the row's values inside the tensor (NaN wins)
-        if (row_inside) {
-          if (ncols == 4) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) row_max = MaxAbsNan(row_max, y[i]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if (i < ncols) row_max = MaxAbsNan(row_max, y[i]);
-            }
-          }
-          if (p.y != nullptr) {
-            StoreYQuad(p.y, p.y_type, (row0 + rbase + k) * p.cols + col, y, ncols, g.vector_y);
-          }
-        }
-        local_amax = MaxAbsNan(local_amax, row_max);
-        if (!quantize) continue;
-        row_codes[k] = row_max != row_max ? Encode4<kFormat, kEncoder, true>(y, p.scale)
-                                          : Encode4<kFormat, kEncoder, false>(y, p.scale);
-        if (p.rowwise != nullptr && row_inside) {
-          uint8_t* dst = p.rowwise + (row0 + rbase + k) * p.cols + col;
-          if (g.vector_rowwise && ncols == 4) {
-            *reinterpret_cast<uint32_t*>(dst) = row_codes[k];
-          } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if (i < ncols) dst[i] = static_cast<uint8_t>(row_codes[k] >> (8 * i));
-            }
-          }
-        }
-      }
-      if (p.columnwise != nullptr) {
-        const uint32_t t0 = __byte_perm(row_codes[0], row_codes[1], 0x5140);
-        const uint32_t t1 = __byte_perm(row_codes[2], row_codes[3], 0x5140);
-        const uint32_t t2 = __byte_perm(row_codes[0], row_codes[1], 0x7362);
-        const uint32_t t3 = __byte_perm(row_codes[2], row_codes[3], 0x7362);
-        const uint32_t columns[4] = {__byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632),
-                                     __byte_perm(t2, t3, 0x5410), __byte_perm(t2, t3, 0x7632)};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          *reinterpret_cast<uint32_t*>(code_tile + SwizzleColumn(cbase + i) * kTileRows + rbase) =
-              columns[i];
-        }
-      }
-    }
-
-    if (p.columnwise != nullptr) {  // uniform: the barrier is safe
-      __syncthreads();
-      for (int i = threadIdx.x; i < 2 * g.cols_per_cta; i += kThreads) {
-        const int c = i >> 1;
-        const int half = i & 1;
-        const int64_t row = row0 + 16 * half;
-        if (c >= valid_cols || row >= p.rows) continue;
-        const uint4 v =
-            *reinterpret_cast<const uint4*>(code_tile + SwizzleColumn(c) * kTileRows + 16 * half);
-        uint8_t* dst = p.columnwise + (col0 + c) * p.rows + row;
-        if (g.vector_columnwise) {
-          *reinterpret_cast<uint4*>(dst) = v;
-        } else {
-          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-          const int n = static_cast<int>(min(static_cast<int64_t>(16), p.rows - row));
-#pragma unroll
-          for (int e = 0; e < 16; ++e) {
-            if (e < n) dst[e] = static_cast<uint8_t>(words[e / 4] >> (8 * (e % 4)));
-          }
-        }
-      }
-    }
-  }
-
-  if (p.amax_bits != nullptr) {
-    const uint32_t block_amax = BlockMax(__float_as_uint(local_amax));
-    if (threadIdx.x == 0 && block_amax != 0u) atomicMax(p.amax_bits, block_amax);
-  }
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
-    if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
-    if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
-  }
   if (g.clustered) cg::this_cluster().sync();
 }
 
@@ -1323,20 +936,18 @@ int TileSharedBytes(int cols_per_cta, NormDType x_type, bool columnwise) {
   return kTileRows * row_stride + (columnwise ? cols_per_cta * kTileRows : 0);
 }
 
-int SliceWidth(int64_t cols, int slices, int align) {
-  return static_cast<int>(CeilDiv(CeilDiv(cols, slices), align) * align);
+int SliceWidth(int64_t cols, int slices) {
+  return static_cast<int>(CeilDiv(CeilDiv(cols, slices), kSliceAlign) * kSliceAlign);
 }
 
 // Tile shape: the fewest slices (<= 8, one cluster) whose tile leaves room for 2 CTAs per
 // SM; else the fewest within the device's shared memory; else separate statistics with
-// tiles of the 2-per-SM size. Widths are multiples of `align` and at most `max_width`.
-void ChooseTiles(const NormForwardParams& p, const DeviceLimits& limits, int align, int max_width,
-                 TileGeometry* g) {
+// tiles of the 2-per-SM size.
+void ChooseTiles(const NormForwardParams& p, const DeviceLimits& limits, TileGeometry* g) {
   const bool columnwise = p.columnwise != nullptr;
   for (const int budget : {kTwoPerSmBudget, limits.max_shared_optin - 1024}) {
     for (int s = 1; s <= kMaxCluster; ++s) {
-      const int width = SliceWidth(p.cols, s, align);
-      if (width > max_width) continue;
+      const int width = SliceWidth(p.cols, s);
       if (CeilDiv(p.cols, width) != s) continue;  // rounding left a slice empty
       if (TileSharedBytes(width, p.x_type, columnwise) <= budget) {
         g->cols_per_cta = width;
@@ -1348,37 +959,31 @@ void ChooseTiles(const NormForwardParams& p, const DeviceLimits& limits, int ali
   }
   const int per_column = kTileRows * BytesOf(p.x_type) + (columnwise ? kTileRows : 0);
   int width = (kTwoPerSmBudget - kTileRows * kRowPadBytes) / per_column;
-  width = std::min(width / align * align, max_width);
+  width = width / kSliceAlign * kSliceAlign;
   g->cols_per_cta = width;
   g->slices = static_cast<int>(CeilDiv(p.cols, width));
   g->clustered = false;
 }
 
+// Plans (and, with a stream, launches) the forward pass for one instantiation.
 template <NormDType kType, Fp8Format kFormat, Fp8Encoder kEncoder>
 cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* plan,
                                 cudaStream_t stream, bool launch) {
+  const auto tile_kernel = NormForwardTileKernel<kType, kFormat, kEncoder>;
   DeviceLimits limits;
   cudaError_t status = GetDeviceLimits(&limits);
   if (status != cudaSuccess) return status;
   if (p.sm_margin < 0 || p.sm_margin >= limits.sms) return cudaErrorInvalidValue;
   const int usable_sms = limits.sms - p.sm_margin;
 
-  const bool registers = p.variant == NormForwardVariant::kRegisters;
-  const auto tile_kernel = registers ? NormForwardRegisterKernel<kType, kFormat, kEncoder>
-                                     : NormForwardTileKernel<kType, kFormat, kEncoder>;
   TileGeometry g;
-  if (registers) {
-    ChooseTiles(p, limits, 128, 128 * RegisterTile<kType>::kUnits, &g);
-  } else {
-    ChooseTiles(p, limits, kSliceAlign, 1 << 30, &g);
-  }
+  ChooseTiles(p, limits, &g);
   g.row_stride = g.cols_per_cta * BytesOf(p.x_type) + kRowPadBytes;
   g.row_groups = CeilDiv(p.rows, kTileRows);
   g.vector_load = (p.cols * BytesOf(p.x_type)) % 16 == 0 && IsAligned(p.x, 16);
   g.vector_y = p.y != nullptr && p.cols % 4 == 0 && IsAligned(p.y, 4 * BytesOf(p.y_type));
   g.vector_rowwise = p.rowwise != nullptr && p.cols % 4 == 0 && IsAligned(p.rowwise, 4);
   g.vector_columnwise = p.columnwise != nullptr && p.rows % 16 == 0 && IsAligned(p.columnwise, 16);
-  g.vector_params = p.cols % 4 == 0 && IsAligned(p.gamma, 16) && (p.rms || IsAligned(p.beta, 16));
   const int shared_bytes = TileSharedBytes(g.cols_per_cta, p.x_type, p.columnwise != nullptr);
 
   int ctas_per_sm = 0;
@@ -1407,7 +1012,6 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;
     plan->shared_bytes = shared_bytes;
-    plan->variant = p.variant;
   }
   if (!launch) return cudaSuccess;
 

@@ -28,13 +28,6 @@ enum class NormDType { kFloat32, kFloat16, kBFloat16 };
 //   kCodec:    the integer codec itself (~30 integer ops per element).
 enum class Fp8Encoder { kHardware, kCodec };
 
-// Forward kernel variant (same results up to the summation order of the statistics):
-//   kRegisters:    each thread keeps its part of the staged tile in registers; the next
-//                  tile's copy overlaps all compute; one cluster exchange per tile.
-//   kSharedMemory: statistics and normalization read the staged tile from shared memory
-//                  (two cluster exchanges per tile; the next tile is staged after use).
-enum class NormForwardVariant { kRegisters, kSharedMemory };
-
 struct NormForwardParams {
   bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm
   const void* x = nullptr;       // [rows, cols]
@@ -60,7 +53,6 @@ struct NormForwardParams {
   float* columnwise_scale_inv = nullptr;  // [1]
   uint32_t* amax_bits = nullptr;          // [1] FP32 bits of max |y|; zeroed by the launcher
   int sm_margin = 0;
-  NormForwardVariant variant = NormForwardVariant::kRegisters;
 };
 
 // How LaunchNormForward splits the work (for tests and benchmarks).
@@ -74,7 +66,6 @@ struct NormForwardPlan {
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin
   int shared_bytes = 0;     // dynamic shared memory per CTA
-  NormForwardVariant variant = NormForwardVariant::kRegisters;
 };
 
 cudaError_t PlanNormForward(const NormForwardParams& params, NormForwardPlan* plan);
