@@ -342,7 +342,9 @@ TEST_P(NormForwardGpuTest, MatchesCpuAndQuantizesItsOwnFp32Output) {
   EXPECT_EQ(non_adjacent, 0) << "codes more than one step from the CPU's";
   EXPECT_LE(code_differs, std::max<int64_t>(1, c.n * c.h / 100)) << "too many code differences";
   EXPECT_EQ(Bits(gpu.fp8.amax), Bits(amax)) << gpu.fp8.amax << " vs max |y_gpu| " << amax;
-  EXPECT_TRUE(AllClose({gpu.fp8.amax}, {cpu.fp8.amax}, DType::kFloat32));
+  // amax is one of the y values: within the tolerance of the largest forward-error scale.
+  EXPECT_TRUE(AllClose({gpu.fp8.amax}, {cpu.fp8.amax}, DType::kFloat32,
+                       {*std::max_element(y_scale.begin(), y_scale.end())}));
   EXPECT_EQ(Floats(gpu.fp8.rowwise_scale_inv), std::vector<float>{1.0f / scale});
   EXPECT_EQ(Floats(gpu.fp8.columnwise_scale_inv), std::vector<float>{1.0f / scale});
   RecordProperty("y_values_differing_from_cpu", static_cast<int>(y_differs));
@@ -464,73 +466,6 @@ TEST_P(NormForwardGpuTest, DirectLaunchWritesEveryOutputElement) {
                     static_cast<void*>(scale_inv), static_cast<void*>(amax_bits)}) {
     cudaFree(ptr);
   }
-}
-
-// The shared-memory kernel variant (launched directly): y within tolerance of the CPU,
-// codes exactly the quantization of its own y, columnwise the transpose, amax = max |y|.
-TEST_P(NormForwardGpuTest, SharedMemoryVariantHonoursTheSameContract) {
-  const ForwardCase& c = GetParam();
-  if (c.n * c.h > (1 << 24)) GTEST_SKIP() << "the default variant covers the large shapes";
-  ASSERT_OK_AND_ASSIGN(const NormForwardResult cpu, Cpu(options_));
-  ASSERT_OK_AND_ASSIGN(NormForwardResult out, Gpu(options_));  // buffers of the right shapes
-  kernels::cuda::NormForwardParams p;
-  p.rms = !layer_norm();
-  p.x = x_.raw_data();
-  p.x_type = c.dtype == DType::kFloat32   ? kernels::cuda::NormDType::kFloat32
-             : c.dtype == DType::kFloat16 ? kernels::cuda::NormDType::kFloat16
-                                          : kernels::cuda::NormDType::kBFloat16;
-  p.rows = c.n;
-  p.cols = c.h;
-  p.gamma = gamma_gpu_.data<float>();
-  p.beta = layer_norm() ? beta_gpu_.data<float>() : nullptr;
-  p.eps = options_.eps;
-  p.zero_centered_gamma = c.zero_centered;
-  p.y = out.y.raw_data();
-  p.y_type = kernels::cuda::NormDType::kFloat32;
-  p.mu = layer_norm() ? out.mu.data<float>() : nullptr;
-  p.rsigma = out.rsigma.data<float>();
-  p.format = c.format == DType::kFloat8E4M3 ? kernels::cuda::Fp8Format::kE4M3
-                                            : kernels::cuda::Fp8Format::kE5M2;
-  p.scale = options_.quantize_options.scale;
-  p.scale_inv = 1.0f / p.scale;
-  p.rowwise = out.fp8.rowwise_data.data<uint8_t>();
-  p.columnwise = out.fp8.columnwise_data.data<uint8_t>();
-  uint32_t* amax_bits = nullptr;
-  ASSERT_EQ(DeviceAlloc(&amax_bits, 4), cudaSuccess);
-  p.amax_bits = amax_bits;
-  p.variant = kernels::cuda::NormForwardVariant::kSharedMemory;
-  ASSERT_EQ(cudaMemset(p.y, 0xFF, c.n * c.h * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(p.rowwise, 0xA5, c.n * c.h), cudaSuccess);
-  ASSERT_EQ(cudaMemset(p.columnwise, 0xA5, c.n * c.h), cudaSuccess);
-  ASSERT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  uint32_t amax = 0;
-  ASSERT_EQ(cudaMemcpy(&amax, amax_bits, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(amax_bits);
-
-  const std::vector<float> x = Floats(host_x_), y = Floats(out.y), y_cpu = Floats(cpu.y);
-  const std::vector<float> rsigma_cpu = Floats(cpu.rsigma);
-  std::vector<double> mean_abs;
-  const std::vector<double> y_scale =
-      ForwardScale(x, c.n, c.h, rsigma_cpu, gamma_.data<float>(),
-                   layer_norm() ? beta_.data<float>() : nullptr, c.zero_centered, &mean_abs);
-  EXPECT_TRUE(AllClose(y, AsDoubles(y_cpu), DType::kFloat32, y_scale));
-  EXPECT_TRUE(AllClose(Floats(out.rsigma), AsDoubles(rsigma_cpu), DType::kFloat32));
-  const std::vector<uint8_t> rowwise = Bytes(out.fp8.rowwise_data);
-  const std::vector<uint8_t> columnwise = Bytes(out.fp8.columnwise_data);
-  int64_t wrong = 0, not_transposed = 0;
-  float max_abs = 0.0f;
-  for (int64_t r = 0; r < c.n; ++r) {
-    for (int64_t j = 0; j < c.h; ++j) {
-      const int64_t i = r * c.h + j;
-      max_abs = std::max(max_abs, std::fabs(y[i]));
-      if (rowwise[i] != Encode(c.format, y[i] * p.scale)) ++wrong;
-      if (columnwise[j * c.n + r] != rowwise[i]) ++not_transposed;
-    }
-  }
-  EXPECT_EQ(wrong, 0);
-  EXPECT_EQ(not_transposed, 0);
-  EXPECT_EQ(amax, Bits(max_abs));
 }
 
 std::vector<ForwardCase> ForwardCases() {
