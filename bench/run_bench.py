@@ -241,6 +241,61 @@ TORCH_EQUIVALENTS.update({
 })
 
 
+# --- Multi-tensor optimizers (optimizer_bench) -------------------------------------------
+# The bench reports shape [layers, hidden] of its 1B-parameter model (FFN 4 x hidden, 12
+# tensors per layer); the same FP32 tensor list is built here for torch's fused optimizers.
+BENCHES.append("optimizer_bench")
+
+
+def _model_params(layers, hidden):
+    torch = _torch()
+    ffn = 4 * hidden
+    sizes = []
+    for _ in range(layers):
+        sizes += [(hidden,), (hidden,), (3 * hidden, hidden), (3 * hidden,), (hidden, hidden), (hidden,),
+                  (hidden,), (hidden,), (ffn, hidden), (ffn,), (hidden, ffn), (hidden,)]
+    params = []
+    for i, shape in enumerate(sizes):
+        g = torch.Generator(device="cuda").manual_seed(i)
+        p = torch.nn.Parameter(torch.randn(shape, device="cuda", generator=g) * 0.05)
+        p.grad = torch.randn(shape, device="cuda", generator=g) * 1e-3
+        params.append(p)
+    return params
+
+
+def _torch_adamw(bf16_copy):
+    def build(layers, hidden):
+        torch = _torch()
+        params = _model_params(layers, hidden)
+        opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
+        opt.step()  # allocates exp_avg / exp_avg_sq before timing
+        if not bf16_copy:
+            return opt.step, "torch.optim.AdamW(fused=True).step() over the same FP32 tensor list"
+        copies = [p.detach().to(torch.bfloat16) for p in params]
+        masters = [p.detach() for p in params]
+
+        def run():
+            opt.step()
+            torch._foreach_copy_(copies, masters)
+        return run, "torch.optim.AdamW(fused=True).step() then torch._foreach_copy_ into BF16 copies"
+    return build
+
+
+def _torch_sgd_momentum(layers, hidden):
+    torch = _torch()
+    params = _model_params(layers, hidden)
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, fused=True)
+    opt.step()  # allocates the momentum buffers before timing
+    return opt.step, "torch.optim.SGD(momentum=0.9, fused=True).step() over the same FP32 tensor list"
+
+
+TORCH_EQUIVALENTS.update({
+    "adamw_fp32": _torch_adamw(False),
+    "adamw_bf16_copy": _torch_adamw(True),
+    "sgd_momentum": _torch_sgd_momentum,
+})
+
+
 # --- Activations (activation_bench) ----------------------------------------------------
 # The bench's shape RxK is the output [R, K]; x is [R, K] or [R, 2K] for gated kinds (TE's
 # convention: the activation goes on the first half, the second half is the linear gate).

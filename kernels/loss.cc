@@ -1,6 +1,7 @@
 // Checked entry points of kernels/loss.h: validate metadata and label values (errors
-// name the argument and say expected vs got), then run the CPU reference. No CUDA
-// kernels yet: CUDA contexts get UNIMPLEMENTED naming the op.
+// name the argument and say expected vs got), then run the CPU reference or, for cross
+// entropy with logits on a CUDA device, kernels/cuda (labels stay on the host). MSE has
+// no CUDA kernel: CUDA contexts get UNIMPLEMENTED naming the op.
 #include "kernels/loss.h"
 
 #include <cmath>
@@ -10,6 +11,10 @@
 #include "kernels/cpu/loss_cpu.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
+
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/loss_cuda.h"
+#endif
 
 namespace teserve {
 namespace kernels {
@@ -34,8 +39,13 @@ absl::Status CheckCrossEntropy(const Context& ctx, absl::string_view op, const T
   ASSIGN_OR_RETURN(Shape leading, CheckLogits(ctx, logits));
   RETURN_IF_ERROR(CheckLabelSmoothing(options.label_smoothing, "label_smoothing"));
   RETURN_IF_ERROR(CheckDefined("labels", labels));
-  RETURN_IF_ERROR(CheckDevice("labels", labels, ctx));
-  RETURN_IF_ERROR(CpuOnly(op, ctx));  // label values are read on the host
+  // Label values are read on the host: CPU labels also for CUDA logits.
+  if (ctx.device.is_cpu()) RETURN_IF_ERROR(CheckDevice("labels", labels, ctx));
+#if !TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) {
+    return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+  }
+#endif
   return CheckCrossEntropyLabels(labels, leading, logits.dim(-1), options.ignore_index, "labels");
 }
 
@@ -90,6 +100,9 @@ absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Context& ctx
                                                               const CrossEntropyOptions& options) {
   RETURN_IF_ERROR(CheckCrossEntropy(ctx, "CrossEntropyForward", logits, labels, options));
   ScopedKernelTimer timer(ctx, KernelOp::kCrossEntropyForward);
+#if TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) return cuda::CrossEntropyForward(ctx, logits, labels, options);
+#endif
   return cpu::CrossEntropyForward(logits, labels, options);
 }
 
@@ -103,6 +116,9 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Context& ctx, const Tensor& lo
     return InvalidField("num_valid", absl::StrCat("a count in 0..", tokens, " (the tokens)"), num_valid);
   }
   ScopedKernelTimer timer(ctx, KernelOp::kCrossEntropyBackward);
+#if TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) return cuda::CrossEntropyBackward(ctx, logits, labels, lse, num_valid, options, grad_loss);
+#endif
   return cpu::CrossEntropyBackward(logits, labels, lse, num_valid, options, grad_loss);
 }
 

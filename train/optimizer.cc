@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/context.h"
 #include "core/status.h"
+#include "kernels/optimizer.h"
 
 namespace teserve {
 namespace train {
@@ -31,64 +33,57 @@ absl::Status EnsureState(const std::vector<layers::Parameter*>& params, std::vec
   return absl::OkStatus();
 }
 
+// The parameter list as kernels/optimizer.h tensors (CPU context: the reference loops).
+std::vector<kernels::OptimizerTensor> OptimizerTensors(const std::vector<layers::Parameter*>& params,
+                                                       std::vector<Tensor>* exp_avg,
+                                                       std::vector<Tensor>* exp_avg_sq) {
+  std::vector<kernels::OptimizerTensor> tensors(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    tensors[i].param = &params[i]->value;
+    tensors[i].grad = &params[i]->grad;
+    if (exp_avg != nullptr) tensors[i].exp_avg = &(*exp_avg)[i];
+    if (exp_avg_sq != nullptr) tensors[i].exp_avg_sq = &(*exp_avg_sq)[i];
+  }
+  return tensors;
+}
+
 class Sgd : public Optimizer {
  public:
-  explicit Sgd(const v1::SGD& spec) : spec_(spec) {}
+  explicit Sgd(const v1::SGD& spec) : spec_(spec) {
+    options_.lr = spec.lr();
+    options_.momentum = spec.momentum();
+    options_.dampening = spec.dampening();
+    options_.weight_decay = spec.weight_decay();
+    options_.nesterov = spec.nesterov();
+  }
 
   absl::Status Apply(const std::vector<layers::Parameter*>& params, int64_t step) override {
-    if (spec_.momentum() != 0.0f) RETURN_IF_ERROR(EnsureState(params, &momentum_));
-    for (size_t i = 0; i < params.size(); ++i) {
-      absl::Span<float> p = params[i]->value.mutable_floats();
-      absl::Span<const float> grad = params[i]->grad.floats();
-      for (size_t j = 0; j < p.size(); ++j) {
-        float g = grad[j] + spec_.weight_decay() * p[j];
-        if (spec_.momentum() != 0.0f) {
-          float& buf = momentum_[i].mutable_floats()[j];
-          buf = step == 1 ? g : spec_.momentum() * buf + (1.0f - spec_.dampening()) * g;
-          g = spec_.nesterov() ? g + spec_.momentum() * buf : buf;
-        }
-        p[j] -= spec_.lr() * g;
-      }
-    }
-    return absl::OkStatus();
+    const bool momentum = spec_.momentum() != 0.0f;
+    if (momentum) RETURN_IF_ERROR(EnsureState(params, &momentum_));
+    const std::vector<kernels::OptimizerTensor> tensors =
+        OptimizerTensors(params, momentum ? &momentum_ : nullptr, nullptr);
+    return kernels::SgdStep(Context::Cpu(), tensors, options_, step);
   }
 
  private:
   v1::SGD spec_;
+  kernels::SgdOptions options_;
   std::vector<Tensor> momentum_;
 };
 
 class AdamW : public Optimizer {
  public:
-  AdamW(float lr, float beta1, float beta2, float eps, float weight_decay)
-      : lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {}
+  explicit AdamW(const kernels::AdamWOptions& options) : options_(options) {}
 
   absl::Status Apply(const std::vector<layers::Parameter*>& params, int64_t step) override {
     RETURN_IF_ERROR(EnsureState(params, &exp_avg_));
     RETURN_IF_ERROR(EnsureState(params, &exp_avg_sq_));
-    const float bias_correction1 = 1.0f - std::pow(beta1_, static_cast<float>(step));
-    const float bias_correction2 = 1.0f - std::pow(beta2_, static_cast<float>(step));
-    const float step_size = lr_ / bias_correction1;
-    const float bias_correction2_sqrt = std::sqrt(bias_correction2);
-    for (size_t i = 0; i < params.size(); ++i) {
-      absl::Span<float> p = params[i]->value.mutable_floats();
-      absl::Span<const float> grad = params[i]->grad.floats();
-      absl::Span<float> m = exp_avg_[i].mutable_floats();
-      absl::Span<float> v = exp_avg_sq_[i].mutable_floats();
-      for (size_t j = 0; j < p.size(); ++j) {
-        const float g = grad[j];
-        p[j] *= 1.0f - lr_ * weight_decay_;
-        m[j] = beta1_ * m[j] + (1.0f - beta1_) * g;
-        v[j] = beta2_ * v[j] + (1.0f - beta2_) * g * g;
-        const float denom = std::sqrt(v[j]) / bias_correction2_sqrt + eps_;
-        p[j] -= step_size * m[j] / denom;
-      }
-    }
-    return absl::OkStatus();
+    const std::vector<kernels::OptimizerTensor> tensors = OptimizerTensors(params, &exp_avg_, &exp_avg_sq_);
+    return kernels::AdamWStep(Context::Cpu(), tensors, options_, step);
   }
 
  private:
-  float lr_, beta1_, beta2_, eps_, weight_decay_;
+  kernels::AdamWOptions options_;
   std::vector<Tensor> exp_avg_;
   std::vector<Tensor> exp_avg_sq_;
 };
@@ -123,7 +118,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> OptimizerFromProto(const v1::Optimize
       RETURN_IF_ERROR(CheckRange(beta2, 0.0f, 1.0f, true, "optimizer.adamw.beta2"));
       RETURN_IF_ERROR(CheckPositive(eps, "optimizer.adamw.eps"));
       RETURN_IF_ERROR(CheckRange(weight_decay, 0.0f, 1.0f, false, "optimizer.adamw.weight_decay"));
-      return std::unique_ptr<Optimizer>(new AdamW(s.lr(), beta1, beta2, eps, weight_decay));
+      kernels::AdamWOptions options;
+      options.lr = s.lr();
+      options.beta1 = beta1;
+      options.beta2 = beta2;
+      options.eps = eps;
+      options.weight_decay = weight_decay;
+      return std::unique_ptr<Optimizer>(new AdamW(options));
     }
     case v1::OptimizerSpec::OPTIMIZER_NOT_SET:
       break;

@@ -4,7 +4,9 @@
 //          buf : buf; p -= lr * g.
 //   AdamW: p *= 1 - lr * weight_decay (decoupled); m = b1 m + (1 - b1) g;
 //          v = b2 v + (1 - b2) g^2; p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-// Gradient clipping by global L2 norm happens in the Session before Apply.
+// The per-element math is kernels/optimizer.h's (AdamWStep / SgdStep on a CPU Context),
+// the contract the CUDA kernels share. Gradient clipping by global L2 norm happens in
+// the Session before Apply.
 #ifndef TESERVE_TRAIN_OPTIMIZER_H_
 #define TESERVE_TRAIN_OPTIMIZER_H_
 
