@@ -3,9 +3,13 @@
 // columnwise codes and the amax.
 //   cast_transpose_bf16   BF16 x -> E4M3 rowwise + columnwise (2 + 1 + 1 bytes per element)
 //   cast_transpose_fp32   FP32 x -> E4M3 rowwise + columnwise (4 + 1 + 1)
+//   *_tiled64             the same with the 64 x 64 tile kernel forced
+//                         (CastTransposeKernel::kTiled64); its config says whether its codes
+//                         and amax equal the default kernel's on the benchmark input
 //   copy_d2d              cudaMemcpyAsync of the BF16 x, for the copy-bandwidth reference
 // Prints JSON (bench/bench_util.h); bench/run_bench.py adds torch.
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,9 +20,21 @@ namespace teserve {
 namespace bench {
 namespace {
 
+using kernels::cuda::CastTransposeKernel;
 using kernels::cuda::Fp8Format;
 using kernels::cuda::QuantizeLaunchParams;
 using kernels::cuda::SourceType;
+
+// Rowwise codes, columnwise codes and amax bits of the last launch, on the host.
+std::vector<uint8_t> Outputs(const uint8_t* rowwise, const uint8_t* columnwise,
+                             const uint32_t* amax, int64_t numel) {
+  std::vector<uint8_t> host(2 * numel + 4);
+  BENCH_CHECK(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaMemcpy(host.data(), rowwise, numel, cudaMemcpyDeviceToHost));
+  BENCH_CHECK(cudaMemcpy(host.data() + numel, columnwise, numel, cudaMemcpyDeviceToHost));
+  BENCH_CHECK(cudaMemcpy(host.data() + 2 * numel, amax, 4, cudaMemcpyDeviceToHost));
+  return host;
+}
 
 void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results) {
   const int64_t numel = n * h;
@@ -43,9 +59,23 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
     p.amax_bits = amax;
     const Timing t =
         TimeLaunches([&] { return kernels::cuda::LaunchQuantizePerTensor(p, nullptr); }, flags);
-    results->push_back({bf16 ? "cast_transpose_bf16" : "cast_transpose_fp32", n, h,
-                        bf16 ? "bf16" : "fp32", t, numel * ((bf16 ? 2 : 4) + 2),
-                        "64x64 tiles, integer-codec encoder (kernels/cuda/cast_kernels.cu)"});
+    const std::string op = bf16 ? "cast_transpose_bf16" : "cast_transpose_fp32";
+    results->push_back({op, n, h, bf16 ? "bf16" : "fp32", t, numel * ((bf16 ? 2 : 4) + 2),
+                        n % 8 == 0 && h % 8 == 0
+                            ? "128x128 tiles, 8x8 codes per thread in registers, cvt.satfinite "
+                              "(kernels/cuda/cast_kernels.cu)"
+                            : "64x64 tiles, integer-codec encoder (shape not a multiple of 8)"});
+    const std::vector<uint8_t> fast = Outputs(rowwise, columnwise, amax, numel);
+    p.kernel = CastTransposeKernel::kTiled64;
+    BENCH_CHECK(kernels::cuda::LaunchQuantizePerTensor(p, nullptr));
+    const bool same = Outputs(rowwise, columnwise, amax, numel) == fast;
+    const Timing t64 =
+        TimeLaunches([&] { return kernels::cuda::LaunchQuantizePerTensor(p, nullptr); }, flags);
+    results->push_back({op + "_tiled64", n, h, bf16 ? "bf16" : "fp32", t64,
+                        numel * ((bf16 ? 2 : 4) + 2),
+                        std::string("64x64 tiles, integer-codec encoder; outputs equal to the "
+                                    "default kernel's: ") +
+                            (same ? "yes" : "NO")});
     if (bf16) {
       void* copy = DeviceBuffer(numel * 2);
       const Timing c = TimeLaunches(

@@ -23,6 +23,11 @@ enum class Fp8Format { kE4M3, kE5M2 };
 cudaError_t LaunchAmax(const void* x, SourceType type, int64_t numel, uint32_t* amax_bits,
                        cudaStream_t stream);
 
+// Which cast-transpose kernel LaunchQuantizePerTensor runs (benchmarks compare them):
+// kAuto takes the 128 x 128 tile kernel whenever rows and cols are multiples of 8 and the
+// pointers aligned, else the 64 x 64 one; kTiled64 always takes the 64 x 64 tile kernel.
+enum class CastTransposeKernel { kAuto, kTiled64 };
+
 struct QuantizeLaunchParams {
   const void* x = nullptr;          // [rows, cols]
   SourceType type = SourceType::kFloat32;
@@ -36,6 +41,7 @@ struct QuantizeLaunchParams {
   float* rowwise_scale_inv = nullptr;     // [1] or null
   float* columnwise_scale_inv = nullptr;  // [1] or null
   uint32_t* amax_bits = nullptr;    // [1], zeroed by the launcher
+  CastTransposeKernel kernel = CastTransposeKernel::kAuto;
 };
 
 // Fused amax + rowwise cast + transposed columnwise cast, one pass over x.

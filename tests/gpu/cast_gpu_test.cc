@@ -6,6 +6,10 @@
 //
 // Inputs span many binades (so the FP8 subnormal range, rounding ties and saturation are
 // all hit): scale = 2 * fp8_max / amax, so the top half of the range saturates.
+// Shapes cover both CUDA paths: rows and cols multiples of 8 take the 128 x 128 tile
+// kernel (partial tiles: 8x8, 136x200), every other shape the scalar 64 x 64 tile kernel
+// (1x1, 1x259, 257x259, 128x129). BF16 inputs are compared with the CPU op on their exact
+// FP32 widening.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +28,7 @@
 #include "core/dtype.h"
 #include "core/float_codec.h"
 #include "core/quantized_tensor.h"
+#include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/cast.h"
 #include "kernels/cpu/cast_cpu.h"
@@ -87,11 +92,34 @@ struct CastCase {
   DType format;
   int64_t rows;
   int64_t cols;
+  DType source = DType::kFloat32;  // dtype of the device x
 };
 
 std::string CaseName(const ::testing::TestParamInfo<CastCase>& info) {
   const char* format = info.param.format == DType::kFloat8E4M3 ? "Float8E4M3" : "Float8E5M2";
-  return absl::StrCat(format, "_", info.param.rows, "x", info.param.cols);
+  const char* source = info.param.source == DType::kBFloat16 ? "FromBFloat16_" : "";
+  return absl::StrCat(source, format, "_", info.param.rows, "x", info.param.cols);
+}
+
+// Device copy of `values` [rows, cols] in `source` (FP32 or BF16) and the FP32 host tensor
+// holding exactly the device values (the BF16 ones widened), the CPU op's input.
+struct DeviceInput {
+  Tensor host_fp32;
+  Tensor device;
+};
+
+absl::StatusOr<DeviceInput> MakeDeviceInput(const std::vector<float>& values, int64_t rows,
+                                            int64_t cols, DType source) {
+  DeviceInput in;
+  ASSIGN_OR_RETURN(in.host_fp32, Tensor::FromFloats(values, {rows, cols}));
+  Tensor host_source = in.host_fp32;
+  if (source == DType::kBFloat16) {
+    ASSIGN_OR_RETURN(host_source,
+                     kernels::cpu::CastFromFloat32(Context::Cpu(), in.host_fp32, source));
+    ASSIGN_OR_RETURN(in.host_fp32, kernels::cpu::ToFloat32(Context::Cpu(), host_source));
+  }
+  ASSIGN_OR_RETURN(in.device, CopyToDevice(Context{}, host_source, Device::Cuda(0)));
+  return in;
 }
 
 class CastGpuTest : public ::testing::TestWithParam<CastCase> {
@@ -99,14 +127,12 @@ class CastGpuTest : public ::testing::TestWithParam<CastCase> {
   void SetUp() override {
     TESERVE_SKIP_WITHOUT_GPU();
     const CastCase& c = GetParam();
-    auto host = Tensor::FromFloats(
-        WideRangeValues(c.rows * c.cols, static_cast<uint32_t>(c.rows * 7919 + c.cols)),
-        {c.rows, c.cols});
-    ASSERT_TRUE(host.ok()) << host.status();
-    host_x_ = *host;
-    auto device = CopyToDevice(Context{}, host_x_, gpu_);
-    ASSERT_TRUE(device.ok()) << device.status();
-    device_x_ = *device;
+    auto input = MakeDeviceInput(
+        WideRangeValues(c.rows * c.cols, static_cast<uint32_t>(c.rows * 7919 + c.cols)), c.rows,
+        c.cols, c.source);
+    ASSERT_TRUE(input.ok()) << input.status();
+    host_x_ = input->host_fp32;
+    device_x_ = input->device;
     ASSERT_OK_AND_ASSIGN(const float amax, kernels::cpu::Amax(Context::Cpu(), host_x_));
     options_.format = c.format;
     options_.scale = amax > 0.0f ? 2.0f * DTypeMaxFinite(c.format) / amax : 1.0f;
@@ -188,7 +214,18 @@ INSTANTIATE_TEST_SUITE_P(
                       CastCase{DType::kFloat8E4M3, 2048, 4096}, CastCase{DType::kFloat8E5M2, 1, 1},
                       CastCase{DType::kFloat8E5M2, 1, 259}, CastCase{DType::kFloat8E5M2, 257, 259},
                       CastCase{DType::kFloat8E5M2, 128, 129},
-                      CastCase{DType::kFloat8E5M2, 2048, 4096}),
+                      CastCase{DType::kFloat8E5M2, 2048, 4096}, CastCase{DType::kFloat8E4M3, 8, 8},
+                      CastCase{DType::kFloat8E4M3, 136, 200}, CastCase{DType::kFloat8E5M2, 136, 200},
+                      // BF16 x (the benchmarked input): both paths, up to the bench shape.
+                      CastCase{DType::kFloat8E4M3, 1, 259, DType::kBFloat16},
+                      CastCase{DType::kFloat8E4M3, 257, 259, DType::kBFloat16},
+                      CastCase{DType::kFloat8E4M3, 128, 129, DType::kBFloat16},
+                      CastCase{DType::kFloat8E4M3, 8, 8, DType::kBFloat16},
+                      CastCase{DType::kFloat8E4M3, 136, 200, DType::kBFloat16},
+                      CastCase{DType::kFloat8E5M2, 136, 200, DType::kBFloat16},
+                      CastCase{DType::kFloat8E4M3, 2048, 4096, DType::kBFloat16},
+                      CastCase{DType::kFloat8E5M2, 2048, 4096, DType::kBFloat16},
+                      CastCase{DType::kFloat8E4M3, 16384, 8192, DType::kBFloat16}),
     CaseName);
 
 Context GpuContext() {
@@ -215,6 +252,48 @@ TEST(CastGpu, NanPropagatesToAmaxAndEncodesLikeCpu) {
   EXPECT_TRUE(std::isnan(gpu.amax));
   ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, "rowwise_data with NaN and Inf");
   ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data, "columnwise_data with NaN and Inf");
+}
+
+// The tile kernel encodes with the hardware conversion and patches NaN products only in
+// fragments holding Inf or NaN: NaN, Inf and -Inf scattered over a 136x200 tensor (some
+// fragments with them, most without) must still give the CPU's codes, for FP32 and BF16 x.
+TEST(CastGpu, NanAndInfOnTheTileKernelMatchCpu) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  for (const DType source : {DType::kFloat32, DType::kBFloat16}) {
+    for (const DType format : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(source), " -> ", DTypeName(format)));
+      std::vector<float> values = WideRangeValues(136 * 200, 17u);
+      values[5] = std::numeric_limits<float>::quiet_NaN();
+      values[200 * 9 + 130] = -std::numeric_limits<float>::quiet_NaN();
+      values[200 * 40 + 64] = std::numeric_limits<float>::infinity();
+      values[200 * 135 + 199] = -std::numeric_limits<float>::infinity();
+      ASSERT_OK_AND_ASSIGN(const DeviceInput in, MakeDeviceInput(values, 136, 200, source));
+      PerTensorQuantizeOptions options;
+      options.format = format;
+      options.scale = 3.0f;
+      options.columnwise = true;
+      ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                           kernels::cpu::QuantizePerTensor(Context::Cpu(), in.host_fp32, options));
+      ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu,
+                           kernels::cuda::QuantizePerTensor(GpuContext(), in.device, options));
+      EXPECT_TRUE(std::isnan(gpu.amax));
+      ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, "rowwise_data with NaN and Inf");
+      ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data,
+                         "columnwise_data with NaN and Inf");
+
+      // Inf without NaN: the amax is exactly +Inf.
+      values[5] = 1.0f;
+      values[200 * 9 + 130] = 1.0f;
+      ASSERT_OK_AND_ASSIGN(const DeviceInput inf_in, MakeDeviceInput(values, 136, 200, source));
+      ASSERT_OK_AND_ASSIGN(const QuantizedTensor inf_cpu, kernels::cpu::QuantizePerTensor(
+                                                              Context::Cpu(), inf_in.host_fp32, options));
+      ASSERT_OK_AND_ASSIGN(const QuantizedTensor inf_gpu,
+                           kernels::cuda::QuantizePerTensor(GpuContext(), inf_in.device, options));
+      EXPECT_EQ(Bits(inf_gpu.amax), Bits(std::numeric_limits<float>::infinity()));
+      ExpectBitwiseEqual(inf_gpu.rowwise_data, inf_cpu.rowwise_data, "rowwise_data with Inf");
+      ExpectBitwiseEqual(inf_gpu.columnwise_data, inf_cpu.columnwise_data, "columnwise_data with Inf");
+    }
+  }
 }
 
 TEST(CastGpu, AmaxOfBFloat16MatchesHostLoop) {
