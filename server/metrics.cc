@@ -116,18 +116,32 @@ class Metrics::KernelTimings final : public kernels::KernelTimingSink {
   std::array<std::atomic<prometheus::Histogram*>, kernels::kNumKernelOps> cpu_{};
 };
 
-struct Metrics::Fp8Row {
-  std::string layer;
-  std::string tensor;
+struct Metrics::Fp8Values {
+  bool seen = false;  // a quantizer contributed
   float amax = 0.0f;
   float window_max = 0.0f;
   float scale = 0.0f;
   float scale_inv = 0.0f;
-  int64_t quantize_calls = 0;
-  bool health = false;  // the reports carried valid health statistics
+  int64_t quantize_calls = 0;  // summed over a layer's quantizers
+  bool health = false;         // valid health statistics contributed
   double underflow = 0.0;
   double overflow = 0.0;
   double mse = 0.0;
+
+  // The max over the contributions (a single one at --metrics_detail=tensor).
+  void Add(const train::QuantizerSample& q) {
+    amax = seen ? std::max(amax, q.amax) : q.amax;
+    window_max = seen ? std::max(window_max, q.window_max) : q.window_max;
+    scale = seen ? std::max(scale, q.scale) : q.scale;
+    scale_inv = seen ? std::max(scale_inv, q.scale_inv) : q.scale_inv;
+    quantize_calls += q.quantize_calls;
+    seen = true;
+    if (!q.health.valid) return;
+    underflow = health ? std::max(underflow, q.health.underflow_ratio) : q.health.underflow_ratio;
+    overflow = health ? std::max(overflow, q.health.overflow_ratio) : q.health.overflow_ratio;
+    mse = health ? std::max(mse, q.health.mse) : q.health.mse;
+    health = true;
+  }
 };
 
 Metrics::Metrics(const MetricsOptions& options)
@@ -247,103 +261,67 @@ bool Metrics::SamplesHealthInStep(int64_t step) const {
          step % options_.fp8_stats_interval == 0;
 }
 
+void Metrics::AddRows(const std::string& id, const train::Session& session, SessionSeries& series) {
+  std::map<std::string, size_t> layer_rows;  // --metrics_detail=layer
+  for (const auto& [layer, tensor] : session.QuantizerNames()) {
+    if (options_.detail == MetricsDetail::kLayer) {
+      const auto [it, first] = layer_rows.emplace(layer, series.rows.size());
+      series.row_of_quantizer.push_back(it->second);
+      if (!first) continue;
+    } else {
+      series.row_of_quantizer.push_back(series.rows.size());
+    }
+    TensorSeries row;
+    row.labels = {{"session", id},
+                  {"layer", layer},
+                  {"tensor", options_.detail == MetricsDetail::kLayer ? "all" : tensor}};
+    row.amax = &fp8_amax_->Add(row.labels);
+    row.window_max = &fp8_amax_window_max_->Add(row.labels);
+    row.scale = &fp8_scale_->Add(row.labels);
+    row.scale_inv = &fp8_scale_inv_->Add(row.labels);
+    row.amax_log2 = &amax_log2_->Add(row.labels, amax_log2_buckets_);
+    series.rows.push_back(std::move(row));
+  }
+}
+
 void Metrics::AddSession(const std::string& id, train::Session& session) {
   if (options_.detail == MetricsDetail::kOff) return;
   {
     absl::MutexLock lock(&mu_);
+    if (sessions_series_.count(id) != 0) return;
     SessionSeries& series = sessions_series_[id];
-    if (series.steps == nullptr) {
-      series.steps = &train_steps_->Add({{"session", id}});
-      series.skipped = &steps_skipped_->Add({{"session", id}});
-    }
+    series.steps = &train_steps_->Add({{"session", id}});
+    series.skipped = &steps_skipped_->Add({{"session", id}});
+    if (fp8_series()) AddRows(id, session, series);
   }
-  session.SetHealthSampling(SamplesHealthInStep(1));
+  UpdateSession(id, session, /*quantized=*/true);
 }
 
-std::vector<Metrics::Fp8Row> Metrics::Fp8Rows(
-    const std::vector<train::QuantizerReport>& reports) const {
-  std::vector<Fp8Row> rows;
-  std::map<std::string, size_t> layer_rows;  // --metrics_detail=layer: layer -> row
-  for (const train::QuantizerReport& report : reports) {
-    Fp8Row row;
-    row.layer = report.layer;
-    row.tensor = report.tensor;
-    row.amax = report.amax;
-    row.window_max = report.amax_history.empty()
-                         ? report.amax
-                         : *std::max_element(report.amax_history.begin(),
-                                             report.amax_history.end());
-    row.scale = report.scale;
-    row.scale_inv = report.scale_inv;
-    row.quantize_calls = report.quantize_calls;
-    row.health = report.health.valid;
-    row.underflow = report.health.underflow_ratio;
-    row.overflow = report.health.overflow_ratio;
-    row.mse = report.health.mse;
-    if (options_.detail == MetricsDetail::kTensor) {
-      rows.push_back(std::move(row));
-      continue;
-    }
-    const auto [it, first] = layer_rows.emplace(row.layer, rows.size());
-    if (first) {
-      row.tensor = "all";
-      rows.push_back(std::move(row));
-      continue;
-    }
-    // The max over the layer's tensors; calls add up, so the aggregate counts as
-    // quantized whenever any of its tensors was.
-    Fp8Row& layer = rows[it->second];
-    layer.amax = std::max(layer.amax, row.amax);
-    layer.window_max = std::max(layer.window_max, row.window_max);
-    layer.scale = std::max(layer.scale, row.scale);
-    layer.scale_inv = std::max(layer.scale_inv, row.scale_inv);
-    layer.quantize_calls += row.quantize_calls;
-    if (row.health) {
-      layer.underflow = layer.health ? std::max(layer.underflow, row.underflow) : row.underflow;
-      layer.overflow = layer.health ? std::max(layer.overflow, row.overflow) : row.overflow;
-      layer.mse = layer.health ? std::max(layer.mse, row.mse) : row.mse;
-      layer.health = true;
-    }
+void Metrics::UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row) {
+  row.amax->Set(values.amax);
+  row.window_max->Set(values.window_max);
+  row.scale->Set(values.scale);
+  row.scale_inv->Set(values.scale_inv);
+  if (values.quantize_calls > row.quantize_calls && values.amax > 0.0f && std::isfinite(values.amax)) {
+    row.amax_log2->Observe(std::log2(static_cast<double>(values.amax)));
   }
-  return rows;
+  row.quantize_calls = values.quantize_calls;
+  if (!health_sampled || !values.health) return;
+  if (row.underflow == nullptr) {
+    row.underflow = &fp8_underflow_->Add(row.labels);
+    row.overflow = &fp8_overflow_->Add(row.labels);
+    row.mse = &fp8_mse_->Add(row.labels);
+  }
+  row.underflow->Set(values.underflow);
+  row.overflow->Set(values.overflow);
+  row.mse->Set(values.mse);
 }
 
-void Metrics::UpdateFp8(const std::string& id, const Fp8Row& row, bool health_sampled,
-                        SessionSeries& series) {
-  TensorSeries& t = series.tensors[{row.layer, row.tensor}];
-  const prometheus::Labels labels{{"session", id}, {"layer", row.layer}, {"tensor", row.tensor}};
-  if (t.amax == nullptr) {
-    t.amax = &fp8_amax_->Add(labels);
-    t.window_max = &fp8_amax_window_max_->Add(labels);
-    t.scale = &fp8_scale_->Add(labels);
-    t.scale_inv = &fp8_scale_inv_->Add(labels);
-    t.amax_log2 = &amax_log2_->Add(labels, amax_log2_buckets_);
-  }
-  t.amax->Set(row.amax);
-  t.window_max->Set(row.window_max);
-  t.scale->Set(row.scale);
-  t.scale_inv->Set(row.scale_inv);
-  if (row.quantize_calls > t.quantize_calls && row.amax > 0.0f && std::isfinite(row.amax)) {
-    t.amax_log2->Observe(std::log2(static_cast<double>(row.amax)));
-  }
-  t.quantize_calls = row.quantize_calls;
-  if (!health_sampled || !row.health) return;
-  if (t.underflow == nullptr) {
-    t.underflow = &fp8_underflow_->Add(labels);
-    t.overflow = &fp8_overflow_->Add(labels);
-    t.mse = &fp8_mse_->Add(labels);
-  }
-  t.underflow->Set(row.underflow);
-  t.overflow->Set(row.overflow);
-  t.mse->Set(row.mse);
-}
-
-void Metrics::UpdateSession(const std::string& id, train::Session& session) {
+void Metrics::UpdateSession(const std::string& id, train::Session& session, bool quantized) {
   if (options_.detail == MetricsDetail::kOff) return;
-  // Read the session first: its lock may be held by a long computation.
-  const train::TrainingStats stats = session.Stats();
-  std::vector<Fp8Row> rows;
-  if (fp8_series()) rows = Fp8Rows(session.QuantizationState());
+  // Read the session first (one lock): it may be held by a long computation.
+  const train::MetricsSample sample = session.SampleMetrics(quantized && fp8_series());
+  const train::TrainingStats& stats = sample.stats;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_series_.find(id);
@@ -363,10 +341,19 @@ void Metrics::UpdateSession(const std::string& id, train::Session& session) {
       if (series.grad_norm == nullptr) series.grad_norm = &grad_norm_->Add({{"session", id}});
       series.grad_norm->Set(stats.grad_norm);
     }
-    for (const Fp8Row& row : rows) UpdateFp8(id, row, stats.health_sampling, series);
+    if (!sample.quantizers.empty() && sample.quantizers.size() == series.row_of_quantizer.size()) {
+      std::vector<Fp8Values> values(series.rows.size());
+      for (size_t i = 0; i < sample.quantizers.size(); ++i) {
+        values[series.row_of_quantizer[i]].Add(sample.quantizers[i]);
+      }
+      for (size_t r = 0; r < series.rows.size(); ++r) {
+        UpdateRow(values[r], stats.health_sampling, series.rows[r]);
+      }
+    }
   }
   // The passes that follow belong to step stats.step + 1.
-  session.SetHealthSampling(SamplesHealthInStep(stats.step + 1));
+  const bool sample_health = SamplesHealthInStep(stats.step + 1);
+  if (sample_health != stats.health_sampling) session.SetHealthSampling(sample_health);
 }
 
 void Metrics::RemoveSeries(SessionSeries& series) {
@@ -374,7 +361,7 @@ void Metrics::RemoveSeries(SessionSeries& series) {
   if (series.skipped != nullptr) steps_skipped_->Remove(series.skipped);
   if (series.loss != nullptr) loss_->Remove(series.loss);
   if (series.grad_norm != nullptr) grad_norm_->Remove(series.grad_norm);
-  for (auto& [key, t] : series.tensors) {
+  for (TensorSeries& t : series.rows) {
     fp8_amax_->Remove(t.amax);
     fp8_amax_window_max_->Remove(t.window_max);
     fp8_scale_->Remove(t.scale);

@@ -106,9 +106,10 @@ class Metrics {
   // step. Updates of ids never added (or already removed) are ignored, so a late update
   // racing DeleteSession cannot bring a deleted session's series back.
   void AddSession(const std::string& id, train::Session& session);
-  // After a Forward, Backward, ForwardBackward or Step of `session`: copies its state
-  // into the series, then sets its health-sampling switch for the step it is now in.
-  void UpdateSession(const std::string& id, train::Session& session);
+  // After a Forward, Backward, ForwardBackward (`quantized`: the call may have changed
+  // quantizer state) or Step (not `quantized`) of `session`: copies its state into the
+  // series, then sets its health-sampling switch for the step it is now in.
+  void UpdateSession(const std::string& id, train::Session& session, bool quantized);
   // Removes every series labelled with `id`.
   void RemoveSession(const std::string& id);
 
@@ -124,7 +125,9 @@ class Metrics {
 
  private:
   class KernelTimings;
+  // The FP8 series of one quantized tensor, or of a layer's aggregate.
   struct TensorSeries {
+    prometheus::Labels labels;
     prometheus::Gauge* amax = nullptr;
     prometheus::Gauge* window_max = nullptr;
     prometheus::Gauge* scale = nullptr;
@@ -141,16 +144,16 @@ class Metrics {
     prometheus::Counter* skipped = nullptr;
     prometheus::Gauge* loss = nullptr;       // once a ForwardBackward ran
     prometheus::Gauge* grad_norm = nullptr;  // once a Step ran
-    std::map<std::pair<std::string, std::string>, TensorSeries> tensors;  // (layer, tensor)
+    std::vector<TensorSeries> rows;          // per tensor, or per layer
+    std::vector<size_t> row_of_quantizer;    // Session::QuantizerNames() index -> row
   };
-  // One row of FP8 series: a quantized tensor, or a layer's aggregate.
-  struct Fp8Row;
+  // The values of one row: a quantizer's, or the max over a layer's quantizers.
+  struct Fp8Values;
 
   explicit Metrics(const MetricsOptions& options);
   bool fp8_series() const;
-  std::vector<Fp8Row> Fp8Rows(const std::vector<train::QuantizerReport>& reports) const;
-  void UpdateFp8(const std::string& id, const Fp8Row& row, bool health_sampled,
-                 SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddRows(const std::string& id, const train::Session& session, SessionSeries& series);
+  void UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row);
   void RemoveSeries(SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshDeviceMemory();
   std::string Render();

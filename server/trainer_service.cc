@@ -189,7 +189,7 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     ASSIGN_OR_RETURN(train::ForwardResult result,
                      session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
-    metrics_->UpdateSession(request->session_id(), *session);
+    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/true);
     RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
     response->set_handle(result.handle);
     return absl::OkStatus();
@@ -206,7 +206,7 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
     std::vector<train::NamedTensor> side_grads;
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
                      session->Backward(request->handle(), grads, &side_grads));
-    metrics_->UpdateSession(request->session_id(), *session);
+    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/true);
     for (const train::NamedTensor& g : side_grads) {
       v1::NamedTensor* wire = response->add_side_grads();
       wire->set_name(g.name);
@@ -229,7 +229,7 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
     ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
                      session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
                                               request->return_outputs()));
-    metrics_->UpdateSession(request->session_id(), *session);
+    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/true);
     response->set_loss(result.loss);
     response->set_num_tokens(result.num_tokens);
     RETURN_IF_ERROR(EncodeTensors(result.grad_inputs, response->mutable_grad_inputs()));
@@ -245,7 +245,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(train::StepResult result, session->Step());
     if (request->zero_grad()) session->ZeroGrad();
-    metrics_->UpdateSession(request->session_id(), *session);
+    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/false);
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
     response->set_skipped(result.skipped);

@@ -1,5 +1,6 @@
 #include "train/session.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -58,6 +59,7 @@ struct Session::State {
   std::unique_ptr<layers::LayerStack> stack;
   std::unique_ptr<Optimizer> optimizer;
   std::vector<layers::Parameter*> params;
+  std::vector<layers::NamedQuantizer> quantizers;  // of the stack, fixed at Create
   float max_grad_norm = 0.0f;
   // How this session's quantized GEMMs run. Layer math runs on the CPU reference backend
   // in this release whatever the selected device, so the plan is the CPU's.
@@ -75,7 +77,7 @@ struct Session::State {
 
   // Quantizers whose region ends with a Forward (true) or a Backward (false).
   void EndRegion(bool forward) {
-    for (const layers::NamedQuantizer& q : stack->Quantizers()) {
+    for (const layers::NamedQuantizer& q : quantizers) {
       if (recipes::IsForwardRole(q.quantizer->role()) == forward) q.quantizer->EndRegion();
     }
   }
@@ -103,6 +105,18 @@ struct Session::State {
     for (const layers::Parameter* p : params) known.push_back(p->name);
     return absl::NotFoundError(absl::StrCat("parameters: no parameter named '", name, "' (this model has ",
                                             absl::StrJoin(known, ", "), ")"));
+  }
+
+  TrainingStats Stats() const {
+    TrainingStats stats;
+    stats.step = step;
+    stats.skipped_steps = skipped_steps;
+    stats.has_loss = has_loss;
+    stats.loss = last_loss;
+    stats.has_grad_norm = has_grad_norm;
+    stats.grad_norm = last_grad_norm;
+    stats.health_sampling = health_sampling;
+    return stats;
   }
 
   // Deep copies of the named parameters (all when `names` is empty), or of their grads.
@@ -140,8 +154,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
   ASSIGN_OR_RETURN(state->optimizer, OptimizerFromProto(optimizer));
   ASSIGN_OR_RETURN(state->stack, layers::BuildStack(model, state->recipe));
   state->params = state->stack->Parameters();
+  state->quantizers = state->stack->Quantizers();
   state->spec_health_stats = recipe.fp8_health_stats();
-  for (const layers::NamedQuantizer& q : state->stack->Quantizers()) {
+  for (const layers::NamedQuantizer& q : state->quantizers) {
     q.quantizer->set_health_stats(state->spec_health_stats);
   }
   state->max_grad_norm = optimizer.max_grad_norm();
@@ -327,7 +342,7 @@ absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) 
 std::vector<QuantizerReport> Session::QuantizationState() const {
   absl::MutexLock lock(&mu_);
   std::vector<QuantizerReport> reports;
-  for (const layers::NamedQuantizer& q : state_->stack->Quantizers()) {
+  for (const layers::NamedQuantizer& q : state_->quantizers) {
     const recipes::QuantizerSnapshot snap = q.quantizer->Snapshot();
     QuantizerReport r;
     r.layer = q.layer;
@@ -350,16 +365,38 @@ std::vector<QuantizerReport> Session::QuantizationState() const {
 
 TrainingStats Session::Stats() const {
   absl::MutexLock lock(&mu_);
-  const State& s = *state_;
-  TrainingStats stats;
-  stats.step = s.step;
-  stats.skipped_steps = s.skipped_steps;
-  stats.has_loss = s.has_loss;
-  stats.loss = s.last_loss;
-  stats.has_grad_norm = s.has_grad_norm;
-  stats.grad_norm = s.last_grad_norm;
-  stats.health_sampling = s.health_sampling;
-  return stats;
+  return state_->Stats();
+}
+
+std::vector<std::pair<std::string, std::string>> Session::QuantizerNames() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, std::string>> names;
+  for (const layers::NamedQuantizer& q : state_->quantizers) {
+    names.emplace_back(q.layer, std::string(recipes::TensorRoleName(q.quantizer->role())));
+  }
+  return names;
+}
+
+MetricsSample Session::SampleMetrics(bool with_quantizers) const {
+  absl::MutexLock lock(&mu_);
+  MetricsSample sample;
+  sample.stats = state_->Stats();
+  if (!with_quantizers) return sample;
+  sample.quantizers.reserve(state_->quantizers.size());
+  for (const layers::NamedQuantizer& q : state_->quantizers) {
+    const recipes::QuantizerSnapshot snap = q.quantizer->Snapshot();
+    QuantizerSample out;
+    out.amax = snap.amax;
+    out.window_max = snap.amax_history.empty()
+                         ? snap.amax
+                         : *std::max_element(snap.amax_history.begin(), snap.amax_history.end());
+    out.scale = snap.scale;
+    out.scale_inv = snap.scale_inv;
+    out.quantize_calls = snap.quantize_calls;
+    out.health = snap.health;
+    sample.quantizers.push_back(out);
+  }
+  return sample;
 }
 
 void Session::SetHealthSampling(bool on) {
@@ -367,7 +404,7 @@ void Session::SetHealthSampling(bool on) {
   State& s = *state_;
   if (s.health_sampling == on) return;
   s.health_sampling = on;
-  for (const layers::NamedQuantizer& q : s.stack->Quantizers()) {
+  for (const layers::NamedQuantizer& q : s.quantizers) {
     q.quantizer->set_health_stats(s.spec_health_stats || on);
   }
 }

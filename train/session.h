@@ -79,6 +79,21 @@ struct TrainingStats {
   bool health_sampling = false;  // SetHealthSampling's switch
 };
 
+// One quantizer's values for the metrics (QuantizerReport without names and history).
+struct QuantizerSample {
+  float amax = 0.0f;
+  float window_max = 0.0f;  // max of the amax history (delayed scaling), else amax
+  float scale = 1.0f;
+  float scale_inv = 1.0f;
+  int64_t quantize_calls = 0;
+  recipes::HealthStats health;
+};
+
+struct MetricsSample {
+  TrainingStats stats;
+  std::vector<QuantizerSample> quantizers;  // in QuantizerNames() order; empty unless asked
+};
+
 struct LayerSummary {
   std::string name;
   std::string kind;
@@ -137,6 +152,12 @@ class Session {
   std::vector<QuantizerReport> QuantizationState() const;
   SessionSummary Summary() const;
   TrainingStats Stats() const;
+  // (layer, tensor) of every quantizer, in QuantizationState() order; fixed for the
+  // session's life.
+  std::vector<std::pair<std::string, std::string>> QuantizerNames() const;
+  // Stats() and, `with_quantizers`, every quantizer's values, under one lock: what the
+  // server's metrics read after each call.
+  MetricsSample SampleMetrics(bool with_quantizers) const;
 
   // While on, every quantization measures the FP8 health statistics (as
   // RecipeSpec.fp8_health_stats does always); off, quantizing costs nothing extra unless
