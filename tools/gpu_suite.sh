@@ -18,10 +18,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 echo "commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)" >> "$summary"
 for test in "$bundle"/bin/*_test; do
   name=$(basename "$test")
-  echo "=== $name" >> "$out/tests.log"
-  "$test" --gtest_brief=1 >> "$out/tests.log" 2>&1
+  "$test" --gtest_brief=1 > "$out/$name.tmp" 2>&1
   rc=$?
-  echo "$name rc=$rc $(tail -n 40 "$out/tests.log" | grep -E 'PASSED|FAILED|SKIPPED' | tr '\n' ' ')" >> "$summary"
+  echo "$name rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]' "$out/$name.tmp" | tr '\n' ' ')" >> "$summary"
+  { echo "=== $name"; cat "$out/$name.tmp"; } >> "$out/tests.log"
+  rm -f "$out/$name.tmp"
 done
 for test in "$bundle"/bin/*_test; do
   name=$(basename "$test")
