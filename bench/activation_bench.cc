@@ -6,6 +6,8 @@
 //   gelu_fwd_fp8_codec        gelu with the integer-codec encoder
 //   gelu_fwd_fp8_rowwise      gelu, rowwise codes only
 //   gelu_fwd_bf16             gelu, y in BF16, no quantization
+//   <kind>_fwd_fp8_tiled64    gelu, relu, swiglu: <kind>_fwd_fp8 with the 64 x 64 tile
+//                             kernel forced (ActForwardKernel::kTiled64)
 //   <kind>_bwd_dbias          gelu, swiglu: dx (BF16) and dbias (FP32) from dy, x (BF16)
 //   <kind>_bwd                the same without dbias
 // Launchers are called directly on preallocated buffers (no allocation or host sync in
@@ -102,6 +104,14 @@ void Run(int64_t rows, int64_t k, const Flags& flags, std::vector<Result>* resul
     const int64_t in = kind.act.gated ? 2 * n : n;
     forward(std::string(kind.name) + "_fwd_fp8", forward_params(kind.act), "bf16", 2 * in + 2 * n,
             "E4M3 rowwise + columnwise + amax, cvt encoder");
+  }
+  for (int i : {0, 4, 9}) {  // gelu, relu, swiglu
+    const Kind kind = Kinds()[i];
+    const int64_t in = kind.act.gated ? 2 * n : n;
+    ActivationForwardParams p = forward_params(kind.act);
+    p.kernel = kernels::cuda::ActForwardKernel::kTiled64;
+    forward(std::string(kind.name) + "_fwd_fp8_tiled64", p, "bf16", 2 * in + 2 * n,
+            "E4M3 rowwise + columnwise + amax, cvt encoder, 64 x 64 tile kernel");
   }
   const ActivationFunctionParams gelu = Kinds()[0].act;
   {

@@ -318,6 +318,294 @@ __global__ void __launch_bounds__(kForwardThreads) ActivationForwardKernel(const
 }
 
 // ---------------------------------------------------------------------------------------
+// Register-tile forward (rows, cols positive multiples of 8; x, y 16-byte and the codes
+// 8-byte aligned).
+
+constexpr int kTiledThreads = 256;  // 8 warps
+constexpr int kUnit = 8;            // each thread owns 8 rows x 8 columns
+constexpr int kHalfRows = 4;        // rows per half fragment
+constexpr int kLanesDown = 4;       // lanes of a warp along rows
+constexpr int kLanesAcross = 8;     // lanes of a warp along columns
+constexpr int kWarpsDown = 4;
+constexpr int kWarpsAcross = 2;
+constexpr int kTiledRows = kWarpsDown * kLanesDown * kUnit;        // 128
+constexpr int kTiledCols = kWarpsAcross * kLanesAcross * kUnit;    // 128
+constexpr float kInf = __builtin_huge_valf();
+
+// One row's 8 elements of a thread's fragment, as loaded (16-byte accesses). 16-bit
+// types: columns c0 .. c0 + 7, one load. FP32: columns c0 .. c0 + 3 and c0 + 32 .. + 35
+// (two loads, so each warp load still covers whole 32-byte sectors). Element i is in
+// group i / 4, at column c0 + (i / 4) * kGroupStride + i % 4.
+template <ActDType kType>
+struct RowOf8 {
+  static constexpr bool kWide = kType == ActDType::kFloat32;
+  static constexpr int kLoads = kWide ? 2 : 1;
+  static constexpr int kGroupStride = kWide ? 32 : 4;
+  using T = typename Elem<kType>::Type;
+  uint4 raw[kLoads];
+
+  __device__ __forceinline__ void Load(const void* base, int64_t index, const bool (&valid)[2]) {
+    const T* p = static_cast<const T*>(base) + index;
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      raw[l] = valid[l] ? *reinterpret_cast<const uint4*>(p + l * kGroupStride) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  __device__ static __forceinline__ uint32_t Word(const uint4& v, int j) {
+    return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
+  }
+  __device__ __forceinline__ float Value(int i) const {
+    if constexpr (kWide) {
+      return __uint_as_float(Word(raw[i / 4], i % 4));
+    } else {
+      const uint32_t word = Word(raw[0], i / 2);
+      return Elem<kType>::Widen(static_cast<uint16_t>(i % 2 ? word >> 16 : word & 0xFFFFu));
+    }
+  }
+};
+
+// Stores one row's 8 FP32 values (RowOf8<kType>'s column layout) in `type`.
+template <ActDType kType>
+__device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t index, const float (&v)[kUnit],
+                                          const bool (&valid)[2]) {
+  constexpr int kStride = RowOf8<kType>::kGroupStride;
+  if (type == ActDType::kFloat32) {
+    float* p = static_cast<float*>(base) + index;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      if (valid[g]) {
+        *reinterpret_cast<float4*>(p + g * kStride) = make_float4(v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]);
+      }
+    }
+    return;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w[j] = Narrow16(type, v[2 * j]) | (static_cast<uint32_t>(Narrow16(type, v[2 * j + 1])) << 16);
+  }
+  uint16_t* p = static_cast<uint16_t*>(base) + index;
+  if constexpr (kStride == 4) {  // 8 adjacent columns: one 16-byte store
+    if (valid[0]) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      if (valid[g]) *reinterpret_cast<uint2*>(p + g * kStride) = make_uint2(w[2 * g], w[2 * g + 1]);
+    }
+  }
+}
+
+// Hardware pair conversion for a fixed format (see CvtPair).
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint32_t CvtPairOf(float a, float b) {
+  uint16_t packed;
+  if constexpr (kFormat == Fp8Format::kE4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  }
+  return packed;
+}
+
+enum class TileEncode { kHardware, kHardwarePatchNan, kCodec };
+
+// Codes of one fragment row: codes[g] = group g (column i of the group in byte i), each
+// code encode(y * scale) with the product one FP32 multiply. kHardware is only used when
+// no product can be NaN (the row's |y| finite and the scale finite); otherwise
+// kHardwarePatchNan gives NaN products the codec's 0x7F. kCodec: core/float_codec.h.
+template <Fp8Format kFormat, TileEncode kEncode>
+__device__ __forceinline__ void EncodeRow(const float (&y)[kUnit], float scale, uint32_t (&codes)[2]) {
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] = __fmul_rn(y[4 * g + i], scale);
+    uint32_t word = 0;
+    if constexpr (kEncode == TileEncode::kCodec) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t code = kFormat == Fp8Format::kE4M3 ? FloatToE4M3(s[i]) : FloatToE5M2(s[i]);
+        word |= code << (8 * i);
+      }
+    } else {
+      word = CvtPairOf<kFormat>(s[0], s[1]) | (CvtPairOf<kFormat>(s[2], s[3]) << 16);
+      if constexpr (kEncode == TileEncode::kHardwarePatchNan) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (s[i] != s[i]) word = (word & ~(0xFFu << (8 * i))) | (0x7Fu << (8 * i));
+        }
+      }
+    }
+    codes[g] = word;
+  }
+}
+
+template <Fp8Format kFormat>
+__device__ __forceinline__ void EncodeRowAs(ActFp8Encoder encoder, bool patch, const float (&y)[kUnit], float scale,
+                                            uint32_t (&codes)[2]) {
+  if (encoder == ActFp8Encoder::kCodec) {
+    EncodeRow<kFormat, TileEncode::kCodec>(y, scale, codes);
+  } else if (patch) {
+    EncodeRow<kFormat, TileEncode::kHardwarePatchNan>(y, scale, codes);
+  } else {
+    EncodeRow<kFormat, TileEncode::kHardware>(y, scale, codes);
+  }
+}
+
+// 4x4 byte transpose: in[k] holds row k's codes of 4 columns (column i in byte i); out[i]
+// holds column i's codes of the 4 rows (row k in byte k).
+__device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (&out)[4]) {
+  const uint32_t a0 = __byte_perm(in[0], in[1], 0x5140);  // r0c0 r1c0 r0c1 r1c1
+  const uint32_t a1 = __byte_perm(in[0], in[1], 0x7362);  // r0c2 r1c2 r0c3 r1c3
+  const uint32_t a2 = __byte_perm(in[2], in[3], 0x5140);  // r2c0 r3c0 r2c1 r3c1
+  const uint32_t a3 = __byte_perm(in[2], in[3], 0x7362);  // r2c2 r3c2 r2c3 r3c3
+  out[0] = __byte_perm(a0, a2, 0x5410);
+  out[1] = __byte_perm(a0, a2, 0x7632);
+  out[2] = __byte_perm(a1, a3, 0x5410);
+  out[3] = __byte_perm(a1, a3, 0x7632);
+}
+
+// max(a, b), NaN if either is NaN (sm_80+).
+__device__ __forceinline__ float MaxNan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// One 128 x 128 output tile per block, the thread layout of cast_kernels.cu's
+// FastCastTransposeKernel: warp w covers rows 32 (w % 4) .. + 31 and columns 64 (w / 4)
+// .. + 63; lane l owns rows 8 (l % 4) .. + 7 and 8 columns (RowOf8) from 8 (l / 4) (16-bit
+// x) or 4 (l / 4) (FP32 x). All 8 rows (and the gate half b for gated kinds) are loaded
+// first; the rows are then processed in two halves of 4 (a loop, not unrolled, to keep
+// the body small), row by row: y = f(a) [* (b' + offset)] in FP32, optional y store,
+// max |y|, codes (the NaN patch only where the row's max |y| is not finite or the scale
+// is not), 8-byte rowwise stores. The two halves' codes give the 8-byte columnwise stores through
+// byte-permute transposes. f(0) = 0 for every function, so the zero-filled loads of
+// threads outside the tensor never raise the amax. kPrefetch = false (FP32 gated x: 128
+// registers of input) loads the second half after the first is done instead.
+template <typename Op, bool kGated, ActDType kIn>
+__global__ void __launch_bounds__(kTiledThreads, 2) ActivationForwardTiledKernel(const ForwardArgs<Op> args) {
+  constexpr bool kPrefetch = !(kGated && kIn == ActDType::kFloat32);
+  constexpr int kStride = RowOf8<kIn>::kGroupStride;
+  const ActivationForwardParams& p = args.p;
+  const int64_t rows = p.rows;
+  const int64_t cols = p.cols;
+  const int64_t in_cols = kGated ? 2 * cols : cols;
+  const int64_t tiles_across = (cols + kTiledCols - 1) / kTiledCols;
+  const int64_t tile_row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * kTiledRows;
+  const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * kTiledCols;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t r0 = tile_row0 + (warp % kWarpsDown) * (kLanesDown * kUnit) + (lane % kLanesDown) * kUnit;
+  const int64_t c0 = tile_col0 + (warp / kWarpsDown) * (kLanesAcross * kUnit) +
+                     (lane / kLanesDown) * (RowOf8<kIn>::kWide ? 4 : kUnit);
+  bool valid[2];
+#pragma unroll
+  for (int g = 0; g < 2; ++g) valid[g] = r0 < rows && c0 + g * kStride < cols;  // rows, cols % 8 == 0
+  const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
+  const bool e4m3 = p.format == Fp8Format::kE4M3;
+  const bool scale_finite = isfinite(p.scale);
+
+  float amax = 0.0f;
+  if (valid[0] || valid[1]) {
+    RowOf8<kIn> a[kHalfRows], b[kHalfRows], next_a[kHalfRows], next_b[kHalfRows];
+#pragma unroll
+    for (int k = 0; k < kHalfRows; ++k) {
+      a[k].Load(p.x, (r0 + k) * in_cols + c0, valid);
+      if (kGated) b[k].Load(p.x, (r0 + k) * in_cols + cols + c0, valid);
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < kHalfRows; ++k) {
+        next_a[k].Load(p.x, (r0 + kHalfRows + k) * in_cols + c0, valid);
+        if (kGated) next_b[k].Load(p.x, (r0 + kHalfRows + k) * in_cols + cols + c0, valid);
+      }
+    }
+    uint32_t top[kHalfRows][2];
+    uint32_t codes[kHalfRows][2];
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + h * kHalfRows;
+#pragma unroll
+      for (int k = 0; k < kHalfRows; ++k) {
+        float y[kUnit];
+        float row_max = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kUnit; ++i) {
+          y[i] = ForwardValue<Op, kGated>(args.op, args.clamp, a[k].Value(i), kGated ? b[k].Value(i) : 0.0f);
+          row_max = MaxNan(row_max, fabsf(y[i]));
+        }
+        amax = MaxNan(amax, row_max);
+        if (p.y != nullptr) StoreRowY<kIn>(p.y, p.y_type, (row + k) * cols + c0, y, valid);
+        if (!quantize) continue;
+        const bool patch = !(row_max < kInf) || !scale_finite;
+        if (e4m3) {
+          EncodeRowAs<Fp8Format::kE4M3>(p.encoder, patch, y, p.scale, codes[k]);
+        } else {
+          EncodeRowAs<Fp8Format::kE5M2>(p.encoder, patch, y, p.scale, codes[k]);
+        }
+        if (p.rowwise != nullptr) {
+          uint8_t* out = p.rowwise + (row + k) * cols + c0;
+          if constexpr (kStride == 4) {  // both groups adjacent: one 8-byte store
+            if (valid[0]) *reinterpret_cast<uint2*>(out) = make_uint2(codes[k][0], codes[k][1]);
+          } else {
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+              if (valid[g]) *reinterpret_cast<uint32_t*>(out + g * kStride) = codes[k][g];
+            }
+          }
+        }
+      }
+      if (h == 0) {
+#pragma unroll
+        for (int k = 0; k < kHalfRows; ++k) {
+          top[k][0] = codes[k][0];
+          top[k][1] = codes[k][1];
+          if (kPrefetch) {
+            a[k] = next_a[k];
+            if (kGated) b[k] = next_b[k];
+          } else {
+            a[k].Load(p.x, (r0 + kHalfRows + k) * in_cols + c0, valid);
+            if (kGated) b[k].Load(p.x, (r0 + kHalfRows + k) * in_cols + cols + c0, valid);
+          }
+        }
+      }
+    }
+    if (p.columnwise != nullptr) {
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        uint32_t top_in[4], bottom_in[4], top_out[4], bottom_out[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          top_in[k] = top[k][g];
+          bottom_in[k] = codes[k][g];
+        }
+        Transpose4x4(top_in, top_out);
+        Transpose4x4(bottom_in, bottom_out);
+        if (valid[g]) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            *reinterpret_cast<uint2*>(p.columnwise + (c0 + g * kStride + i) * rows + r0) =
+                make_uint2(top_out[i], bottom_out[i]);
+          }
+        }
+      }
+    }
+  }
+
+  if (p.amax_bits != nullptr) {  // uniform across the block: the barrier is safe
+    // |y| max as FP32 bits: non-negative, so integer order is value order; max.NaN gives
+    // the canonical NaN 0x7FFFFFFF, above every other magnitude.
+    const uint32_t block_amax = BlockMax<kTiledThreads>(__float_as_uint(amax));
+    if (threadIdx.x == 0 && block_amax != 0u) atomicMax(p.amax_bits, block_amax);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
+    if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Backward.
 
 template <typename Op>
@@ -469,6 +757,25 @@ cudaError_t LaunchForwardGated(const ForwardArgs<Op>& args, int64_t tiles, cudaS
   return cudaErrorInvalidValue;
 }
 
+// One block per 128 x 128 tile (`tiles` <= INT32_MAX, checked by the caller).
+template <typename Op, bool kGated>
+cudaError_t LaunchForwardTiled(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(tiles);
+  switch (args.p.x_type) {
+    case ActDType::kFloat32:
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat32><<<blocks, kTiledThreads, 0, stream>>>(args);
+      break;
+    case ActDType::kFloat16:
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat16><<<blocks, kTiledThreads, 0, stream>>>(args);
+      break;
+    case ActDType::kBFloat16:
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kBFloat16><<<blocks, kTiledThreads, 0, stream>>>(args);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 template <typename Op, bool kGated, ActDType kType>
 cudaError_t LaunchBackwardTyped(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
   ActivationBackwardKernel<Op, kGated, kType><<<grid, kBackwardThreads, 0, stream>>>(args);
@@ -518,10 +825,19 @@ cudaError_t LaunchActivationForward(const ActivationForwardParams& p, cudaStream
                           (p.rowwise == nullptr || IsAligned(p.rowwise, kVec));
   const bool columnwise_vectorized = p.rows % kVec == 0 && (p.columnwise == nullptr || IsAligned(p.columnwise, kVec));
   const int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
+  const int64_t big_tiles = ((p.rows + kTiledRows - 1) / kTiledRows) * ((p.cols + kTiledCols - 1) / kTiledCols);
+  const bool tiled = p.kernel == ActForwardKernel::kAuto && p.rows > 0 && p.cols > 0 && p.rows % kUnit == 0 &&
+                     p.cols % kUnit == 0 && big_tiles <= INT32_MAX && IsAligned(p.x, 16) &&
+                     (p.y == nullptr || IsAligned(p.y, 16)) && (p.rowwise == nullptr || IsAligned(p.rowwise, 8)) &&
+                     (p.columnwise == nullptr || IsAligned(p.columnwise, 8));
   const act::GateClamp clamp = ClampOf(p.act);
   return WithOp(p.act, [&](const auto& op) -> cudaError_t {
     using Op = std::decay_t<decltype(op)>;
     ForwardArgs<Op> args{p, op, clamp, vectorized, columnwise_vectorized};
+    if (tiled) {
+      return p.act.gated ? LaunchForwardTiled<Op, true>(args, big_tiles, stream)
+                         : LaunchForwardTiled<Op, false>(args, big_tiles, stream);
+    }
     return p.act.gated ? LaunchForwardGated<Op, true>(args, tiles, stream)
                        : LaunchForwardGated<Op, false>(args, tiles, stream);
   });

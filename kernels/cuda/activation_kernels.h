@@ -44,8 +44,16 @@ struct ActivationFunctionParams {
   float offset = 0.0f;
 };
 
+// Which forward kernel LaunchActivationForward runs (benchmarks and tests compare them):
+// kAuto takes the 128 x 128 register-tile kernel when rows and cols are positive
+// multiples of 8, x and y are 16-byte and the codes 8-byte aligned, else the 64 x 64
+// shared-memory one; kTiled64 always takes the 64 x 64 one. Both give the same y, codes
+// and amax.
+enum class ActForwardKernel { kAuto, kTiled64 };
+
 struct ActivationForwardParams {
   ActivationFunctionParams act;
+  ActForwardKernel kernel = ActForwardKernel::kAuto;
   const void* x = nullptr;  // [rows, K] or [rows, 2K]
   ActDType x_type = ActDType::kFloat32;
   int64_t rows = 0;

@@ -417,6 +417,22 @@ std::vector<Case> SmallCases() {
   return cases;
 }
 
+// Shapes the 128 x 128 register-tile forward kernel takes (rows and cols multiples of 8):
+// one full tile pair, partial tiles in both directions, a single 8 x 8 fragment.
+constexpr Shape2 kTiledShapes[] = {{256, 256}, {136, 200}, {8, 8}};
+
+std::vector<Case> TiledCases() {
+  std::vector<Case> cases;
+  for (Activation kind : kKinds) {
+    for (const Shape2& s : kTiledShapes) {
+      cases.push_back({kind, s.rows, s.k, DType::kFloat32, DType::kFloat8E4M3});
+      cases.push_back({kind, s.rows, s.k, DType::kBFloat16, DType::kFloat8E4M3});
+      cases.push_back({kind, s.rows, s.k, DType::kFloat16, DType::kFloat8E5M2});
+    }
+  }
+  return cases;
+}
+
 // The benchmark shape, BF16 input (x is 16384 x 16384 for gated kinds).
 std::vector<Case> LargeForwardCases() {
   std::vector<Case> cases;
@@ -583,6 +599,7 @@ TEST_P(ActivationForwardGpuTest, Fp32EntryPointDispatchesToCuda) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Small, ActivationForwardGpuTest, ::testing::ValuesIn(SmallCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Tiled, ActivationForwardGpuTest, ::testing::ValuesIn(TiledCases()), CaseName);
 
 class ActivationForwardLargeGpuTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -812,7 +829,100 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ActivationDirectLaunchTest,
                          ::testing::Values(DirectCase{Activation::kGelu, 257, 259}, DirectCase{Activation::kGelu, 1, 1024},
                                            DirectCase{Activation::kSwiglu, 128, 129},
                                            DirectCase{Activation::kSwiglu, 260, 192},
-                                           DirectCase{Activation::kClampedSwiglu, 257, 259}),
+                                           DirectCase{Activation::kClampedSwiglu, 257, 259},
+                                           DirectCase{Activation::kGelu, 136, 200},
+                                           DirectCase{Activation::kSwiglu, 256, 256},
+                                           DirectCase{Activation::kClampedSwiglu, 8, 8}),
+                         DirectName);
+
+// The 128 x 128 register-tile kernel (kAuto on these shapes) and the 64 x 64 one
+// (kTiled64) give the same FP32 and BF16 y, codes and amax bit for bit, from FP32 and
+// BF16 x with NaN and infinities, in both formats and with both encoders.
+class ActivationForwardKernelsAgreeTest : public ::testing::TestWithParam<DirectCase> {
+ protected:
+  void SetUp() override { TESERVE_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(ActivationForwardKernelsAgreeTest, TileKernelMatchesTheFallbackKernel) {
+  const DirectCase& d = GetParam();
+  const int64_t in_cols = kernels::ActivationInputWidth(d.kind, d.k);
+  const int64_t n = d.rows * d.k;
+  for (DType x_dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const Tensor x = ToDevice(MakeInput(x_dtype, d.rows, in_cols, 11, true));
+    for (auto format : {kernels::cuda::Fp8Format::kE4M3, kernels::cuda::Fp8Format::kE5M2}) {
+      for (auto encoder : {kernels::cuda::ActFp8Encoder::kHardware, kernels::cuda::ActFp8Encoder::kCodec}) {
+        for (auto y_type : {kernels::cuda::ActDType::kFloat32, kernels::cuda::ActDType::kBFloat16}) {
+          const std::string what = absl::StrCat(DTypeName(x_dtype), format == kernels::cuda::Fp8Format::kE4M3 ? " E4M3" : " E5M2",
+                                                encoder == kernels::cuda::ActFp8Encoder::kCodec ? " codec" : " cvt",
+                                                y_type == kernels::cuda::ActDType::kFloat32 ? " y FP32" : " y BF16");
+          std::vector<uint8_t> y_bytes[2], row[2], col[2];
+          uint32_t amax[2] = {0, 0};
+          const size_t y_size = static_cast<size_t>(n) * (y_type == kernels::cuda::ActDType::kFloat32 ? 4 : 2);
+          for (int which = 0; which < 2; ++which) {
+            kernels::cuda::ActivationForwardParams p;
+            p.act = FunctionParams(d.kind);
+            p.kernel = which == 0 ? kernels::cuda::ActForwardKernel::kAuto : kernels::cuda::ActForwardKernel::kTiled64;
+            p.x = x.raw_data();
+            p.x_type = x_dtype == DType::kFloat32 ? kernels::cuda::ActDType::kFloat32
+                                                  : kernels::cuda::ActDType::kBFloat16;
+            p.rows = d.rows;
+            p.cols = d.k;
+            p.format = format;
+            p.encoder = encoder;
+            p.scale = kScale;
+            p.scale_inv = 1.0f / kScale;
+            uint8_t* y = PoisonedBuffer<uint8_t>(static_cast<int64_t>(y_size), 0xFF);
+            uint8_t* r = PoisonedBuffer<uint8_t>(n, 0xFF);
+            uint8_t* c = PoisonedBuffer<uint8_t>(n, 0xFF);
+            uint32_t* a = PoisonedBuffer<uint32_t>(1, 0xFF);
+            p.y = y;
+            p.y_type = y_type;
+            p.rowwise = r;
+            p.columnwise = c;
+            p.amax_bits = a;
+            ASSERT_EQ(kernels::cuda::LaunchActivationForward(p, nullptr), cudaSuccess) << what;
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+            y_bytes[which] = Download(y, static_cast<int64_t>(y_size));
+            row[which] = Download(r, n);
+            col[which] = Download(c, n);
+            amax[which] = Download(a, 1)[0];
+            cudaFree(y);
+            cudaFree(r);
+            cudaFree(c);
+            cudaFree(a);
+          }
+          // NaN y may differ in payload only (FP32 y); compare the rest bitwise.
+          int64_t y_differs = 0;
+          if (y_type == kernels::cuda::ActDType::kFloat32) {
+            for (int64_t i = 0; i < n; ++i) {
+              float u, v;
+              std::memcpy(&u, &y_bytes[0][4 * i], 4);
+              std::memcpy(&v, &y_bytes[1][4 * i], 4);
+              y_differs += (Bits(u) == Bits(v) || (std::isnan(u) && std::isnan(v))) ? 0 : 1;
+            }
+          } else {
+            y_differs = y_bytes[0] == y_bytes[1] ? 0 : 1;
+          }
+          EXPECT_EQ(y_differs, 0) << what << ": y";
+          EXPECT_EQ(row[0], row[1]) << what << ": rowwise codes";
+          EXPECT_EQ(col[0], col[1]) << what << ": columnwise codes";
+          if (amax[1] > 0x7F800000u) {
+            EXPECT_GT(amax[0], 0x7F800000u) << what << ": amax NaN";
+          } else {
+            EXPECT_EQ(amax[0], amax[1]) << what << ": amax";
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ActivationForwardKernelsAgreeTest,
+                         ::testing::Values(DirectCase{Activation::kGelu, 256, 256},
+                                           DirectCase{Activation::kGelu, 136, 200},
+                                           DirectCase{Activation::kSwiglu, 136, 200},
+                                           DirectCase{Activation::kClampedSwiglu, 256, 256},
+                                           DirectCase{Activation::kSilu, 8, 8}),
                          DirectName);
 
 // No rows: empty outputs, amax 0, scale_inv written, dbias all zeros.
