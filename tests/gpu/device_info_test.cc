@@ -2,8 +2,12 @@
 // gpu_count 0 and a reason; with one it names the device and the library versions.
 #include "kernels/device_info.h"
 
+#include <cstdint>
 #include <iostream>
 #include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -33,6 +37,29 @@ TEST(DeviceInfo, ReportsGpusOrWhyThereAreNone) {
             << " runtime " << info.cuda_runtime_version << " driver " << info.driver_version
             << " cublasLt " << info.cublaslt_version << " cudnn '" << info.cudnn_version
             << "' nccl '" << info.nccl_version << "'\n";
+}
+
+// The server's teserve_device_memory_bytes{device="cuda:N"}: cudaMemGetInfo of the GPU,
+// or FAILED_PRECONDITION in a build without CUDA.
+TEST(DeviceInfo, DeviceMemoryOfTheFirstGpu) {
+  const absl::StatusOr<kernels::DeviceMemory> memory = kernels::QueryDeviceMemory(0);
+  if (TESERVE_WITH_CUDA == 0) {
+    ASSERT_FALSE(memory.ok());
+    EXPECT_EQ(memory.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(memory.status().message().find("built without CUDA"), absl::string_view::npos);
+    return;
+  }
+  std::string reason;
+  if (!testing::GpuAvailable(&reason)) {
+    ASSERT_FALSE(memory.ok());
+    EXPECT_EQ(memory.status().code(), absl::StatusCode::kUnavailable);
+    return;
+  }
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_GT(memory->total_bytes, int64_t{1} << 30);
+  EXPECT_GT(memory->used_bytes, 0);  // this process's context at least
+  EXPECT_LE(memory->used_bytes, memory->total_bytes);
+  std::cout << "cuda:0 memory used " << memory->used_bytes << " of " << memory->total_bytes << " bytes\n";
 }
 
 }  // namespace
