@@ -261,9 +261,11 @@ bool Metrics::SamplesHealthInStep(int64_t step) const {
          step % options_.fp8_stats_interval == 0;
 }
 
-void Metrics::AddRows(const std::string& id, const train::Session& session, SessionSeries& series) {
+void Metrics::AddRows(const std::string& id,
+                      const std::vector<std::pair<std::string, std::string>>& quantizers,
+                      SessionSeries& series) {
   std::map<std::string, size_t> layer_rows;  // --metrics_detail=layer
-  for (const auto& [layer, tensor] : session.QuantizerNames()) {
+  for (const auto& [layer, tensor] : quantizers) {
     if (options_.detail == MetricsDetail::kLayer) {
       const auto [it, first] = layer_rows.emplace(layer, series.rows.size());
       series.row_of_quantizer.push_back(it->second);
@@ -286,13 +288,15 @@ void Metrics::AddRows(const std::string& id, const train::Session& session, Sess
 
 void Metrics::AddSession(const std::string& id, train::Session& session) {
   if (options_.detail == MetricsDetail::kOff) return;
+  std::vector<std::pair<std::string, std::string>> quantizers;
+  if (fp8_series()) quantizers = session.QuantizerNames();
   {
     absl::MutexLock lock(&mu_);
     if (sessions_series_.count(id) != 0) return;
     SessionSeries& series = sessions_series_[id];
     series.steps = &train_steps_->Add({{"session", id}});
     series.skipped = &steps_skipped_->Add({{"session", id}});
-    if (fp8_series()) AddRows(id, session, series);
+    AddRows(id, quantizers, series);
   }
   UpdateSession(id, session, /*quantized=*/true);
 }

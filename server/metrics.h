@@ -25,7 +25,7 @@
 //   teserve_kernel_duration_seconds{op,device}      histogram, sampled (kernels/timing.h)
 //   teserve_device_memory_bytes{device,kind}        gauge, kind "used" | "total", read at
 //                                                   scrape time (CPU: process RSS as used)
-// The values come from the session (Stats(), QuantizationState()) at the end of every
+// The values come from the session (Session::SampleMetrics) at the end of every
 // Forward, Backward, ForwardBackward and Step, so they equal what GetSession and
 // GetQuantizationState report at that moment.
 //
@@ -152,8 +152,12 @@ class Metrics {
 
   explicit Metrics(const MetricsOptions& options);
   bool fp8_series() const;
-  void AddRows(const std::string& id, const train::Session& session, SessionSeries& series);
-  void UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row);
+  // The FP8 rows of the quantizers (Session::QuantizerNames()) of session `id`.
+  void AddRows(const std::string& id,
+               const std::vector<std::pair<std::string, std::string>>& quantizers,
+               SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveSeries(SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshDeviceMemory();
   std::string Render();
@@ -186,7 +190,7 @@ class Metrics {
   std::map<std::string, SessionSeries> sessions_series_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<kernels::KernelTimingSink> kernel_timing_;  // null when off
-  std::unique_ptr<MetricsHttpServer> http_;       // null when not exposed; stopped first
+  std::unique_ptr<MetricsHttpServer> http_;  // null when not exposed; destroyed first
 };
 
 }  // namespace server

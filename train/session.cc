@@ -363,11 +363,6 @@ std::vector<QuantizerReport> Session::QuantizationState() const {
   return reports;
 }
 
-TrainingStats Session::Stats() const {
-  absl::MutexLock lock(&mu_);
-  return state_->Stats();
-}
-
 std::vector<std::pair<std::string, std::string>> Session::QuantizerNames() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<std::string, std::string>> names;

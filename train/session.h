@@ -151,12 +151,11 @@ class Session {
 
   std::vector<QuantizerReport> QuantizationState() const;
   SessionSummary Summary() const;
-  TrainingStats Stats() const;
   // (layer, tensor) of every quantizer, in QuantizationState() order; fixed for the
   // session's life.
   std::vector<std::pair<std::string, std::string>> QuantizerNames() const;
-  // Stats() and, `with_quantizers`, every quantizer's values, under one lock: what the
-  // server's metrics read after each call.
+  // The training counters and, `with_quantizers`, every quantizer's values, under one
+  // lock: what the server's metrics read after each call.
   MetricsSample SampleMetrics(bool with_quantizers) const;
 
   // While on, every quantization measures the FP8 health statistics (as
