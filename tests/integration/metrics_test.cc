@@ -221,10 +221,6 @@ void ExpectFp8SeriesEqual(const std::vector<Sample>& samples, const std::string&
   if (health) ExpectHealthSeriesEqual(samples, id, state);
 }
 
-double Counter(const std::vector<Sample>& samples, absl::string_view name, const Labels& labels) {
-  return Value(samples, name, labels).value_or(0.0);
-}
-
 // Every series is written at the end of the call: scraped after each ForwardBackward and
 // each Step, they equal GetQuantizationState, GetSession and the RPC responses.
 TEST(Metrics, SeriesEqualTheSessionAfterEveryCall) {

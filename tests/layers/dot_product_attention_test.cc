@@ -424,7 +424,9 @@ TEST(DotProductAttention, PaddingMaskAndCuSeqlensGiveTheSameResult) {
   const float* out = a[0].data<float>();
   for (int64_t s = 0; s < 6; ++s) {
     for (int64_t c = 0; c < 8; ++c) {
-      if (s >= 2) EXPECT_EQ(out[(s * 3 + 0) * 8 + c], 0.0f);
+      if (s >= 2) {
+        EXPECT_EQ(out[(s * 3 + 0) * 8 + c], 0.0f);
+      }
       EXPECT_EQ(out[(s * 3 + 2) * 8 + c], 0.0f);
     }
   }
