@@ -170,10 +170,8 @@ void Run(int64_t rows, int64_t k, const Flags& flags, std::vector<Result>* resul
     }
   }
 
-  for (void* p : {x_bf16, x_fp32, dy, static_cast<void*>(rowwise), static_cast<void*>(columnwise), y, dx,
-                  static_cast<void*>(dbias), static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
-    BENCH_CHECK(cudaFree(p));
-  }
+  FreeDeviceBuffers({x_bf16, x_fp32, dy, static_cast<void*>(rowwise), static_cast<void*>(columnwise), y, dx,
+                    static_cast<void*>(dbias), static_cast<void*>(scale_inv), static_cast<void*>(amax)});
 }
 
 }  // namespace
@@ -181,10 +179,5 @@ void Run(int64_t rows, int64_t k, const Flags& flags, std::vector<Result>* resul
 }  // namespace teserve
 
 int main(int argc, char** argv) {
-  using namespace teserve::bench;
-  const Flags flags = ParseFlags(argc, argv);
-  std::vector<Result> results;
-  for (const auto& [rows, k] : flags.shapes) Run(rows, k, flags, &results);
-  WriteJson("activation_bench", results, flags);
-  return 0;
+  return teserve::bench::RunPerShape(argc, argv, "activation_bench", teserve::bench::Run);
 }

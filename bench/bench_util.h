@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,23 @@ inline void WriteJson(const std::string& bench, const std::vector<Result>& resul
     std::fputs(out.c_str(), f);
     std::fclose(f);
   }
+}
+
+// cudaFree of every buffer in `buffers`.
+inline void FreeDeviceBuffers(std::initializer_list<void*> buffers) {
+  for (void* p : buffers) BENCH_CHECK(cudaFree(p));
+}
+
+// main() of a benchmark timed per --shapes entry: parses the flags, calls
+// run(rows, cols, flags, &results) for each shape in order and writes the JSON as `bench`.
+inline int RunPerShape(
+    int argc, char** argv, const std::string& bench,
+    const std::function<void(int64_t, int64_t, const Flags&, std::vector<Result>*)>& run) {
+  const Flags flags = ParseFlags(argc, argv);
+  std::vector<Result> results;
+  for (const auto& [rows, cols] : flags.shapes) run(rows, cols, flags, &results);
+  WriteJson(bench, results, flags);
+  return 0;
 }
 
 }  // namespace bench

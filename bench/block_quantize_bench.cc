@@ -160,11 +160,9 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
       [sr] { return kernels::cuda::LaunchNvfp4Quantize(sr, nullptr); },
       "quantize pass only, stochastic rounding");
 
-  for (void* p : {x32, x16, static_cast<void*>(rowwise), static_cast<void*>(columnwise),
-                  rowwise_scales, columnwise_scales, static_cast<void*>(amax), copy_out,
-                  static_cast<void*>(dequantized)}) {
-    BENCH_CHECK(cudaFree(p));
-  }
+  FreeDeviceBuffers({x32, x16, static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                    rowwise_scales, columnwise_scales, static_cast<void*>(amax), copy_out,
+                    static_cast<void*>(dequantized)});
 }
 
 int Main(int argc, char** argv) {

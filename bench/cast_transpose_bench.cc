@@ -85,10 +85,8 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
     }
     BENCH_CHECK(cudaFree(x));
   }
-  for (void* p : {static_cast<void*>(rowwise), static_cast<void*>(columnwise),
-                  static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
-    BENCH_CHECK(cudaFree(p));
-  }
+  FreeDeviceBuffers({static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                    static_cast<void*>(scale_inv), static_cast<void*>(amax)});
 }
 
 }  // namespace
@@ -96,10 +94,5 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
 }  // namespace teserve
 
 int main(int argc, char** argv) {
-  using namespace teserve::bench;
-  const Flags flags = ParseFlags(argc, argv);
-  std::vector<Result> results;
-  for (const auto& [n, h] : flags.shapes) Run(n, h, flags, &results);
-  WriteJson("cast_transpose_bench", results, flags);
-  return 0;
+  return teserve::bench::RunPerShape(argc, argv, "cast_transpose_bench", teserve::bench::Run);
 }

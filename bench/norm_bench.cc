@@ -130,13 +130,11 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   rms_grad.dbeta = nullptr;
   backward("rmsnorm_bwd", rms_grad, numel * 6 + stats_rms + h * 4 * 2);
 
-  for (void* p : {x, dy, static_cast<void*>(gamma), static_cast<void*>(beta), y,
-                  static_cast<void*>(rowwise), static_cast<void*>(columnwise),
-                  static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
-                  static_cast<void*>(amax), static_cast<void*>(dgamma), static_cast<void*>(dbeta),
-                  static_cast<void*>(grad.workspace)}) {
-    BENCH_CHECK(cudaFree(p));
-  }
+  FreeDeviceBuffers({x, dy, static_cast<void*>(gamma), static_cast<void*>(beta), y,
+                    static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                    static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
+                    static_cast<void*>(amax), static_cast<void*>(dgamma), static_cast<void*>(dbeta),
+                    static_cast<void*>(grad.workspace)});
 }
 
 }  // namespace
@@ -144,10 +142,5 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
 }  // namespace teserve
 
 int main(int argc, char** argv) {
-  using namespace teserve::bench;
-  const Flags flags = ParseFlags(argc, argv);
-  std::vector<Result> results;
-  for (const auto& [n, h] : flags.shapes) Run(n, h, flags, &results);
-  WriteJson("norm_bench", results, flags);
-  return 0;
+  return teserve::bench::RunPerShape(argc, argv, "norm_bench", teserve::bench::Run);
 }
