@@ -49,6 +49,7 @@
 #include "kernels/cpu/cast_cpu.h"
 #include "kernels/cuda/activation_kernels.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "tests/gpu/quantize_gpu_test_util.h"
 #include "tests/kernels/tolerances.h"
 #endif
 
@@ -188,39 +189,11 @@ using kernels::ActivationParams;
 
 const Device kGpu = Device::Cuda(0);
 
-Context GpuContext() {
-  Context ctx;
-  ctx.device = kGpu;
-  return ctx;
-}
-
-Tensor ToDevice(const Tensor& host) {
-  auto device = kernels::cuda::CopyToDevice(Context{}, host, kGpu);
-  EXPECT_TRUE(device.ok()) << device.status();
-  return device.ok() ? *device : Tensor();
-}
-
-Tensor OnHost(const Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
-  auto host = kernels::cuda::CopyToHost(Context{}, t);
-  EXPECT_TRUE(host.ok()) << host.status();
-  return host.ok() ? *host : Tensor();
-}
-
-// FP32 values of a tensor of any high-precision dtype (device tensors copied back).
-std::vector<float> Floats(const Tensor& t) {
-  const Tensor host = OnHost(t);
-  auto wide = kernels::cpu::ToFloat32(Context::Cpu(), host);
-  EXPECT_TRUE(wide.ok()) << wide.status();
-  if (!wide.ok()) return {};
-  return std::vector<float>(wide->floats().begin(), wide->floats().end());
-}
-
-std::vector<uint8_t> Bytes(const Tensor& t) {
-  const Tensor host = OnHost(t);
-  const uint8_t* p = host.data<uint8_t>();
-  return std::vector<uint8_t>(p, p + host.nbytes());
-}
+using testing::Bytes;
+using testing::Floats;
+using testing::GpuContext;
+using testing::OnDevice;
+using testing::OnHost;
 
 uint32_t Bits(float x) {
   uint32_t u;
@@ -459,7 +432,7 @@ constexpr float kScale = 16.0f;  // saturates the largest srelu / sreglu values 
 void CheckForward(const Case& c, bool specials) {
   const int64_t in_cols = InputWidth(c);
   const Tensor host_x = MakeInput(c.dtype, c.rows, in_cols, SeedOf(c), specials);
-  const Tensor x = ToDevice(host_x);
+  const Tensor x = OnDevice(host_x);
   ActivationForwardOptions options;
   options.y_dtype = DType::kFloat32;
   options.quantize = true;
@@ -554,7 +527,7 @@ TEST_P(ActivationForwardGpuTest, NanAndInfinityInputsMatchCpu) { CheckForward(Ge
 TEST_P(ActivationForwardGpuTest, YDtypeAndFp8OnlyVariantsAgreeWithTheFp32Run) {
   const Case& c = GetParam();
   const Tensor host_x = MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false);
-  const Tensor x = ToDevice(host_x);
+  const Tensor x = OnDevice(host_x);
   ActivationForwardOptions fp32;
   fp32.y_dtype = DType::kFloat32;
   fp32.quantize = true;
@@ -590,7 +563,7 @@ TEST_P(ActivationForwardGpuTest, YDtypeAndFp8OnlyVariantsAgreeWithTheFp32Run) {
 TEST_P(ActivationForwardGpuTest, Fp32EntryPointDispatchesToCuda) {
   const Case& c = GetParam();
   if (c.dtype != DType::kFloat32) GTEST_SKIP() << "FP32 entry point takes FP32 x";
-  const Tensor x = ToDevice(MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false));
+  const Tensor x = OnDevice(MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false));
   ASSERT_OK_AND_ASSIGN(const Tensor y, kernels::ActivationForward(GpuContext(), c.kind, kParams, x));
   ASSERT_OK_AND_ASSIGN(const ActivationForwardResult fused,
                        kernels::FusedActivationForward(GpuContext(), c.kind, kParams, x, ActivationForwardOptions()));
@@ -620,8 +593,8 @@ void CheckBackward(const Case& c, bool specials) {
   ActivationBackwardOptions options;
   options.compute_dbias = true;
   ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult gpu,
-                       kernels::FusedActivationBackward(GpuContext(), c.kind, kParams, ToDevice(host_dy),
-                                                        ToDevice(host_x), options));
+                       kernels::FusedActivationBackward(GpuContext(), c.kind, kParams, OnDevice(host_dy),
+                                                        OnDevice(host_x), options));
   ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult cpu,
                        kernels::FusedActivationBackward(Context::Cpu(), c.kind, kParams, host_dy, host_x, options));
   ASSERT_EQ(gpu.dx.dtype(), c.dtype);
@@ -653,8 +626,8 @@ TEST_P(ActivationBackwardGpuTest, NanAndInfinityInputsMatchCpu) { CheckBackward(
 // Without dbias the same dx; the FP32 entry point on a CUDA device gives it too.
 TEST_P(ActivationBackwardGpuTest, DxWithoutDbiasAndFp32EntryPointAgree) {
   const Case& c = GetParam();
-  const Tensor x = ToDevice(MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false));
-  const Tensor dy = ToDevice(MakeInput(c.dtype, c.rows, c.k, SeedOf(c) + 1, false));
+  const Tensor x = OnDevice(MakeInput(c.dtype, c.rows, InputWidth(c), SeedOf(c), false));
+  const Tensor dy = OnDevice(MakeInput(c.dtype, c.rows, c.k, SeedOf(c) + 1, false));
   ActivationBackwardOptions with_dbias;
   with_dbias.compute_dbias = true;
   ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult a,
@@ -740,7 +713,7 @@ TEST_P(ActivationDirectLaunchTest, WritesEveryOutputElementWithEitherEncoder) {
   const DirectCase& d = GetParam();
   const int64_t in_cols = kernels::ActivationInputWidth(d.kind, d.k);
   const Tensor host_x = MakeInput(DType::kFloat32, d.rows, in_cols, 5, true);
-  const Tensor x = ToDevice(host_x);
+  const Tensor x = OnDevice(host_x);
   ActivationForwardOptions options;
   options.quantize = true;
   options.quantize_options.scale = kScale;
@@ -785,7 +758,7 @@ TEST_P(ActivationDirectLaunchTest, WritesEveryOutputElementWithEitherEncoder) {
   }
 
   // Backward: dx poisoned, dbias poisoned.
-  const Tensor dy = ToDevice(MakeInput(DType::kFloat32, d.rows, d.k, 6, false));
+  const Tensor dy = OnDevice(MakeInput(DType::kFloat32, d.rows, d.k, 6, false));
   ActivationBackwardOptions bwd;
   bwd.compute_dbias = true;
   ASSERT_OK_AND_ASSIGN(const ActivationBackwardResult api_bwd,
@@ -848,7 +821,7 @@ TEST_P(ActivationForwardKernelsAgreeTest, TileKernelMatchesTheFallbackKernel) {
   const int64_t in_cols = kernels::ActivationInputWidth(d.kind, d.k);
   const int64_t n = d.rows * d.k;
   for (DType x_dtype : {DType::kFloat32, DType::kBFloat16}) {
-    const Tensor x = ToDevice(MakeInput(x_dtype, d.rows, in_cols, 11, true));
+    const Tensor x = OnDevice(MakeInput(x_dtype, d.rows, in_cols, 11, true));
     for (auto format : {kernels::cuda::Fp8Format::kE4M3, kernels::cuda::Fp8Format::kE5M2}) {
       for (auto encoder : {kernels::cuda::ActFp8Encoder::kHardware, kernels::cuda::ActFp8Encoder::kCodec}) {
         for (auto y_type : {kernels::cuda::ActDType::kFloat32, kernels::cuda::ActDType::kBFloat16}) {
@@ -928,8 +901,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ActivationForwardKernelsAgreeTest,
 // No rows: empty outputs, amax 0, scale_inv written, dbias all zeros.
 TEST(ActivationGpuEdgeTest, ZeroRows) {
   TESERVE_SKIP_WITHOUT_GPU();
-  const Tensor x = ToDevice(Tensor::Zeros(DType::kBFloat16, {0, 2 * 24}).value());
-  const Tensor dy = ToDevice(Tensor::Zeros(DType::kBFloat16, {0, 24}).value());
+  const Tensor x = OnDevice(Tensor::Zeros(DType::kBFloat16, {0, 2 * 24}).value());
+  const Tensor dy = OnDevice(Tensor::Zeros(DType::kBFloat16, {0, 24}).value());
   ActivationForwardOptions options;
   options.quantize = true;
   options.quantize_options.scale = 4.0f;
@@ -955,7 +928,7 @@ TEST(ActivationGpuEdgeTest, ZeroRows) {
 
 TEST(ActivationGpuErrorsTest, RejectsMixedDevicesAndBadOptions) {
   TESERVE_SKIP_WITHOUT_GPU();
-  const Tensor x = ToDevice(MakeInput(DType::kFloat32, 4, 8, 1, false));
+  const Tensor x = OnDevice(MakeInput(DType::kFloat32, 4, 8, 1, false));
   const Tensor host_dy = MakeInput(DType::kFloat32, 4, 8, 2, false);
   auto mixed = kernels::FusedActivationBackward(GpuContext(), Activation::kGelu, kParams, host_dy, x,
                                                 ActivationBackwardOptions());

@@ -36,6 +36,7 @@
 #include "core/tensor.h"
 #include "kernels/cpu/cast_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "tests/gpu/quantize_gpu_test_util.h"
 #include "kernels/cuda/normalization_kernels.h"
 #include "kernels/normalization.h"
 #include "tests/kernels/tolerances.h"
@@ -54,39 +55,11 @@ using testing_kernels::AllClose;
 
 const Device kGpu = Device::Cuda(0);
 
-Context GpuContext() {
-  Context ctx;
-  ctx.device = kGpu;
-  return ctx;
-}
-
-Tensor ToDevice(const Tensor& host) {
-  auto device = kernels::cuda::CopyToDevice(Context{}, host, kGpu);
-  EXPECT_TRUE(device.ok()) << device.status();
-  return device.ok() ? *device : Tensor();
-}
-
-Tensor OnHost(const Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
-  auto host = kernels::cuda::CopyToHost(Context{}, t);
-  EXPECT_TRUE(host.ok()) << host.status();
-  return host.ok() ? *host : Tensor();
-}
-
-// FP32 values of a host tensor of any high-precision dtype.
-std::vector<float> Floats(const Tensor& t) {
-  const Tensor host = OnHost(t);
-  auto wide = kernels::cpu::ToFloat32(Context::Cpu(), host);
-  EXPECT_TRUE(wide.ok()) << wide.status();
-  if (!wide.ok()) return {};
-  return std::vector<float>(wide->floats().begin(), wide->floats().end());
-}
-
-std::vector<uint8_t> Bytes(const Tensor& t) {
-  const Tensor host = OnHost(t);
-  const uint8_t* p = host.data<uint8_t>();
-  return std::vector<uint8_t>(p, p + host.nbytes());
-}
+using testing::Bytes;
+using testing::Floats;
+using testing::GpuContext;
+using testing::OnDevice;
+using testing::OnHost;
 
 template <typename T>
 cudaError_t DeviceAlloc(T** ptr, int64_t bytes) {
@@ -257,9 +230,9 @@ class NormForwardGpuTest : public ::testing::TestWithParam<ForwardCase> {
     gamma_ = c.zero_centered ? RandomVector(c.h, -0.5f, 0.5f, seed + 1)
                              : RandomVector(c.h, 0.5f, 1.5f, seed + 1);
     if (layer_norm()) beta_ = RandomVector(c.h, -1.0f, 1.0f, seed + 2);
-    x_ = ToDevice(host_x_);
-    gamma_gpu_ = ToDevice(gamma_);
-    if (layer_norm()) beta_gpu_ = ToDevice(beta_);
+    x_ = OnDevice(host_x_);
+    gamma_gpu_ = OnDevice(gamma_);
+    if (layer_norm()) beta_gpu_ = OnDevice(beta_);
     options_.eps = 1e-5f;
     options_.zero_centered_gamma = c.zero_centered;
     options_.y_dtype = DType::kFloat32;
@@ -532,9 +505,9 @@ class NormBackwardGpuTest : public ::testing::TestWithParam<BackwardCase> {
   bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
 
   absl::StatusOr<kernels::NormBackwardOutputs> Gpu(const NormBackwardOptions& options) const {
-    return kernels::NormalizationBackward(GpuContext(), GetParam().type, ToDevice(host_dy_),
-                                          ToDevice(host_x_), layer_norm() ? ToDevice(mu_) : Tensor(),
-                                          ToDevice(rsigma_), ToDevice(gamma_), options);
+    return kernels::NormalizationBackward(GpuContext(), GetParam().type, OnDevice(host_dy_),
+                                          OnDevice(host_x_), layer_norm() ? OnDevice(mu_) : Tensor(),
+                                          OnDevice(rsigma_), OnDevice(gamma_), options);
   }
 
   Tensor host_x_, host_dy_, gamma_, mu_, rsigma_;
@@ -570,9 +543,9 @@ TEST_P(NormBackwardGpuTest, MatchesCpu) {
 TEST_P(NormBackwardGpuTest, DirectLaunchWritesEveryOutputElement) {
   const BackwardCase& c = GetParam();
   ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs want, Gpu(options_));
-  const Tensor dy = ToDevice(host_dy_), x = ToDevice(host_x_), rsigma = ToDevice(rsigma_);
-  const Tensor gamma = ToDevice(gamma_);
-  const Tensor mu = layer_norm() ? ToDevice(mu_) : Tensor();
+  const Tensor dy = OnDevice(host_dy_), x = OnDevice(host_x_), rsigma = OnDevice(rsigma_);
+  const Tensor gamma = OnDevice(gamma_);
+  const Tensor mu = layer_norm() ? OnDevice(mu_) : Tensor();
   kernels::cuda::NormBackwardParams p;
   p.rms = !layer_norm();
   p.dy = dy.raw_data();
@@ -657,9 +630,9 @@ TEST(NormGpu, SmMarginShrinksTheGridAndChangesNoResult) {
   const Tensor host_dy = RandomInput(DType::kBFloat16, n, h, 6);
   const Tensor host_gamma = RandomVector(h, 0.5f, 1.5f, 7);
   const std::vector<float> x_values = Floats(host_x), dy_values = Floats(host_dy);
-  const Tensor x = ToDevice(host_x), dy = ToDevice(host_dy);
-  const Tensor gamma = ToDevice(host_gamma);
-  const Tensor beta = ToDevice(RandomVector(h, -1.0f, 1.0f, 8));
+  const Tensor x = OnDevice(host_x), dy = OnDevice(host_dy);
+  const Tensor gamma = OnDevice(host_gamma);
+  const Tensor beta = OnDevice(RandomVector(h, -1.0f, 1.0f, 8));
   NormForwardOptions options;
   options.quantize = true;
   options.quantize_options.columnwise = true;
@@ -736,8 +709,8 @@ TEST(NormGpu, Fp32EntryPointsRunOnCuda) {
   ASSERT_OK_AND_ASSIGN(const kernels::NormForwardOutputs cpu,
                        kernels::LayerNormForward(Context::Cpu(), host_x, gamma, beta, 1e-5f, false));
   ASSERT_OK_AND_ASSIGN(const kernels::NormForwardOutputs gpu,
-                       kernels::LayerNormForward(GpuContext(), ToDevice(host_x), ToDevice(gamma),
-                                                 ToDevice(beta), 1e-5f, false));
+                       kernels::LayerNormForward(GpuContext(), OnDevice(host_x), OnDevice(gamma),
+                                                 OnDevice(beta), 1e-5f, false));
   EXPECT_EQ(gpu.y.dtype(), DType::kFloat32);
   EXPECT_EQ(gpu.y.device(), kGpu);
   const std::vector<float> x = Floats(host_x), dy = Floats(host_dy), rsigma = Floats(cpu.rsigma);
@@ -749,8 +722,8 @@ TEST(NormGpu, Fp32EntryPointsRunOnCuda) {
   ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad_cpu,
                        kernels::RmsNormBackward(Context::Cpu(), host_dy, host_x, cpu.rsigma, gamma, false));
   ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad_gpu,
-                       kernels::RmsNormBackward(GpuContext(), ToDevice(host_dy), ToDevice(host_x),
-                                                ToDevice(cpu.rsigma), ToDevice(gamma), false));
+                       kernels::RmsNormBackward(GpuContext(), OnDevice(host_dy), OnDevice(host_x),
+                                                OnDevice(cpu.rsigma), OnDevice(gamma), false));
   EXPECT_FALSE(grad_gpu.dbeta.defined());
   std::vector<double> dx_scale, dgamma_scale, dbeta_scale;
   BackwardScales(x, dy, 37, 300, std::vector<float>(37, 0.0f), rsigma, gamma.data<float>(), false,
@@ -762,8 +735,8 @@ TEST(NormGpu, Fp32EntryPointsRunOnCuda) {
 
 TEST(NormGpu, EmptyInputWritesScaleInvAndZeroGradients) {
   TESERVE_SKIP_WITHOUT_GPU();
-  const Tensor x = ToDevice(Tensor::Zeros(DType::kBFloat16, {0, 64}).value());
-  const Tensor gamma = ToDevice(RandomVector(64, 0.5f, 1.5f, 13));
+  const Tensor x = OnDevice(Tensor::Zeros(DType::kBFloat16, {0, 64}).value());
+  const Tensor gamma = OnDevice(RandomVector(64, 0.5f, 1.5f, 13));
   NormForwardOptions options;
   options.write_y = false;
   options.quantize = true;
@@ -777,7 +750,7 @@ TEST(NormGpu, EmptyInputWritesScaleInvAndZeroGradients) {
   EXPECT_EQ(Floats(out.fp8.columnwise_scale_inv), std::vector<float>{0.25f});
   ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad,
                        kernels::NormalizationBackward(GpuContext(), NormType::kRmsNorm, x, x, Tensor(),
-                                                      ToDevice(Tensor::Zeros(DType::kFloat32, {0}).value()),
+                                                      OnDevice(Tensor::Zeros(DType::kFloat32, {0}).value()),
                                                       gamma, {}));
   EXPECT_EQ(Floats(grad.dgamma), std::vector<float>(64, 0.0f));
 }

@@ -1,6 +1,6 @@
-// Helpers shared by block_quantize_gpu_test.cc and nvfp4_gpu_test.cc: test inputs that
-// hit the block-scaling edge cases, host/device copies, and byte-exact comparisons that
-// report the first differing element.
+// Helpers shared by the GPU tests (block_quantize, nvfp4, activation, normalization): test
+// inputs that hit the block-scaling edge cases, host/device copies, and byte-exact
+// comparisons that report the first differing element.
 #ifndef TESERVE_TESTS_GPU_QUANTIZE_GPU_TEST_UTIL_H_
 #define TESERVE_TESTS_GPU_QUANTIZE_GPU_TEST_UTIL_H_
 
@@ -18,6 +18,7 @@
 #include "core/float_codec.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cast_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
 
 namespace teserve {
@@ -84,6 +85,22 @@ inline Tensor OnDevice(const Tensor& host) {
   auto device = kernels::cuda::CopyToDevice(Context{}, host, Device::Cuda(0));
   EXPECT_TRUE(device.ok()) << device.status();
   return device.ok() ? *device : Tensor();
+}
+
+// FP32 values of a tensor of any high-precision dtype (device tensors copied back).
+inline std::vector<float> Floats(const Tensor& t) {
+  const Tensor host = OnHost(t);
+  auto wide = kernels::cpu::ToFloat32(Context::Cpu(), host);
+  EXPECT_TRUE(wide.ok()) << wide.status();
+  if (!wide.ok()) return {};
+  return std::vector<float>(wide->floats().begin(), wide->floats().end());
+}
+
+// The bytes of a tensor (device tensors copied back).
+inline std::vector<uint8_t> Bytes(const Tensor& t) {
+  const Tensor host = OnHost(t);
+  const uint8_t* p = host.data<uint8_t>();
+  return std::vector<uint8_t>(p, p + host.nbytes());
 }
 
 // BF16 host tensor [rows, cols] of the values (RNE) and the FP32 tensor of its exact
