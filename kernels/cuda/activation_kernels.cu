@@ -48,6 +48,7 @@
 #include "core/float_codec.h"
 #include "kernels/activation_math.h"
 #include "kernels/cuda/activation_kernels.h"
+#include "kernels/cuda/device_common.cuh"
 
 namespace teserve {
 namespace kernels {
@@ -73,10 +74,6 @@ constexpr int kRowsInFlight = 4;                                    // rows per 
 constexpr int kRowsPerStep = kRowLanes * kRowsInFlight;             // 32
 constexpr int kTargetBackwardBlocks = 1056;                         // ~8 per SM on 132 SMs
 constexpr int kReduceThreads = 256;
-
-constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
-
-__device__ __forceinline__ uint32_t MagnitudeBits(float v) { return __float_as_uint(v) & kMagnitudeMask; }
 
 bool IsAligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -201,23 +198,6 @@ __device__ __forceinline__ uint32_t Encode4(Fp8Format format, ActFp8Encoder enco
     if (v[k] != v[k]) word = (word & ~(0xFFu << (8 * k))) | (0x7Fu << (8 * k));
   }
   return word;
-}
-
-// Max over the block, valid in thread 0. Every thread of the block must call it.
-template <int kBlockThreads>
-__device__ uint32_t BlockMax(uint32_t value) {
-  constexpr int kWarps = kBlockThreads / 32;
-  __shared__ uint32_t warp_max[kWarps];
-  value = __reduce_max_sync(0xFFFFFFFFu, value);
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < kWarps ? warp_max[lane] : 0u;
-    value = __reduce_max_sync(0xFFFFFFFFu, value);
-  }
-  return value;
 }
 
 // ---------------------------------------------------------------------------------------

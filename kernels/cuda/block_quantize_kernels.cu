@@ -45,6 +45,7 @@
 
 #include "core/float_codec.h"
 #include "kernels/cuda/block_quantize_kernels.h"
+#include "kernels/cuda/device_common.cuh"
 #include "kernels/quantize_math.h"
 
 namespace teserve {
@@ -52,7 +53,6 @@ namespace kernels {
 namespace cuda {
 namespace {
 
-constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 constexpr uint8_t kFp8NanCode = 0x7Fu;
@@ -441,11 +441,6 @@ __global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
 
 constexpr int kElementwiseThreads = 256;
 constexpr int kMaxRowBlocks = 65535;
-
-template <Fp8Format kFormat>
-__device__ __forceinline__ float DecodeFp8(uint8_t code) {
-  return kFormat == Fp8Format::kE4M3 ? E4M3ToFloat(code) : E5M2ToFloat(code);
-}
 
 struct DequantizeArgs {
   const uint8_t* codes;

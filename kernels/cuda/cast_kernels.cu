@@ -45,6 +45,7 @@
 
 #include "core/float_codec.h"
 #include "kernels/cuda/cast_kernels.h"
+#include "kernels/cuda/device_common.cuh"
 
 namespace teserve {
 namespace kernels {
@@ -63,8 +64,6 @@ constexpr int kReduceThreads = 256;
 constexpr int kMaxReduceBlocks = 1024;
 constexpr int kElementwiseThreads = 256;
 constexpr int kMaxElementwiseBlocks = 4096;
-
-constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 
 // Named flags for the kernel variants.
 constexpr bool kVectorized = true;
@@ -104,32 +103,6 @@ struct Source<SourceType::kBFloat16> {
 template <Fp8Format kFormat>
 __device__ __forceinline__ uint8_t EncodeFp8(float v) {
   return kFormat == Fp8Format::kE4M3 ? FloatToE4M3(v) : FloatToE5M2(v);
-}
-
-template <Fp8Format kFormat>
-__device__ __forceinline__ float DecodeFp8(uint8_t code) {
-  return kFormat == Fp8Format::kE4M3 ? E4M3ToFloat(code) : E5M2ToFloat(code);
-}
-
-__device__ __forceinline__ uint32_t MagnitudeBits(float v) {
-  return __float_as_uint(v) & kMagnitudeMask;
-}
-
-// Max over the block, valid in thread 0. Every thread of the block must call it.
-template <int kBlockThreads>
-__device__ uint32_t BlockMax(uint32_t value) {
-  constexpr int kWarps = kBlockThreads / 32;
-  __shared__ uint32_t warp_max[kWarps];
-  value = __reduce_max_sync(0xFFFFFFFFu, value);
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < kWarps ? warp_max[lane] : 0u;
-    value = __reduce_max_sync(0xFFFFFFFFu, value);
-  }
-  return value;
 }
 
 template <SourceType kType, bool kVectorizedAccess>
@@ -260,21 +233,6 @@ constexpr int kWarpsAcross = 2;
 constexpr int kFastTileRows = kWarpsDown * kLanesDown * kUnit;        // 128
 constexpr int kFastTileCols = kWarpsAcross * kLanesAcross * kUnit;    // 128
 constexpr uint32_t kInfBits = 0x7F800000u;
-
-// Hopper's pair conversion: codes of a (low byte) and b (high byte). satfinite saturates
-// finite overflow and +-Inf to +-max as core/float_codec.h does; NaN is left to the
-// caller. Same instruction and operand order as kernels/cuda/normalization_kernels.cu's
-// encoder, which the normalization GPU test compared with the codec for every FP32 input.
-template <Fp8Format kFormat>
-__device__ __forceinline__ uint32_t CvtPair(float a, float b) {
-  uint16_t packed;
-  if constexpr (kFormat == Fp8Format::kE4M3) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  }
-  return packed;
-}
 
 // Codes of v[0..3] * scale, v[0] in the low byte, each product one FP32 multiply. With
 // kPatchNan a NaN product gets the codec's NaN code 0x7F; without it the caller knows no

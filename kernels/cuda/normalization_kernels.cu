@@ -51,6 +51,7 @@
 #include <tuple>
 
 #include "core/float_codec.h"
+#include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/normalization_kernels.h"
 
 namespace teserve {
@@ -68,7 +69,6 @@ constexpr int kMaxCluster = 8;          // portable cluster size
 constexpr int kRowPadBytes = 16;        // x tile row padding (bank spread, keeps 16 B alignment)
 constexpr int kTwoPerSmBudget = 100 * 1024;  // tile bytes that still allow 2 CTAs per SM
 constexpr int kMaxBackwardIters = 8;    // 16-byte vectors per thread in the backward kernel
-constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 
 // ---------------------------------------------------------------------------------------
 // Element types.
@@ -174,19 +174,6 @@ __device__ __forceinline__ uint32_t CodecEncode(float v) {
   return kFormat == Fp8Format::kE4M3 ? FloatToE4M3(v) : FloatToE5M2(v);
 }
 
-// Hardware pair conversion: codes of a (low byte) and b (high byte). satfinite saturates
-// finite overflow and +-Inf to +-max as the codec does; NaN handling is left to callers.
-template <Fp8Format kFormat>
-__device__ __forceinline__ uint32_t CvtPair(float a, float b) {
-  uint16_t packed;
-  if constexpr (kFormat == Fp8Format::kE4M3) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  }
-  return packed;
-}
-
 // Codes of a (low byte) and b (high byte), exactly core/float_codec.h's (NaN -> 0x7F).
 template <Fp8Format kFormat, Fp8Encoder kEncoder>
 __device__ __forceinline__ uint32_t Encode2(float a, float b) {
@@ -211,10 +198,6 @@ __device__ __forceinline__ uint32_t Encode4(const float v[4], float scale) {
   } else {
     return Encode2<kFormat, kEncoder>(s0, s1) | (Encode2<kFormat, kEncoder>(s2, s3) << 16);
   }
-}
-
-__device__ __forceinline__ uint32_t MagnitudeBits(float v) {
-  return __float_as_uint(v) & kMagnitudeMask;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

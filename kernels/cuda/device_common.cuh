@@ -1,0 +1,72 @@
+// Device helpers that several kernel files in kernels/cuda use in the same form: FP32
+// magnitude bits, a block-wide max, the cvt.rn.satfinite FP8 pair encoder and the codec
+// FP8 decoder.
+//
+// Only .cu files include this, after their own headers. Everything sits in an unnamed
+// namespace, as it did in each kernel file, so every file keeps its own internal copy and
+// its code is the same as with the definitions written in the file.
+#ifndef TESERVE_KERNELS_CUDA_DEVICE_COMMON_CUH_
+#define TESERVE_KERNELS_CUDA_DEVICE_COMMON_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/float_codec.h"
+#include "kernels/cuda/cast_kernels.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+constexpr uint32_t kMagnitudeMask = 0x7FFFFFFFu;
+
+// |v| as FP32 bits: non-negative, so integer order is value order.
+__device__ __forceinline__ uint32_t MagnitudeBits(float v) {
+  return __float_as_uint(v) & kMagnitudeMask;
+}
+
+// Max over the block, valid in thread 0. Every thread of the block must call it.
+template <int kBlockThreads>
+__device__ uint32_t BlockMax(uint32_t value) {
+  constexpr int kWarps = kBlockThreads / 32;
+  __shared__ uint32_t warp_max[kWarps];
+  value = __reduce_max_sync(0xFFFFFFFFu, value);
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) warp_max[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < kWarps ? warp_max[lane] : 0u;
+    value = __reduce_max_sync(0xFFFFFFFFu, value);
+  }
+  return value;
+}
+
+// Hopper's pair conversion: codes of a (low byte) and b (high byte). satfinite saturates
+// finite overflow and +-Inf to +-max as core/float_codec.h does; NaN is left to the
+// caller. The normalization GPU test compared it with the codec for every FP32 input.
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint32_t CvtPair(float a, float b) {
+  uint16_t packed;
+  if constexpr (kFormat == Fp8Format::kE4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
+  }
+  return packed;
+}
+
+// FP32 value of an FP8 code (core/float_codec.h).
+template <Fp8Format kFormat>
+__device__ __forceinline__ float DecodeFp8(uint8_t code) {
+  return kFormat == Fp8Format::kE4M3 ? E4M3ToFloat(code) : E5M2ToFloat(code);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CUDA_DEVICE_COMMON_CUH_
