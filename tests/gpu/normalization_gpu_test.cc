@@ -60,6 +60,7 @@ using testing::Floats;
 using testing::GpuContext;
 using testing::OnDevice;
 using testing::OnHost;
+using testing::Uniform;
 
 template <typename T>
 cudaError_t DeviceAlloc(T** ptr, int64_t bytes) {
@@ -70,16 +71,6 @@ uint32_t Bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof(u));
   return u;
-}
-
-// Deterministic pseudo-random uniforms in [-1, 1) (splitmix64), fast enough for the
-// 134M-element shapes.
-float Uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 1;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
 }
 
 // Host tensor of `dtype` [n, h]: mean 0.5, spread ~1.5, every 7th row 64x larger.

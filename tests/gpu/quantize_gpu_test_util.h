@@ -67,6 +67,16 @@ inline std::vector<float> QuantizeTestValues(int64_t n, uint32_t seed, bool spec
   return v;
 }
 
+// Deterministic pseudo-random uniforms in [-1, 1) (splitmix64), fast enough for the
+// 134M-element shapes.
+inline float Uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
+}
+
 inline Context GpuContext() {
   Context ctx;
   ctx.device = Device::Cuda(0);
