@@ -2,8 +2,10 @@
 // sbhd/bshd or 3 for thd; FP32 freqs [s2, r] with r even, 0 < r <= d and s2 covering
 // every position; INT32 cu_seqlens [batch + 1] starting at 0, non-decreasing, ending at
 // most at t's token count; devices; errors name the argument and say expected vs got),
-// then run the CPU reference. CUDA contexts get UNIMPLEMENTED naming the op (before
-// the checks, which read cu_seqlens on the host).
+// then dispatch on the Context's device: kernels/cpu, or kernels/cuda when the CUDA
+// backend is compiled in (TESERVE_WITH_CUDA; FAILED_PRECONDITION naming the op before the
+// checks otherwise). t and freqs live on ctx's device; cu_seqlens is always a host
+// tensor, since the checks read its values (the CUDA op copies it to the device).
 // The frequency table is computed here on the host (it is small and made once per
 // module), in FP32 with the operations TE's RotaryPositionEmbedding uses.
 #include "kernels/rope.h"
@@ -17,6 +19,10 @@
 #include "kernels/cpu/rope_cpu.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
+
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/rope_cuda.h"
+#endif
 
 namespace teserve {
 namespace kernels {
@@ -41,7 +47,8 @@ int64_t PositionsUsed(const Tensor& t, RopeFormat format, const Tensor* cu_seqle
 
 absl::Status CheckCuSeqlens(const Tensor* cu_seqlens, int64_t tokens, const Context& ctx) {
   if (cu_seqlens == nullptr) return InvalidField("cu_seqlens", "an INT32 [batch + 1] tensor for thd", "none");
-  RETURN_IF_ERROR(CheckTensor("cu_seqlens", *cu_seqlens, DType::kInt32, 1, ctx));
+  // Host values for every context (read here and by PositionsUsed).
+  RETURN_IF_ERROR(CheckTensor("cu_seqlens", *cu_seqlens, DType::kInt32, 1, Context::Cpu()));
   if (cu_seqlens->dim(0) < 1) return InvalidField("cu_seqlens.shape", "[batch + 1] with batch >= 0", "[0]");
   const int32_t* c = cu_seqlens->data<int32_t>();
   if (c[0] != 0) return InvalidField("cu_seqlens[0]", 0, c[0]);
@@ -81,6 +88,13 @@ absl::Status CheckRope(absl::string_view name, const Tensor& t, const Tensor& fr
   }
   return absl::OkStatus();
 }
+
+#if !TESERVE_WITH_CUDA
+absl::Status NoCudaBackend(absl::string_view op, const Context& ctx) {
+  if (ctx.device.is_cpu()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+}
+#endif
 
 }  // namespace
 
@@ -168,17 +182,27 @@ absl::StatusOr<Tensor> RotaryFrequencies(const RotaryOptions& options, int64_t m
 
 absl::StatusOr<Tensor> RopeForward(const Context& ctx, const Tensor& t, const Tensor& freqs, RopeFormat format,
                                    bool interleaved, const Tensor* cu_seqlens) {
-  RETURN_IF_ERROR(CpuOnly("RopeForward", ctx));  // first: the checks read cu_seqlens on the host
+#if !TESERVE_WITH_CUDA
+  RETURN_IF_ERROR(NoCudaBackend("RopeForward", ctx));
+#endif
   RETURN_IF_ERROR(CheckRope("t", t, freqs, format, cu_seqlens, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kRopeForward);
+#if TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) return cuda::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens);
+#endif
   return cpu::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens);
 }
 
 absl::StatusOr<Tensor> RopeBackward(const Context& ctx, const Tensor& dy, const Tensor& freqs, RopeFormat format,
                                     bool interleaved, const Tensor* cu_seqlens) {
-  RETURN_IF_ERROR(CpuOnly("RopeBackward", ctx));
+#if !TESERVE_WITH_CUDA
+  RETURN_IF_ERROR(NoCudaBackend("RopeBackward", ctx));
+#endif
   RETURN_IF_ERROR(CheckRope("dy", dy, freqs, format, cu_seqlens, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kRopeBackward);
+#if TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) return cuda::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens);
+#endif
   return cpu::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens);
 }
 

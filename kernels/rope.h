@@ -24,7 +24,8 @@
 //         token i of sequence k (c[k] <= i < c[k+1]) has pos = i - c[k], so positions
 //         restart at every sequence; tokens at or past c[batch] (padding) pass through.
 // freqs needs a row for every position used (max_seq_len >= s, or >= the longest
-// sequence for thd). cos and sin are evaluated in double on the CPU; outputs are FP32.
+// sequence for thd). cos and sin are evaluated in double (CPU and CUDA); outputs are FP32.
+// t/dy and freqs live on ctx's device; cu_seqlens is a host tensor also for CUDA contexts.
 #ifndef TESERVE_KERNELS_ROPE_H_
 #define TESERVE_KERNELS_ROPE_H_
 
