@@ -6,43 +6,14 @@
 
 #include <cmath>
 
+#include "kernels/cuda/block_reduce.cuh"
+
 namespace teserve {
 namespace kernels {
 namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
-  return x;
-}
-
-__device__ __forceinline__ float WarpSum(float x) {
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
-  return x;
-}
-
-// Block-wide reductions; every thread gets the result. `shared` holds kThreads / 32.
-__device__ float BlockMax(float x, float* shared) {
-  x = WarpMax(x);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;
-  __syncthreads();
-  float r = shared[0];
-  for (int w = 1; w < kThreads / 32; ++w) r = fmaxf(r, shared[w]);
-  return r;
-}
-
-__device__ float BlockSum(float x, float* shared) {
-  x = WarpSum(x);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) r += shared[w];
-  return r;
-}
 
 __global__ void __launch_bounds__(kThreads) CrossEntropyForwardKernel(CrossEntropyLaunchParams p, float* lse_out,
                                                                       float* loss_out) {
@@ -59,7 +30,7 @@ __global__ void __launch_bounds__(kThreads) CrossEntropyForwardKernel(CrossEntro
   } else {
     for (int64_t j = threadIdx.x; j < p.v; j += kThreads) max = fmaxf(max, x[j]);
   }
-  max = BlockMax(max, shared);
+  max = BlockMaxOf<kThreads>(max, shared);
   float sum_exp = 0.0f, sum_x = 0.0f;
   if (vec) {
     for (int64_t j = 4 * threadIdx.x; j < p.v; j += 4 * kThreads) {
@@ -73,8 +44,8 @@ __global__ void __launch_bounds__(kThreads) CrossEntropyForwardKernel(CrossEntro
       sum_x += x[j];
     }
   }
-  sum_exp = BlockSum(sum_exp, shared);
-  sum_x = BlockSum(sum_x, shared);
+  sum_exp = BlockSumOf<kThreads>(sum_exp, shared);
+  sum_x = BlockSumOf<kThreads>(sum_x, shared);
   if (threadIdx.x != 0) return;
   const float lse = max + logf(sum_exp);
   lse_out[r] = lse;

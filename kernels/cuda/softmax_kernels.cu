@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "kernels/cuda/block_reduce.cuh"
+
 namespace teserve {
 namespace kernels {
 namespace cuda {
@@ -13,38 +15,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int64_t kMaxBlocks = 65535;
-
-__device__ __forceinline__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
-  return x;
-}
-
-__device__ __forceinline__ float WarpSum(float x) {
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, o);
-  return x;
-}
-
-// Block-wide reductions; every thread gets the result. `shared` holds kThreads / 32. The
-// leading __syncthreads keeps a previous reduction's readers ahead of the writes.
-__device__ float BlockMax(float x, float* shared) {
-  x = WarpMax(x);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;
-  __syncthreads();
-  float r = shared[0];
-  for (int w = 1; w < kThreads / 32; ++w) r = fmaxf(r, shared[w]);
-  return r;
-}
-
-__device__ float BlockSum(float x, float* shared) {
-  x = WarpSum(x);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) r += shared[w];
-  return r;
-}
 
 __device__ __forceinline__ bool Masked(const SoftmaxLaunchParams& p, const uint8_t* mask_row, int64_t i,
                                        int64_t j) {
@@ -74,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) ScaledSoftmaxForwardKernel(SoftmaxLa
     for (int64_t j = threadIdx.x; j < p.sk; j += kThreads) {
       if (!Masked(p, mr, i, j)) max = fmaxf(max, p.scale * xr[j]);
     }
-    max = BlockMax(max, shared);
+    max = BlockMaxOf<kThreads>(max, shared);
     if (max == -INFINITY) {  // fully masked row (uniform across the block)
       for (int64_t j = threadIdx.x; j < p.sk; j += kThreads) yr[j] = 0.0f;
       continue;
@@ -83,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) ScaledSoftmaxForwardKernel(SoftmaxLa
     for (int64_t j = threadIdx.x; j < p.sk; j += kThreads) {
       if (!Masked(p, mr, i, j)) sum += expf(p.scale * xr[j] - max);
     }
-    const float inv = 1.0f / BlockSum(sum, shared);
+    const float inv = 1.0f / BlockSumOf<kThreads>(sum, shared);
     for (int64_t j = threadIdx.x; j < p.sk; j += kThreads) {
       yr[j] = Masked(p, mr, i, j) ? 0.0f : expf(p.scale * xr[j] - max) * inv;
     }
@@ -100,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) ScaledSoftmaxBackwardKernel(SoftmaxL
     float* out = dx + r * p.sk;
     float dot = 0.0f;
     for (int64_t j = threadIdx.x; j < p.sk; j += kThreads) dot += gr[j] * yr[j];
-    dot = BlockSum(dot, shared);
+    dot = BlockSumOf<kThreads>(dot, shared);
     for (int64_t j = threadIdx.x; j < p.sk; j += kThreads) out[j] = p.scale * yr[j] * (gr[j] - dot);
   }
 }
