@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"v129_smoothing1", {128, 129}, 1.0f, 0.1, DType::kInt64, 1.0f},
                       Case{"sbh_v1024_ignored_half", {4, 7, 1024}, 0.05f, 0.5, DType::kInt64, 3.0f},
                       Case{"all_ignored", {6, 64}, 0.1f, 1.0, DType::kInt64, 1.0f},
-                      Case{"v32000_tokens64", {64, 32000}, 0.1f, 0.05, DType::kInt64, 4.0f}),
+                      Case{"v32000_tokens64", {64, 32000}, 0.1f, 0.05, DType::kInt64, 4.0f},
+                      Case{"v8192_tokens16384", {16384, 8192}, 0.1f, 0.05, DType::kInt64, 4.0f}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -291,6 +291,22 @@ INSTANTIATE_TEST_SUITE_P(
                       AdamWCase{"lr0_1_wd0_5", Adam(0.1f, 0.9f, 0.999f, 1e-8f, 0.5f), false}),
     [](const ::testing::TestParamInfo<AdamWCase>& info) { return info.param.name; });
 
+// The benchmark size: one 16384 x 8192 FP32 master (134M elements) with a BF16 model copy
+// and a 1-element tensor after it, two steps.
+TEST(AdamWGpuLarge, BitIdenticalToCpuOn16384x8192WithBf16Copy) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  std::vector<HostParam> cpu = MakeParams({{16384, 8192}, {1}}, {DType::kBFloat16, DType::kFloat8E4M3}, 13);
+  DeviceParams gpu = ToDevice(cpu, /*misalign_first=*/false);
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(kernels::AdamWStep(Context::Cpu(), Views(&cpu, true), AdamWOptions(), step).ok());
+    Context ctx;
+    ctx.device = Device::Cuda(0);
+    const absl::Status s = kernels::AdamWStep(ctx, Views(&gpu.params, true), AdamWOptions(), step);
+    ASSERT_TRUE(s.ok()) << s;
+    ExpectSameState(gpu.params, cpu, true, absl::StrCat("step ", step));
+  }
+}
+
 struct SgdCase {
   std::string name;
   SgdOptions options;

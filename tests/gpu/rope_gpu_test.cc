@@ -4,7 +4,8 @@
 // the terms, |x[j]| + |x[partner(j)]| (channels >= r and thd padding are copied, where
 // that bound is exact up to the copy itself). Cases cover sbhd, bshd and ragged thd
 // (an empty sequence, tail padding), halves and interleaved pairs, partial rotary dims,
-// one token, and odd element counts (257 x 259-like) that leave a partial last block.
+// one token, odd element counts (257 x 259-like) that leave a partial last block, and
+// 134M-element sbhd and thd tensors (16384 positions).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -162,6 +163,10 @@ std::vector<Case> Cases() {
     cases.push_back({"Thd_Ragged_300x2x66_r64" + mode, RopeFormat::kThd, {300, 2, 66}, 64, interleaved,
                      {0, 1, 130, 257, 259, 296}});
   }
+  // The benchmark size: 16384 positions x 64 heads x 128 channels (134M elements).
+  cases.push_back({"Sbhd_Large_16384x1x64x128_r128_Halves", RopeFormat::kSbhd, {16384, 1, 64, 128}, 128, false, {}});
+  cases.push_back({"Thd_Large_16384x64x128_r64_Interleaved", RopeFormat::kThd, {16384, 64, 128}, 64, true,
+                   {0, 4096, 4097, 12000, 16384}});
   return cases;
 }
 
