@@ -3,38 +3,78 @@
 # filtered out: memcheck slows kernels ~100x) and the benchmarks, on the GPU host, from
 # a bundle made by shared/tools/device-bundle.sh (shared/GPU.md):
 #
-#   bash tools/gpu_suite.sh BUNDLE OUTDIR
+#   bash tools/gpu_suite.sh BUNDLE OUTDIR [tests|memcheck|bench|all]   (default all)
+#
+# The 16384 x 8192 cases spend most of their time in the CPU reference, so each test
+# binary runs as SHARDS gtest shards in parallel (default: the host's cores / 2) and the
+# memcheck runs of the binaries run side by side; the benchmarks run alone afterwards,
+# on an otherwise idle GPU. A stage that is not asked for is skipped, so one host call
+# can run the tests and a second one the benchmarks (each call has a time limit).
 #
 # Writes OUTDIR/tests.log (every test's output), OUTDIR/memcheck.log, OUTDIR/bench.log,
-# OUTDIR/bench.json and OUTDIR/summary.txt (one line per binary with its exit code).
+# OUTDIR/bench.json and OUTDIR/summary.txt (one line per binary with its exit code and
+# the gtest counts summed over shards).
 set -uo pipefail
 bundle=${1:?bundle folder}
 out=${2:?output folder}
+stage=${3:-all}
 mkdir -p "$out"
 # shellcheck disable=SC1091
 source "$bundle/env.sh"
 summary="$out/summary.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$summary"
-echo "commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)" >> "$summary"
-for test in "$bundle"/bin/*_test; do
-  name=$(basename "$test")
-  "$test" --gtest_brief=1 > "$out/$name.tmp" 2>&1
-  rc=$?
-  echo "$name rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]' "$out/$name.tmp" | tr '\n' ' ')" >> "$summary"
-  { echo "=== $name"; cat "$out/$name.tmp"; } >> "$out/tests.log"
-  rm -f "$out/$name.tmp"
-done
-for test in "$bundle"/bin/*_test; do
-  name=$(basename "$test")
-  echo "=== $name" >> "$out/memcheck.log"
-  compute-sanitizer --tool memcheck --error-exitcode 3 "$test" --gtest_brief=1 \
-      --gtest_filter='-*16384*:*Large*:*Huge*' >> "$out/memcheck.log" 2>&1
-  echo "memcheck $name rc=$?" >> "$summary"
-done
-if ls "$bundle"/bin/*_bench > /dev/null 2>&1; then
+shards=${SHARDS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}
+work=$(mktemp -d)
+if [[ ! -f "$summary" ]]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$summary"
+  echo "commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)" >> "$summary"
+fi
+
+# Sums "[  PASSED  ] N tests." style lines over the shard logs of one binary.
+count() {  # count LABEL FILES...
+  local label=$1
+  shift
+  grep -h -E "^\[ +$label +\] [0-9]+ test" "$@" 2>/dev/null | awk '{n += $4} END {print n + 0}'
+}
+
+if [[ $stage == all || $stage == tests ]]; then
+  for test in "$bundle"/bin/*_test; do
+    name=$(basename "$test")
+    pids=()
+    for ((i = 0; i < shards; ++i)); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$test" --gtest_brief=1 > "$work/$name.$i" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    echo "$name rc=$rc passed=$(count PASSED "$work/$name".*) failed=$(count FAILED "$work/$name".*)" \
+         "skipped=$(count SKIPPED "$work/$name".*)" >> "$summary"
+    { echo "=== $name"; cat "$work/$name".*; } >> "$out/tests.log"
+  done
+fi
+
+if [[ $stage == all || $stage == memcheck ]]; then
+  pids=()
+  for test in "$bundle"/bin/*_test; do
+    name=$(basename "$test")
+    ( compute-sanitizer --tool memcheck --error-exitcode 3 "$test" --gtest_brief=1 \
+          --gtest_filter='-*16384*:*Large*:*Huge*' > "$work/$name.memcheck" 2>&1
+      echo $? > "$work/$name.memcheck.rc" ) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  for test in "$bundle"/bin/*_test; do
+    name=$(basename "$test")
+    { echo "=== $name"; cat "$work/$name.memcheck"; } >> "$out/memcheck.log"
+    echo "memcheck $name rc=$(cat "$work/$name.memcheck.rc") $(grep 'ERROR SUMMARY' "$work/$name.memcheck" | tail -1)" \
+         >> "$summary"
+  done
+fi
+
+if [[ $stage == all || $stage == bench ]] && ls "$bundle"/bin/*_bench > /dev/null 2>&1; then
   benches=$(cd "$bundle/bin" && ls *_bench | tr '\n' ',' | sed 's/,$//')
   python3 bench/run_bench.py --bin-dir "$bundle/bin" --benches "$benches" --json "$out/bench.json" \
       > "$out/bench.log" 2>&1
   echo "bench rc=$?" >> "$summary"
 fi
+rm -rf "$work"
 cat "$summary"
