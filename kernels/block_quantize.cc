@@ -50,6 +50,20 @@ absl::Status CheckMxfp8Divisible(const Tensor& x, const Mxfp8QuantizeOptions& op
   return absl::OkStatus();
 }
 
+// The optional fused-dbias output: FP32 [cols of x] on the Context's device.
+absl::Status CheckDbias(const Tensor* dbias, const Tensor& x, const Context& ctx) {
+  if (dbias == nullptr) return absl::OkStatus();
+  return CheckTensorOfShape("options.dbias", *dbias, DType::kFloat32, {x.dim(1)}, ctx);
+}
+
+#if TESERVE_WITH_CUDA
+// The CUDA block kernels do not fuse dbias yet; asking for it must not be ignored.
+absl::Status NoCudaDbias(absl::string_view op) {
+  return absl::UnimplementedError(
+      absl::StrCat("options.dbias: the fused dbias of ", op, " is not implemented on CUDA yet"));
+}
+#endif
+
 // Scale tensor dtype and shape of a copy [rows, cols] under `mode`.
 DType ScaleDType(ScalingMode mode) {
   return mode == ScalingMode::kMxfp8_1D ? DType::kFloat8E8M0 : DType::kFloat32;
@@ -89,9 +103,11 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
   RETURN_IF_ERROR(CheckMxfp8Divisible(x, options));
+  RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeMxfp8);
   if (ctx.device.is_cpu()) return cpu::QuantizeMxfp8(ctx, x, options);
 #if TESERVE_WITH_CUDA
+  if (options.dbias != nullptr) return NoCudaDbias("QuantizeMxfp8");
   return cuda::QuantizeMxfp8(ctx, x, options);
 #else
   return NoCudaBackend("QuantizeMxfp8");
@@ -103,9 +119,11 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckCopies("options", options.format, options.rowwise, options.columnwise));
   RETURN_IF_ERROR(CheckFiniteNonNegative("options.amax_epsilon", options.amax_epsilon));
+  RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeBlock);
   if (ctx.device.is_cpu()) return cpu::QuantizeBlockScaling(ctx, x, options);
 #if TESERVE_WITH_CUDA
+  if (options.dbias != nullptr) return NoCudaDbias("QuantizeBlockScaling");
   return cuda::QuantizeBlockScaling(ctx, x, options);
 #else
   return NoCudaBackend("QuantizeBlockScaling");

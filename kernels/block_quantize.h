@@ -57,6 +57,14 @@
 //     In cuBLAS' column-major terms the operand is K x M with K = C the reduced dim;
 //     1D puts scale (k_block, m) at m + k_block * roundup(M, 4) and 2D puts
 //     (k_block, m_block) at k_block + m_block * roundup(ceil(K/128), 4).
+//   Fused dbias (both ops, o.dbias set): *o.dbias, a defined FP32 [cols] tensor on the
+//     Context's device, is overwritten with the column sums of x, exactly as for
+//     QuantizePerTensor (kernels/cast.h: FP64 accumulation on the CPU, NaN/Inf
+//     propagate, rows == 0 gives zeros); it does not depend on the scales or copies.
+//     Wrong dtype/shape/device is INVALID_ARGUMENT naming "options.dbias". Until the
+//     CUDA block kernels fuse it, CUDA devices answer UNIMPLEMENTED naming
+//     options.dbias (never silently ignored). NVFP4 (kernels/nvfp4.h) offers no fused
+//     dbias: compute it with a separate column sum.
 //
 // Errors: INVALID_ARGUMENT naming the argument with expected vs got (dtype, rank,
 // device, divisibility, options); CUDA tensors in a build without the CUDA backend give
@@ -89,6 +97,8 @@ struct Mxfp8QuantizeOptions {
   DType format = DType::kFloat8E4M3;
   bool rowwise = true;
   bool columnwise = false;
+  // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.
+  Tensor* dbias = nullptr;
 };
 
 struct BlockScalingQuantizeOptions {
@@ -98,6 +108,8 @@ struct BlockScalingQuantizeOptions {
   bool two_d = false;         // 128x128 tiles (weights) instead of 1x128 blocks
   bool power_2_scale = true;  // round each scale down to a power of two
   float amax_epsilon = 0.0f;  // floor on the block amax; finite and >= 0
+  // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.
+  Tensor* dbias = nullptr;
 };
 
 absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& x,

@@ -30,6 +30,12 @@ absl::Status CheckQuantizeOptions(const PerTensorQuantizeOptions& options) {
   return CheckCopiesRequested("options", options.rowwise, options.columnwise);
 }
 
+// The optional fused-dbias output: FP32 [cols of x] on the Context's device.
+absl::Status CheckDbias(const Tensor* dbias, const Tensor& x, const Context& ctx) {
+  if (dbias == nullptr) return absl::OkStatus();
+  return CheckTensorOfShape("options.dbias", *dbias, DType::kFloat32, {x.dim(1)}, ctx);
+}
+
 absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Context& ctx) {
   if (q.mode != ScalingMode::kPerTensor) {
     return InvalidField("q.mode", ScalingModeName(ScalingMode::kPerTensor), ScalingModeName(q.mode));
@@ -77,6 +83,7 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
                                                   const PerTensorQuantizeOptions& options) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
   RETURN_IF_ERROR(CheckQuantizeOptions(options));
+  RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizePerTensor);
   if (ctx.device.is_cpu()) return cpu::QuantizePerTensor(ctx, x, options);
 #if TESERVE_WITH_CUDA

@@ -7,6 +7,17 @@
 //                             E5M2), the product taken in FP32; scale_inv = 1 / scale.
 //                             Rowwise copy [rows, cols] and/or columnwise copy
 //                             [cols, rows] (the transpose), as requested.
+//                             Optional fused dbias (o.dbias set): *o.dbias, a defined
+//                             FP32 [cols] tensor on the Context's device, is overwritten
+//                             with the column sums of x, dbias[c] = sum_r x[r, c] (the
+//                             bias gradient of a Linear when x is its dy). The CPU sums
+//                             in FP64 and rounds once to FP32; CUDA sums FP32 partials
+//                             per tile and reduces them in FP64, within the FP32
+//                             tolerance of a reduction (tests/kernels/tolerances.h).
+//                             NaN in a column gives NaN, Inf gives Inf (+Inf and -Inf:
+//                             NaN); rows == 0 gives zeros. A dbias that is undefined,
+//                             not FP32, not [cols] or on another device is
+//                             INVALID_ARGUMENT naming "options.dbias".
 //   Dequantize(q, copy)       FP32 tensor q * scale_inv of the requested copy, in that
 //                             copy's layout.
 //   ToFloat32 / CastFromFloat32  plain conversions (no scaling; FP8 casts saturate).
@@ -30,6 +41,9 @@ struct PerTensorQuantizeOptions {
   float scale = 1.0f;
   bool rowwise = true;
   bool columnwise = false;
+  // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.
+  // Not owned; the caller allocates it.
+  Tensor* dbias = nullptr;
 };
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x);

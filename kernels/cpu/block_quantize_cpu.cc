@@ -11,6 +11,9 @@
 //   to both copies (transposed for the columnwise one), so the two copies of a weight
 //   dequantize to exactly transposed values.
 // - Amax propagates NaN (kernels/cpu/block_math.h).
+// - The fused dbias is the FP64 column sum of kernels/cpu/cast_cpu.h (ColumnSums), one
+//   pass of its own: the copies read x through strided views, so no quantize loop
+//   visits x in an order that would serve it.
 // - Every product is one FP32 multiplication (what a GPU kernel does in registers),
 //   encoded with core/float_codec.h; the per-block scale arithmetic lives in
 //   kernels/quantize_math.h. The CUDA kernels compile both headers.
@@ -24,6 +27,7 @@
 #include "core/float_codec.h"
 #include "core/status.h"
 #include "kernels/cpu/block_math.h"
+#include "kernels/cpu/cast_cpu.h"
 #include "kernels/quantize_math.h"
 
 namespace teserve {
@@ -194,6 +198,9 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context&, const Tensor& x,
     QuantizeMxfp8Copy(v, options.format, data.data<uint8_t>(), codes.data<uint8_t>());
     SetCopy(q, copy, std::move(data), std::move(codes));
   }
+  if (options.dbias != nullptr) {
+    ColumnSums(x.data<float>(), x.dim(0), x.dim(1), options.dbias->data<float>());
+  }
   return q;
 }
 
@@ -220,6 +227,9 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context&, const Tenso
       QuantizeBlock1DCopy(v, params, data.data<uint8_t>(), scale_inv.data<float>());
     }
     SetCopy(q, copy, std::move(data), std::move(scale_inv));
+  }
+  if (options.dbias != nullptr) {
+    ColumnSums(x.data<float>(), x.dim(0), x.dim(1), options.dbias->data<float>());
   }
   return q;
 }

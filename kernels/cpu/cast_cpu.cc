@@ -6,9 +6,12 @@
 // - Amax propagates NaN (kernels/cpu/block_math.h).
 // - One pass over the source writes the rowwise copy and the transposed columnwise
 //   copy; the transpose write is strided, which is fine for a reference.
+// - The fused dbias (column sums) is accumulated in FP64 in that same pass and rounded
+//   to FP32 once at the end.
 #include "kernels/cpu/cast_cpu.h"
 
 #include <cstring>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/float_codec.h"
@@ -36,23 +39,37 @@ void EncodeAll(const float* in, int64_t n, void* out) {
 }
 
 // Writes encode(x * scale) into `rowwise` ([rows, cols]) and/or `columnwise`
-// ([cols, rows]); either may be null.
+// ([cols, rows]); either may be null. With `sums` ([cols], zeroed), adds every x[r, c]
+// to sums[c] in FP64.
 template <uint8_t (*kEncode)(float)>
 void QuantizeScaled(const float* x, int64_t rows, int64_t cols, float scale, uint8_t* rowwise,
-                    uint8_t* columnwise) {
+                    uint8_t* columnwise, double* sums) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      const float scaled = x[r * cols + c] * scale;
-      const uint8_t code = kEncode(scaled);
+      const float value = x[r * cols + c];
+      const uint8_t code = kEncode(value * scale);
       if (rowwise != nullptr) rowwise[r * cols + c] = code;
       if (columnwise != nullptr) columnwise[c * rows + r] = code;
+      if (sums != nullptr) sums[c] += static_cast<double>(value);
     }
   }
+}
+
+void RoundSums(const std::vector<double>& sums, float* dbias) {
+  for (size_t c = 0; c < sums.size(); ++c) dbias[c] = static_cast<float>(sums[c]);
 }
 
 absl::StatusOr<Tensor> ScalarTensor(float value) { return Tensor::FromFloats({value}, {1}); }
 
 }  // namespace
+
+void ColumnSums(const float* x, int64_t rows, int64_t cols, float* dbias) {
+  std::vector<double> sums(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) sums[c] += static_cast<double>(x[r * cols + c]);
+  }
+  RoundSums(sums, dbias);
+}
 
 absl::StatusOr<float> Amax(const Context&, const Tensor& x) {
   if (x.dtype() != DType::kFloat32) return InvalidField("x.dtype", "FLOAT32", DTypeName(x.dtype()));
@@ -81,12 +98,17 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context&, const Tensor& 
     ASSIGN_OR_RETURN(q.columnwise_scale_inv, ScalarTensor(scale_inv));
     columnwise = q.columnwise_data.data<uint8_t>();
   }
+  std::vector<double> sums(options.dbias != nullptr ? q.cols() : 0, 0.0);
+  double* sums_or_null = options.dbias != nullptr ? sums.data() : nullptr;
   const float* src = x.data<float>();
   if (format == DType::kFloat8E4M3) {
-    QuantizeScaled<FloatToE4M3>(src, q.rows(), q.cols(), options.scale, rowwise, columnwise);
+    QuantizeScaled<FloatToE4M3>(src, q.rows(), q.cols(), options.scale, rowwise, columnwise,
+                                sums_or_null);
   } else {
-    QuantizeScaled<FloatToE5M2>(src, q.rows(), q.cols(), options.scale, rowwise, columnwise);
+    QuantizeScaled<FloatToE5M2>(src, q.rows(), q.cols(), options.scale, rowwise, columnwise,
+                                sums_or_null);
   }
+  if (options.dbias != nullptr) RoundSums(sums, options.dbias->data<float>());
   return q;
 }
 

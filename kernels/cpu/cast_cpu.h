@@ -7,6 +7,8 @@
 #ifndef TESERVE_KERNELS_CPU_CAST_CPU_H_
 #define TESERVE_KERNELS_CPU_CAST_CPU_H_
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "core/context.h"
 #include "core/quantized_tensor.h"
@@ -23,6 +25,11 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
                                                   const PerTensorQuantizeOptions& options);
 
 absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy);
+
+// dbias[c] = sum_r x[r, c] over x FP32 [rows, cols] row-major, accumulated in FP64 in
+// one pass over x and rounded once to FP32 (the fused-dbias reference of kernels/cast.h
+// and kernels/block_quantize.h). NaN and Inf propagate; rows == 0 gives zeros.
+void ColumnSums(const float* x, int64_t rows, int64_t cols, float* dbias);
 
 absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x);
 

@@ -84,6 +84,9 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
     return InvalidField("x.shape", "rank 2", ShapeToString(x.shape()));
   }
   ASSIGN_OR_RETURN(const Fp8Format format, Fp8FormatOf("options.format", options.format));
+  if (options.dbias != nullptr) {
+    return absl::UnimplementedError("options.dbias: the fused dbias is not implemented on CUDA yet");
+  }
   RegisterCudaAllocator();
   ScopedDevice device(x.device().index);
   TESERVE_CUDA_RETURN_IF_ERROR(device.status());
