@@ -6,6 +6,10 @@
 //   *_tiled64             the same with the 64 x 64 tile kernel forced
 //                         (CastTransposeKernel::kTiled64); its config says whether its codes
 //                         and amax equal the default kernel's on the benchmark input
+//   cast_transpose_dbias_bf16  cast_transpose_bf16 plus the fused dbias (FP32 column sums
+//                         of x: tile partials + FP64 reduce kernel); bytes count x, the
+//                         codes and dbias, not the small workspace; its config says whether
+//                         codes and amax equal cast_transpose_bf16's
 //   copy_d2d              cudaMemcpyAsync of the BF16 x, for the copy-bandwidth reference
 // Prints JSON (bench/bench_util.h); bench/run_bench.py adds torch.
 #include <cstdint>
@@ -77,6 +81,21 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
                                     "default kernel's: ") +
                             (same ? "yes" : "NO")});
     if (bf16) {
+      p.kernel = CastTransposeKernel::kAuto;
+      p.dbias = static_cast<float*>(DeviceBuffer(h * sizeof(float)));
+      p.dbias_workspace = static_cast<float*>(
+          DeviceBuffer(kernels::cuda::QuantizeDbiasWorkspaceFloats(p) * sizeof(float)));
+      BENCH_CHECK(kernels::cuda::LaunchQuantizePerTensor(p, nullptr));
+      const bool same_codes = Outputs(rowwise, columnwise, amax, numel) == fast;
+      const Timing td =
+          TimeLaunches([&] { return kernels::cuda::LaunchQuantizePerTensor(p, nullptr); }, flags);
+      results->push_back({"cast_transpose_dbias_bf16", n, h, "bf16", td, numel * 4 + h * 4,
+                          std::string("cast-transpose + FP32 tile column sums, FP64 reduce kernel; "
+                                      "codes and amax equal to cast_transpose_bf16's: ") +
+                              (same_codes ? "yes" : "NO")});
+      FreeDeviceBuffers({static_cast<void*>(p.dbias), static_cast<void*>(p.dbias_workspace)});
+      p.dbias = nullptr;
+      p.dbias_workspace = nullptr;
       void* copy = DeviceBuffer(numel * 2);
       const Timing c = TimeLaunches(
           [&] { return cudaMemcpyAsync(copy, x, numel * 2, cudaMemcpyDeviceToDevice, nullptr); }, flags);

@@ -131,6 +131,21 @@ def _cast_transpose(dtype_name):
     return build
 
 
+def _cast_transpose_dbias(rows, cols):
+    """The unfused path the fused dbias replaces: amax, scale + cast, transposed copy and
+    the FP32 column sums x.sum(0) (TE's cast_transpose_dbias of a Linear's dy)."""
+    torch = _torch()
+    x = _randn(rows, cols, torch.bfloat16, 0.0, 2.0, seed=5)
+
+    def run():
+        amax = x.abs().amax()
+        q = (x.float() * 64.0).to(torch.float8_e4m3fn)
+        return q, q.t().contiguous(), amax, x.sum(0, dtype=torch.float32)
+
+    return run, ("x.abs().amax(); (x.float()*scale).to(float8_e4m3fn); .t().contiguous(); "
+                 "x.sum(0, dtype=float32)")
+
+
 def _copy(rows, cols):
     torch = _torch()
     x = _randn(rows, cols, torch.bfloat16, seed=6)
@@ -147,6 +162,7 @@ TORCH_EQUIVALENTS = {
     "rmsnorm_bwd": _norm_backward("rmsnorm"),
     "cast_transpose_bf16": _cast_transpose("bf16"),
     "cast_transpose_fp32": _cast_transpose("fp32"),
+    "cast_transpose_dbias_bf16": _cast_transpose_dbias,
     "copy_d2d": _copy,
 }
 

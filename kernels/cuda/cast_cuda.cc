@@ -85,7 +85,12 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   }
   ASSIGN_OR_RETURN(const Fp8Format format, Fp8FormatOf("options.format", options.format));
   if (options.dbias != nullptr) {
-    return absl::UnimplementedError("options.dbias: the fused dbias is not implemented on CUDA yet");
+    RETURN_IF_ERROR(CheckOnCuda("options.dbias", *options.dbias));
+    const Tensor& d = *options.dbias;
+    if (d.dtype() != DType::kFloat32 || d.shape() != Shape{x.dim(1)}) {
+      return InvalidField("options.dbias", absl::StrCat("FLOAT32 [", x.dim(1), "]"),
+                          absl::StrCat(DTypeName(d.dtype()), " ", ShapeToString(d.shape())));
+    }
   }
   RegisterCudaAllocator();
   ScopedDevice device(x.device().index);
@@ -118,6 +123,14 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   }
   ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
   params.amax_bits = amax_bits.data<uint32_t>();
+  Tensor dbias_workspace;  // freed after ReadAmax has synchronized the stream
+  if (options.dbias != nullptr) {
+    params.dbias = options.dbias->data<float>();
+    ASSIGN_OR_RETURN(dbias_workspace,
+                     Tensor::Zeros(DType::kFloat32, {QuantizeDbiasWorkspaceFloats(params)},
+                                   x.device()));
+    params.dbias_workspace = dbias_workspace.data<float>();
+  }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchQuantizePerTensor(params, stream));
   ASSIGN_OR_RETURN(q.amax, ReadAmax(amax_bits, stream));

@@ -28,7 +28,8 @@ void RegisterCudaAllocator();
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x);
 
 // Fused per-tensor FP8 cast: one pass computes the amax, the rowwise copy and the
-// columnwise (transposed) copy as requested. x is FP32 [rows, cols] (BF16 accepted too).
+// columnwise (transposed) copy as requested, and with options.dbias (a CUDA FP32 [cols]
+// tensor) the column sums of x. x is FP32 [rows, cols] (BF16 accepted too).
 absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tensor& x,
                                                   const PerTensorQuantizeOptions& options);
 

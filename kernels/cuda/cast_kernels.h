@@ -42,9 +42,20 @@ struct QuantizeLaunchParams {
   float* columnwise_scale_inv = nullptr;  // [1] or null
   uint32_t* amax_bits = nullptr;    // [1], zeroed by the launcher
   CastTransposeKernel kernel = CastTransposeKernel::kAuto;
+  // Fused dbias (optional): dbias [cols] FP32 = column sums of x. The cast kernel writes
+  // the FP32 column sums of each tile's rows into dbias_workspace [row tiles, cols]
+  // (QuantizeDbiasWorkspaceFloats floats), and a second kernel adds those partials per
+  // column in FP64 (in row-tile order, so the result is deterministic) into dbias.
+  float* dbias = nullptr;
+  float* dbias_workspace = nullptr;
 };
 
-// Fused amax + rowwise cast + transposed columnwise cast, one pass over x.
+// Floats of dbias_workspace LaunchQuantizePerTensor needs for these params (0 without
+// dbias or without elements). Depends on the shape, the pointers' alignment and `kernel`.
+int64_t QuantizeDbiasWorkspaceFloats(const QuantizeLaunchParams& params);
+
+// Fused amax + rowwise cast + transposed columnwise cast (+ dbias), one pass over x.
+// rows == 0 with dbias set zeroes dbias.
 cudaError_t LaunchQuantizePerTensor(const QuantizeLaunchParams& params, cudaStream_t stream);
 
 // out[i] = decode(codes[i]) * scale_inv[0], FP32 product.

@@ -16,11 +16,13 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/tolerances.h"
 
 #if TESERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -207,6 +209,49 @@ TEST_P(CastGpuTest, DequantizeMatchesCpuBitExact) {
   }
 }
 
+// Column sums of x [rows, cols] in FP64: sum |x| per column, the magnitude the FP32
+// reduction tolerance scales with (tests/kernels/tolerances.h).
+std::vector<double> ColumnAbsSums(const Tensor& x) {
+  const int64_t rows = x.dim(0);
+  const int64_t cols = x.dim(1);
+  const float* v = x.data<float>();
+  std::vector<double> sums(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) sums[c] += std::fabs(static_cast<double>(v[r * cols + c]));
+  }
+  return sums;
+}
+
+// The fused dbias against the CPU op's FP64 column sums, within the FP32 reduction
+// tolerance; the codes, scale_inv and amax of the same call stay bit-exact, and a second
+// call gives bitwise the same dbias (every summation order is fixed).
+TEST_P(CastGpuTest, DbiasMatchesCpuWithinFp32ReductionTolerance) {
+  const int64_t cols = host_x_.dim(1);
+  ASSERT_OK_AND_ASSIGN(Tensor cpu_dbias, Tensor::Zeros(DType::kFloat32, {cols}));
+  PerTensorQuantizeOptions cpu_options = options_;
+  cpu_options.dbias = &cpu_dbias;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                       kernels::cpu::QuantizePerTensor(Context::Cpu(), host_x_, cpu_options));
+  ASSERT_OK_AND_ASSIGN(Tensor gpu_dbias, Tensor::Zeros(DType::kFloat32, {cols}, gpu_));
+  PerTensorQuantizeOptions gpu_options = options_;
+  gpu_options.dbias = &gpu_dbias;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu,
+                       kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, gpu_options));
+  EXPECT_EQ(Bits(gpu.amax), Bits(cpu.amax));
+  ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, "rowwise_data with dbias");
+  ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data, "columnwise_data with dbias");
+  ExpectBitwiseEqual(gpu.rowwise_scale_inv, cpu.rowwise_scale_inv, "rowwise_scale_inv with dbias");
+  const Tensor got = OnHost(gpu_dbias);
+  const absl::Span<const float> want = cpu_dbias.floats();
+  EXPECT_TRUE(testing_kernels::AllClose(got.floats(), std::vector<double>(want.begin(), want.end()),
+                                        DType::kFloat32, ColumnAbsSums(host_x_)));
+
+  ASSERT_OK_AND_ASSIGN(Tensor again, Tensor::Zeros(DType::kFloat32, {cols}, gpu_));
+  gpu_options.dbias = &again;
+  ASSERT_TRUE(kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, gpu_options).ok());
+  ExpectBitwiseEqual(again, got, "dbias of a second call");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CastGpuTest,
     ::testing::Values(CastCase{DType::kFloat8E4M3, 1, 1}, CastCase{DType::kFloat8E4M3, 1, 259},
@@ -296,6 +341,55 @@ TEST(CastGpu, NanAndInfOnTheTileKernelMatchCpu) {
   }
 }
 
+// NaN, Inf and +-Inf columns through both kernels (136x200: 128 x 128 tiles; 257x259: the
+// 64 x 64 fallback), FP32 and BF16 x: dbias follows IEEE sums like the CPU's FP64 ones.
+TEST(CastGpu, DbiasPropagatesNanAndInfPerColumn) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  for (const DType source : {DType::kFloat32, DType::kBFloat16}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{136, 200}, {257, 259}}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(source), " ", rows, "x", cols));
+      std::vector<float> values = WideRangeValues(rows * cols, 23u);
+      values[(rows - 1) * cols + 0] = std::numeric_limits<float>::quiet_NaN();
+      values[5 * cols + 1] = std::numeric_limits<float>::infinity();
+      values[(rows - 2) * cols + 1] = -std::numeric_limits<float>::infinity();
+      values[70 * cols + 130] = -std::numeric_limits<float>::infinity();
+      ASSERT_OK_AND_ASSIGN(const DeviceInput in, MakeDeviceInput(values, rows, cols, source));
+      ASSERT_OK_AND_ASSIGN(Tensor dbias, Tensor::Zeros(DType::kFloat32, {cols}, Device::Cuda(0)));
+      ASSERT_OK_AND_ASSIGN(Tensor cpu_dbias, Tensor::Zeros(DType::kFloat32, {cols}));
+      PerTensorQuantizeOptions options;
+      options.columnwise = true;
+      options.dbias = &cpu_dbias;
+      ASSERT_TRUE(kernels::cpu::QuantizePerTensor(Context::Cpu(), in.host_fp32, options).ok());
+      options.dbias = &dbias;
+      ASSERT_TRUE(kernels::cuda::QuantizePerTensor(GpuContext(), in.device, options).ok());
+      const Tensor got = OnHost(dbias);
+      const float* d = got.data<float>();
+      EXPECT_TRUE(std::isnan(d[0])) << d[0];
+      EXPECT_TRUE(std::isnan(d[1])) << "Inf + -Inf: " << d[1];
+      EXPECT_EQ(d[130], -std::numeric_limits<float>::infinity());
+      const std::vector<double> magnitude = ColumnAbsSums(in.host_fp32);
+      for (int64_t c = 2; c < cols; ++c) {
+        if (c == 130) continue;
+        const double want = cpu_dbias.data<float>()[c];
+        EXPECT_NEAR(d[c], want, 1e-6 + 5e-6 * magnitude[c]) << "column " << c;
+      }
+    }
+  }
+}
+
+TEST(CastGpu, DbiasOfNoRowsIsZero) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::Zeros(DType::kFloat32, {0, 5}));
+  ASSERT_OK_AND_ASSIGN(const Tensor device, CopyToDevice(Context{}, host, Device::Cuda(0)));
+  ASSERT_OK_AND_ASSIGN(const Tensor ones, Tensor::FromFloats({1, 1, 1, 1, 1}, {5}));
+  ASSERT_OK_AND_ASSIGN(Tensor dbias, CopyToDevice(Context{}, ones, Device::Cuda(0)));
+  PerTensorQuantizeOptions options;
+  options.dbias = &dbias;
+  ASSERT_TRUE(kernels::cuda::QuantizePerTensor(GpuContext(), device, options).ok());
+  const Tensor got = OnHost(dbias);
+  for (int c = 0; c < 5; ++c) EXPECT_EQ(got.data<float>()[c], 0.0f) << c;
+}
+
 TEST(CastGpu, AmaxOfBFloat16MatchesHostLoop) {
   TESERVE_SKIP_WITHOUT_GPU();
   const std::vector<float> values = WideRangeValues(1000 * 37 + 3, 5u);
@@ -371,6 +465,23 @@ TEST(CastGpu, RejectsHostTensorsAndOtherDtypes) {
   EXPECT_NE(q.status().message().find("x.dtype: expected FLOAT32 or BFLOAT16, got INT32"),
             absl::string_view::npos)
       << q.status();
+
+  float storage[4] = {};
+  const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {2, 2}, Device::Cuda(0));
+  Tensor host_dbias = Tensor::Zeros(DType::kFloat32, {2}).value();
+  PerTensorQuantizeOptions options;
+  options.dbias = &host_dbias;
+  const auto on_host = kernels::cuda::QuantizePerTensor(GpuContext(), x, options);
+  EXPECT_NE(on_host.status().message().find("options.dbias.device: expected a CUDA device, got cpu"),
+            absl::string_view::npos)
+      << on_host.status();
+  float sums[3] = {};
+  Tensor wrong_shape = Tensor::Borrow(sums, DType::kFloat32, {3}, Device::Cuda(0));
+  options.dbias = &wrong_shape;
+  const auto shape = kernels::cuda::QuantizePerTensor(GpuContext(), x, options);
+  EXPECT_NE(shape.status().message().find("options.dbias: expected FLOAT32 [2], got FLOAT32 [3]"),
+            absl::string_view::npos)
+      << shape.status();
 }
 
 #else  // !TESERVE_WITH_CUDA
