@@ -1,7 +1,8 @@
 // LayerNorm / RMSNorm benchmarks (kernels/cuda/normalization_kernels.h), BF16 input:
 //   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
 //                            (read x; write 2 x n x h codes; mu, rsigma)
-//   layernorm_fwd_fp8_codec  the same with the integer-codec encoder
+//   layernorm_fwd_fp8_codec  the same with the integer-codec encoder (always the shared-
+//                            memory tile kernel; the others take the register tile)
 //   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
 //   layernorm_fwd_fp8_rowwise  LN forward, rowwise codes only
 //   layernorm_fwd_bf16       LN forward, y in BF16, no quantization
@@ -29,7 +30,8 @@ using kernels::cuda::NormForwardParams;
 std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
-  return "tile " + std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +
+  return std::string(plan.register_tile ? "register " : "smem ") + "tile " +
+         std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +
          ", cluster " + std::to_string(plan.cluster_size) + ", " + std::to_string(plan.ctas) +
          " CTAs (" + std::to_string(plan.ctas_per_sm) + "/SM), smem " +
          std::to_string(plan.shared_bytes / 1024) + " KiB" +

@@ -62,6 +62,8 @@ struct NormForwardPlan {
   int slices = 0;           // tiles across a row
   int cluster_size = 0;     // CTAs sharing row statistics through distributed shared memory
   bool separate_stats = false;  // statistics by a separate kernel (rows too long for a cluster)
+  bool register_tile = false;   // normalization_register_tile.cu's kernel (else the shared-
+                                // memory tile kernel)
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

@@ -1,5 +1,5 @@
-// CUDA LayerNorm / RMSNorm (kernels/cuda/normalization_*) against the CPU reference on
-// the same inputs.
+// CUDA LayerNorm / RMSNorm forward (kernels/cuda/normalization_*) against the CPU
+// reference on the same inputs, and the FP8 encoder check.
 //
 // The contract tested (kernels/normalization.h):
 // - y, mu, rsigma, dx, dgamma, dbeta agree with the CPU within tests/kernels/tolerances.h,
@@ -13,8 +13,9 @@
 // - Every output element is written (outputs poisoned before a direct launch).
 // - The hardware FP8 conversion the kernels use equals core/float_codec.h for every FP32
 //   bit pattern, both formats.
-// - sm_margin shrinks the grid to (SMs - margin) x resident CTAs and changes no result
-//   (the backward's dgamma / dbeta summation order aside).
+// - Both forward kernels (register tile and shared-memory tile) are exercised: the
+//   shapes say which one a case reaches (NormForwardPlan::register_tile).
+// Backward, sm_margin and the FP32 entry points: normalization_backward_gpu_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -39,6 +40,7 @@
 #include "tests/gpu/quantize_gpu_test_util.h"
 #include "kernels/cuda/normalization_kernels.h"
 #include "kernels/normalization.h"
+#include "tests/gpu/normalization_gpu_test_util.h"
 #include "tests/kernels/tolerances.h"
 #endif
 
@@ -47,7 +49,6 @@ namespace {
 
 #if TESERVE_WITH_CUDA
 
-using kernels::NormBackwardOptions;
 using kernels::NormForwardOptions;
 using kernels::NormForwardResult;
 using kernels::NormType;
@@ -61,100 +62,16 @@ using testing::GpuContext;
 using testing::OnDevice;
 using testing::OnHost;
 using testing::Uniform;
-
-template <typename T>
-cudaError_t DeviceAlloc(T** ptr, int64_t bytes) {
-  return cudaMalloc(reinterpret_cast<void**>(ptr), static_cast<size_t>(bytes));
-}
-
-uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-}
-
-// Host tensor of `dtype` [n, h]: mean 0.5, spread ~1.5, every 7th row 64x larger.
-Tensor RandomInput(DType dtype, int64_t n, int64_t h, uint64_t seed) {
-  Tensor x = Tensor::Zeros(DType::kFloat32, {n, h}).value();
-  float* v = x.data<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    const float row_scale = r % 7 == 3 ? 64.0f : 1.0f;
-    for (int64_t c = 0; c < h; ++c) {
-      const uint64_t i = static_cast<uint64_t>(r * h + c);
-      v[r * h + c] = row_scale * (0.5f + 1.5f * (Uniform(seed, 2 * i) + Uniform(seed, 2 * i + 1)));
-    }
-  }
-  if (dtype == DType::kFloat32) return x;
-  return kernels::cpu::CastFromFloat32(Context::Cpu(), x, dtype).value();
-}
-
-Tensor RandomVector(int64_t h, float lo, float hi, uint64_t seed) {
-  Tensor t = Tensor::Zeros(DType::kFloat32, {h}).value();
-  for (int64_t c = 0; c < h; ++c) {
-    t.data<float>()[c] = lo + (hi - lo) * 0.5f * (Uniform(seed, c) + 1.0f);
-  }
-  return t;
-}
-
-// Position of an FP8 code in value order (-0 and +0 share 0).
-int Ordinal(uint8_t code) { return (code & 0x80) ? -static_cast<int>(code & 0x7F) : code; }
-
-uint8_t Encode(DType format, float v) {
-  return format == DType::kFloat8E4M3 ? FloatToE4M3(v) : FloatToE5M2(v);
-}
-
-std::string ShapeName(int64_t n, int64_t h) { return absl::StrCat(n, "x", h); }
-
-std::vector<double> AsDoubles(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
-// Forward-error scale of y = (x - mu) rsigma w + b: (|x| + mean |x|) rsigma |w| + |b| (the
-// mean's error is relative to mean |x|). mean_abs receives mean |x| per row.
-std::vector<double> ForwardScale(const std::vector<float>& x, int64_t n, int64_t h,
-                                 const std::vector<float>& rsigma, const float* gamma,
-                                 const float* beta, bool zero_centered,
-                                 std::vector<double>* mean_abs) {
-  std::vector<double> scale(n * h);
-  mean_abs->assign(n, 0.0);
-  for (int64_t r = 0; r < n; ++r) {
-    double s = 0.0;
-    for (int64_t j = 0; j < h; ++j) s += std::fabs(x[r * h + j]);
-    (*mean_abs)[r] = s / h;
-    for (int64_t j = 0; j < h; ++j) {
-      const double w = std::fabs(gamma[j] + (zero_centered ? 1.0 : 0.0));
-      scale[r * h + j] = (std::fabs(x[r * h + j]) + (*mean_abs)[r]) * rsigma[r] * w +
-                         (beta != nullptr ? std::fabs(beta[j]) : 0.0);
-    }
-  }
-  return scale;
-}
-
-// Forward-error scales of the backward outputs: dx = rsigma (dyw - mean(dyw) - xhat
-// mean(dyw xhat)), dgamma = sum_rows dy xhat, dbeta = sum_rows dy.
-void BackwardScales(const std::vector<float>& x, const std::vector<float>& dy, int64_t n, int64_t h,
-                    const std::vector<float>& mu, const std::vector<float>& rsigma,
-                    const float* gamma, bool zero_centered, std::vector<double>* dx_scale,
-                    std::vector<double>* dgamma_scale, std::vector<double>* dbeta_scale) {
-  dx_scale->assign(n * h, 0.0);
-  dgamma_scale->assign(h, 0.0);
-  dbeta_scale->assign(h, 0.0);
-  for (int64_t r = 0; r < n; ++r) {
-    double abs_dyw = 0.0, abs_dyw_xhat = 0.0;
-    for (int64_t j = 0; j < h; ++j) {
-      const double w = gamma[j] + (zero_centered ? 1.0 : 0.0);
-      const double xhat = (x[r * h + j] - double{mu[r]}) * rsigma[r];
-      abs_dyw += std::fabs(dy[r * h + j] * w);
-      abs_dyw_xhat += std::fabs(dy[r * h + j] * w * xhat);
-      (*dgamma_scale)[j] += std::fabs(dy[r * h + j] * xhat);
-      (*dbeta_scale)[j] += std::fabs(dy[r * h + j]);
-    }
-    for (int64_t j = 0; j < h; ++j) {
-      const double w = gamma[j] + (zero_centered ? 1.0 : 0.0);
-      const double xhat = (x[r * h + j] - double{mu[r]}) * rsigma[r];
-      (*dx_scale)[r * h + j] = rsigma[r] * (std::fabs(dy[r * h + j] * w) + abs_dyw / h +
-                                            std::fabs(xhat) * abs_dyw_xhat / h);
-    }
-  }
-}
+using norm_gpu_test::AsDoubles;
+using norm_gpu_test::BackwardScales;
+using norm_gpu_test::Bits;
+using norm_gpu_test::DeviceAlloc;
+using norm_gpu_test::Encode;
+using norm_gpu_test::ForwardScale;
+using norm_gpu_test::Ordinal;
+using norm_gpu_test::RandomInput;
+using norm_gpu_test::RandomVector;
+using norm_gpu_test::ShapeName;
 
 // ---------------------------------------------------------------------------------------
 // The hardware encoder equals the codec everywhere.
@@ -448,302 +365,105 @@ std::vector<ForwardCase> ForwardCases() {
       {ln, f32, 2, 1, e4m3, false},         // h = 1: zero variance
       {ln, bf16, 16384, 8192, e4m3, false}, // the benchmark shape
       {rms, bf16, 16384, 8192, e4m3, true},
+      // Register-tile kernel shapes (cols % 64 == 0, rows % 8 == 0): partial row tile and
+      // a cluster of 2 x 12 warps; 7 CTAs of 15 warps, the last with 10 (6400 = 100 x 64);
+      // one warp, one 8-row group.
+      {ln, bf16, 40, 1536, e4m3, false},
+      {rms, f16, 64, 6400, e5m2, true},
+      {ln, f16, 8, 64, e4m3, true},
+      {ln, bf16, 4104, 2048, e5m2, false},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, NormForwardGpuTest, ::testing::ValuesIn(ForwardCases()),
                          ForwardName);
 
-// ---------------------------------------------------------------------------------------
-// Backward.
-
-struct BackwardCase {
-  NormType type;
-  DType dtype;
-  int64_t n, h;
-  bool zero_centered;
-};
-
-std::string BackwardName(const ::testing::TestParamInfo<BackwardCase>& info) {
-  const BackwardCase& c = info.param;
-  return absl::StrCat(c.type == NormType::kLayerNorm ? "LayerNorm" : "RmsNorm", "_",
-                      DTypeName(c.dtype), "_", ShapeName(c.n, c.h),
-                      c.zero_centered ? "_ZeroCentered" : "");
-}
-
-class NormBackwardGpuTest : public ::testing::TestWithParam<BackwardCase> {
- protected:
-  void SetUp() override {
-    TESERVE_SKIP_WITHOUT_GPU();
-    const BackwardCase& c = GetParam();
-    const uint64_t seed = static_cast<uint64_t>(c.n * 733 + c.h);
-    host_x_ = RandomInput(c.dtype, c.n, c.h, seed);
-    host_dy_ = RandomInput(c.dtype, c.n, c.h, seed + 7);
-    gamma_ = c.zero_centered ? RandomVector(c.h, -0.5f, 0.5f, seed + 1)
-                             : RandomVector(c.h, 0.5f, 1.5f, seed + 1);
-    // Statistics from the CPU forward, given to both backward passes.
-    NormForwardOptions forward;
-    forward.zero_centered_gamma = c.zero_centered;
-    forward.y_dtype = DType::kFloat32;
-    const Tensor beta = layer_norm() ? RandomVector(c.h, -1.0f, 1.0f, seed + 2) : Tensor();
-    auto fwd = kernels::NormalizationForward(Context::Cpu(), c.type, host_x_, gamma_, beta, forward);
-    ASSERT_TRUE(fwd.ok()) << fwd.status();
-    mu_ = fwd->mu;
-    rsigma_ = fwd->rsigma;
-    options_.zero_centered_gamma = c.zero_centered;
-  }
-
-  bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
-
-  absl::StatusOr<kernels::NormBackwardOutputs> Gpu(const NormBackwardOptions& options) const {
-    return kernels::NormalizationBackward(GpuContext(), GetParam().type, OnDevice(host_dy_),
-                                          OnDevice(host_x_), layer_norm() ? OnDevice(mu_) : Tensor(),
-                                          OnDevice(rsigma_), OnDevice(gamma_), options);
-  }
-
-  Tensor host_x_, host_dy_, gamma_, mu_, rsigma_;
-  NormBackwardOptions options_;
-};
-
-TEST_P(NormBackwardGpuTest, MatchesCpu) {
-  const BackwardCase& c = GetParam();
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs gpu, Gpu(options_));
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs cpu,
-                       kernels::NormalizationBackward(Context::Cpu(), c.type, host_dy_, host_x_, mu_,
-                                                      rsigma_, gamma_, options_));
-  ASSERT_EQ(gpu.dx.dtype(), c.dtype);
-  const std::vector<float> x = Floats(host_x_), dy = Floats(host_dy_);
-  const std::vector<float> mu = layer_norm() ? Floats(mu_) : std::vector<float>(c.n, 0.0f);
-  std::vector<double> dx_scale, dgamma_scale, dbeta_scale;
-  BackwardScales(x, dy, c.n, c.h, mu, Floats(rsigma_), gamma_.data<float>(), c.zero_centered,
-                 &dx_scale, &dgamma_scale, &dbeta_scale);
-  const std::vector<float> dx_cpu = Floats(cpu.dx);
-  EXPECT_TRUE(AllClose(Floats(gpu.dx), AsDoubles(dx_cpu), c.dtype, dx_scale));
-  const std::vector<float> dgamma_cpu = Floats(cpu.dgamma);
-  EXPECT_TRUE(AllClose(Floats(gpu.dgamma), std::vector<double>(dgamma_cpu.begin(), dgamma_cpu.end()),
-                       DType::kFloat32, dgamma_scale));
-  ASSERT_EQ(gpu.dbeta.defined(), layer_norm());
-  if (layer_norm()) {
-    const std::vector<float> dbeta_cpu = Floats(cpu.dbeta);
-    EXPECT_TRUE(AllClose(Floats(gpu.dbeta), std::vector<double>(dbeta_cpu.begin(), dbeta_cpu.end()),
-                         DType::kFloat32, dbeta_scale));
-  }
-}
-
-// A direct launch into a poisoned dx and workspace reproduces the op's outputs.
-TEST_P(NormBackwardGpuTest, DirectLaunchWritesEveryOutputElement) {
-  const BackwardCase& c = GetParam();
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs want, Gpu(options_));
-  const Tensor dy = OnDevice(host_dy_), x = OnDevice(host_x_), rsigma = OnDevice(rsigma_);
-  const Tensor gamma = OnDevice(gamma_);
-  const Tensor mu = layer_norm() ? OnDevice(mu_) : Tensor();
-  kernels::cuda::NormBackwardParams p;
-  p.rms = !layer_norm();
-  p.dy = dy.raw_data();
-  p.x = x.raw_data();
-  p.type = c.dtype == DType::kFloat32   ? kernels::cuda::NormDType::kFloat32
-           : c.dtype == DType::kFloat16 ? kernels::cuda::NormDType::kFloat16
-                                        : kernels::cuda::NormDType::kBFloat16;
-  p.rows = c.n;
-  p.cols = c.h;
-  p.mu = layer_norm() ? mu.data<float>() : nullptr;
-  p.rsigma = rsigma.data<float>();
-  p.gamma = gamma.data<float>();
-  p.zero_centered_gamma = c.zero_centered;
-  int64_t workspace_floats = 0;
-  ASSERT_EQ(kernels::cuda::NormBackwardWorkspaceFloats(p, &workspace_floats), cudaSuccess);
-  const int64_t dx_bytes = want.dx.nbytes();
-  void* dx = nullptr;
-  float *dgamma = nullptr, *dbeta = nullptr, *workspace = nullptr;
-  ASSERT_EQ(DeviceAlloc(&dx, dx_bytes), cudaSuccess);
-  ASSERT_EQ(DeviceAlloc(&dgamma, c.h * 4), cudaSuccess);
-  ASSERT_EQ(DeviceAlloc(&dbeta, c.h * 4), cudaSuccess);
-  ASSERT_EQ(DeviceAlloc(&workspace, workspace_floats * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dx, 0xFF, dx_bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dgamma, 0xFF, c.h * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dbeta, 0xFF, c.h * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemset(workspace, 0xFF, workspace_floats * 4), cudaSuccess);
-  p.dx = dx;
-  p.dgamma = dgamma;
-  p.dbeta = layer_norm() ? dbeta : nullptr;
-  p.workspace = workspace;
-  ASSERT_EQ(kernels::cuda::LaunchNormBackward(p, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto bytes_of = [](const void* device, int64_t n) {
-    std::vector<uint8_t> host(n);
-    EXPECT_EQ(cudaMemcpy(host.data(), device, n, cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  };
-  EXPECT_EQ(bytes_of(dx, dx_bytes), Bytes(want.dx));
-  EXPECT_EQ(bytes_of(dgamma, c.h * 4), Bytes(want.dgamma));
-  if (layer_norm()) {
-    EXPECT_EQ(bytes_of(dbeta, c.h * 4), Bytes(want.dbeta));
-  }
-  for (void* ptr : {dx, static_cast<void*>(dgamma), static_cast<void*>(dbeta),
-                    static_cast<void*>(workspace)}) {
-    cudaFree(ptr);
-  }
-}
-
-std::vector<BackwardCase> BackwardCases() {
-  const NormType ln = NormType::kLayerNorm, rms = NormType::kRmsNorm;
-  const DType f32 = DType::kFloat32, f16 = DType::kFloat16, bf16 = DType::kBFloat16;
-  return {
-      {ln, f32, 1, 259, false},        // one row, streaming (259 not a vector multiple)
-      {rms, bf16, 257, 259, true},     // tails, streaming
-      {ln, f16, 128, 129, false},
-      {rms, f32, 128, 1024, false},    // registers, 1 vector per thread
-      {ln, bf16, 300, 8192, true},     // registers, 4 vectors per thread
-      {rms, f16, 5, 16384, false},     // registers, 8 vectors per thread
-      {ln, f32, 3, 9000, false},       // too long for registers: streaming
-      {ln, bf16, 16384, 8192, false},  // the benchmark shape
-      {rms, bf16, 16384, 8192, false},
-  };
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, NormBackwardGpuTest, ::testing::ValuesIn(BackwardCases()),
-                         BackwardName);
-
-// ---------------------------------------------------------------------------------------
-// sm_margin, the FP32 entry points, empty inputs.
-
-int SmCount() {
-  int sms = 0;
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  return sms;
-}
-
-TEST(NormGpu, SmMarginShrinksTheGridAndChangesNoResult) {
+// Which forward kernel a shape reaches, and the register tile's geometry.
+TEST(NormForwardPlanGpu, RegisterTileCoversAlignedSixteenBitShapes) {
   TESERVE_SKIP_WITHOUT_GPU();
-  const int sms = SmCount();
-  const int64_t n = 4096, h = 2048;
-  const Tensor host_x = RandomInput(DType::kBFloat16, n, h, 5);
-  const Tensor host_dy = RandomInput(DType::kBFloat16, n, h, 6);
-  const Tensor host_gamma = RandomVector(h, 0.5f, 1.5f, 7);
-  const std::vector<float> x_values = Floats(host_x), dy_values = Floats(host_dy);
-  const Tensor x = OnDevice(host_x), dy = OnDevice(host_dy);
-  const Tensor gamma = OnDevice(host_gamma);
-  const Tensor beta = OnDevice(RandomVector(h, -1.0f, 1.0f, 8));
-  NormForwardOptions options;
-  options.quantize = true;
-  options.quantize_options.columnwise = true;
-  options.quantize_options.scale = 64.0f;
-  ASSERT_OK_AND_ASSIGN(const NormForwardResult base,
-                       kernels::NormalizationForward(GpuContext(), NormType::kLayerNorm, x, gamma,
-                                                     beta, options));
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs base_grad,
-                       kernels::NormalizationBackward(GpuContext(), NormType::kLayerNorm, dy, x,
-                                                      base.mu, base.rsigma, gamma, {}));
-  for (const int margin : {1, sms / 2, sms - 1}) {
-    SCOPED_TRACE(absl::StrCat("sm_margin ", margin));
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct PlanCase {
+    kernels::cuda::NormDType type;
+    int64_t n, h;
+    bool register_tile;
+    int cluster, cols_per_cta;
+  };
+  const auto bf16 = kernels::cuda::NormDType::kBFloat16, f16 = kernels::cuda::NormDType::kFloat16,
+             f32 = kernels::cuda::NormDType::kFloat32;
+  const std::vector<PlanCase> cases = {
+      {bf16, 16384, 8192, true, 8, 1024}, {f16, 64, 6400, true, 7, 960},
+      {bf16, 40, 1536, true, 2, 768},     {bf16, 8, 64, true, 1, 64},
+      {bf16, 1, 8192, false, 0, 0},       // rows not a multiple of 8
+      {bf16, 64, 8256, false, 0, 0},      // wider than 8 x 1024 columns
+      {bf16, 64, 1000, false, 0, 0},      // cols not a multiple of 64
+      {f32, 64, 8192, false, 0, 0},       // FP32 x
+  };
+  void* buffer = nullptr;
+  ASSERT_EQ(cudaMalloc(&buffer, 256), cudaSuccess);
+  for (const PlanCase& c : cases) {
+    SCOPED_TRACE(ShapeName(c.n, c.h));
     kernels::cuda::NormForwardParams p;
-    p.x = x.raw_data();
-    p.x_type = kernels::cuda::NormDType::kBFloat16;
-    p.rows = n;
-    p.cols = h;
-    p.columnwise = static_cast<uint8_t*>(const_cast<void*>(x.raw_data()));  // planning: presence only
-    p.sm_margin = margin;
+    p.x = buffer;  // planning reads only alignment
+    p.x_type = c.type;
+    p.rows = c.n;
+    p.cols = c.h;
+    p.gamma = static_cast<const float*>(buffer);
+    p.beta = static_cast<const float*>(buffer);
+    p.rowwise = p.columnwise = static_cast<uint8_t*>(buffer);
     kernels::cuda::NormForwardPlan plan;
     ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
-    EXPECT_EQ(plan.usable_sms, sms - margin);
-    EXPECT_LE(plan.ctas, (sms - margin) * plan.ctas_per_sm);
-    EXPECT_GE(plan.ctas, 1);
-    kernels::cuda::NormBackwardParams bp;
-    bp.dy = dy.raw_data();
-    bp.x = x.raw_data();
-    bp.dx = const_cast<void*>(dy.raw_data());  // planning only checks its alignment
-    bp.gamma = gamma.data<float>();
-    bp.type = kernels::cuda::NormDType::kBFloat16;
-    bp.rows = n;
-    bp.cols = h;
-    bp.sm_margin = margin;
-    kernels::cuda::NormBackwardPlan bplan;
-    ASSERT_EQ(kernels::cuda::PlanNormBackward(bp, &bplan), cudaSuccess);
-    EXPECT_LE(bplan.ctas, (sms - margin) * bplan.ctas_per_sm);
-
-    options.sm_margin = margin;
-    ASSERT_OK_AND_ASSIGN(const NormForwardResult got,
-                         kernels::NormalizationForward(GpuContext(), NormType::kLayerNorm, x, gamma,
-                                                       beta, options));
-    EXPECT_EQ(Bytes(got.y), Bytes(base.y));
-    EXPECT_EQ(Bytes(got.fp8.rowwise_data), Bytes(base.fp8.rowwise_data));
-    EXPECT_EQ(Bytes(got.fp8.columnwise_data), Bytes(base.fp8.columnwise_data));
-    EXPECT_EQ(Bytes(got.mu), Bytes(base.mu));
-    EXPECT_EQ(Bytes(got.rsigma), Bytes(base.rsigma));
-    NormBackwardOptions grad_options;
-    grad_options.sm_margin = margin;
-    ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad,
-                         kernels::NormalizationBackward(GpuContext(), NormType::kLayerNorm, dy, x,
-                                                        base.mu, base.rsigma, gamma, grad_options));
-    EXPECT_EQ(Bytes(grad.dx), Bytes(base_grad.dx));
-    std::vector<double> dx_scale, dgamma_scale, dbeta_scale;
-    BackwardScales(x_values, dy_values, n, h, Floats(base.mu), Floats(base.rsigma), host_gamma.data<float>(),
-                   false, &dx_scale, &dgamma_scale, &dbeta_scale);
-    EXPECT_TRUE(AllClose(Floats(grad.dgamma), AsDoubles(Floats(base_grad.dgamma)), DType::kFloat32,
-                         dgamma_scale));
-    EXPECT_TRUE(AllClose(Floats(grad.dbeta), AsDoubles(Floats(base_grad.dbeta)), DType::kFloat32,
-                         dbeta_scale));
+    EXPECT_EQ(plan.register_tile, c.register_tile);
+    EXPECT_LE(plan.ctas, sms * plan.ctas_per_sm);
+    if (c.register_tile) {
+      EXPECT_EQ(plan.cluster_size, c.cluster);
+      EXPECT_EQ(plan.cols_per_cta, c.cols_per_cta);
+      EXPECT_EQ(plan.rows_per_cta, 32);
+      EXPECT_EQ(plan.ctas % plan.cluster_size, 0);
+    }
+    p.encoder = kernels::cuda::Fp8Encoder::kCodec;  // the codec variant: the tile kernel
+    ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
+    EXPECT_FALSE(plan.register_tile);
   }
-  options.sm_margin = sms;
-  auto refused = kernels::NormalizationForward(GpuContext(), NormType::kLayerNorm, x, gamma, beta, options);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("options.sm_margin: expected 0.."), std::string::npos)
-      << refused.status();
+  cudaFree(buffer);
 }
 
-TEST(NormGpu, Fp32EntryPointsRunOnCuda) {
+// NaN and Inf inputs on the register-tile kernel: rows holding them normalize to NaN, take
+// the patched encoder (code 0x7F, as core/float_codec.h), and amax is NaN; other rows are
+// untouched and still match their own encoding.
+TEST(NormForwardPlanGpu, NonFiniteRowsEncodeAsNanOnTheRegisterTile) {
   TESERVE_SKIP_WITHOUT_GPU();
-  const Tensor host_x = RandomInput(DType::kFloat32, 37, 300, 9);
-  const Tensor host_dy = RandomInput(DType::kFloat32, 37, 300, 10);
-  const Tensor gamma = RandomVector(300, 0.5f, 1.5f, 11), beta = RandomVector(300, -1.0f, 1.0f, 12);
-  ASSERT_OK_AND_ASSIGN(const kernels::NormForwardOutputs cpu,
-                       kernels::LayerNormForward(Context::Cpu(), host_x, gamma, beta, 1e-5f, false));
-  ASSERT_OK_AND_ASSIGN(const kernels::NormForwardOutputs gpu,
-                       kernels::LayerNormForward(GpuContext(), OnDevice(host_x), OnDevice(gamma),
-                                                 OnDevice(beta), 1e-5f, false));
-  EXPECT_EQ(gpu.y.dtype(), DType::kFloat32);
-  EXPECT_EQ(gpu.y.device(), kGpu);
-  const std::vector<float> x = Floats(host_x), dy = Floats(host_dy), rsigma = Floats(cpu.rsigma);
-  std::vector<double> mean_abs;
-  const std::vector<double> y_scale = ForwardScale(x, 37, 300, rsigma, gamma.data<float>(),
-                                                   beta.data<float>(), false, &mean_abs);
-  EXPECT_TRUE(AllClose(Floats(gpu.y), AsDoubles(Floats(cpu.y)), DType::kFloat32, y_scale));
-  EXPECT_TRUE(AllClose(Floats(gpu.mu), AsDoubles(Floats(cpu.mu)), DType::kFloat32, mean_abs));
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad_cpu,
-                       kernels::RmsNormBackward(Context::Cpu(), host_dy, host_x, cpu.rsigma, gamma, false));
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad_gpu,
-                       kernels::RmsNormBackward(GpuContext(), OnDevice(host_dy), OnDevice(host_x),
-                                                OnDevice(cpu.rsigma), OnDevice(gamma), false));
-  EXPECT_FALSE(grad_gpu.dbeta.defined());
-  std::vector<double> dx_scale, dgamma_scale, dbeta_scale;
-  BackwardScales(x, dy, 37, 300, std::vector<float>(37, 0.0f), rsigma, gamma.data<float>(), false,
-                 &dx_scale, &dgamma_scale, &dbeta_scale);
-  EXPECT_TRUE(AllClose(Floats(grad_gpu.dx), AsDoubles(Floats(grad_cpu.dx)), DType::kFloat32, dx_scale));
-  EXPECT_TRUE(AllClose(Floats(grad_gpu.dgamma), AsDoubles(Floats(grad_cpu.dgamma)), DType::kFloat32,
-                       dgamma_scale));
-}
-
-TEST(NormGpu, EmptyInputWritesScaleInvAndZeroGradients) {
-  TESERVE_SKIP_WITHOUT_GPU();
-  const Tensor x = OnDevice(Tensor::Zeros(DType::kBFloat16, {0, 64}).value());
-  const Tensor gamma = OnDevice(RandomVector(64, 0.5f, 1.5f, 13));
+  const int64_t n = 64, h = 1024;
+  Tensor x32 = RandomInput(DType::kFloat32, n, h, 21);
+  x32.data<float>()[5 * h + 7] = std::nanf("");
+  x32.data<float>()[9 * h + 1000] = INFINITY;
+  const Tensor x = kernels::cpu::CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value();
+  const Tensor gamma = RandomVector(h, 0.5f, 1.5f, 22), beta = RandomVector(h, -1.0f, 1.0f, 23);
   NormForwardOptions options;
-  options.write_y = false;
+  options.y_dtype = DType::kFloat32;
   options.quantize = true;
-  options.quantize_options.scale = 4.0f;
+  options.quantize_options.scale = 32.0f;
   options.quantize_options.columnwise = true;
   ASSERT_OK_AND_ASSIGN(const NormForwardResult out,
-                       kernels::NormalizationForward(GpuContext(), NormType::kRmsNorm, x, gamma,
-                                                     Tensor(), options));
-  EXPECT_EQ(out.fp8.amax, 0.0f);
-  EXPECT_EQ(Floats(out.fp8.rowwise_scale_inv), std::vector<float>{0.25f});
-  EXPECT_EQ(Floats(out.fp8.columnwise_scale_inv), std::vector<float>{0.25f});
-  ASSERT_OK_AND_ASSIGN(const kernels::NormBackwardOutputs grad,
-                       kernels::NormalizationBackward(GpuContext(), NormType::kRmsNorm, x, x, Tensor(),
-                                                      OnDevice(Tensor::Zeros(DType::kFloat32, {0}).value()),
-                                                      gamma, {}));
-  EXPECT_EQ(Floats(grad.dgamma), std::vector<float>(64, 0.0f));
+                       kernels::NormalizationForward(GpuContext(), NormType::kLayerNorm,
+                                                     OnDevice(x), OnDevice(gamma), OnDevice(beta),
+                                                     options));
+  const std::vector<float> y = Floats(out.y);
+  const std::vector<uint8_t> rowwise = Bytes(out.fp8.rowwise_data);
+  const std::vector<uint8_t> columnwise = Bytes(out.fp8.columnwise_data);
+  int64_t wrong = 0, nan_rows_wrong = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < h; ++j) {
+      const int64_t i = r * h + j;
+      if (rowwise[i] != Encode(DType::kFloat8E4M3, y[i] * 32.0f)) ++wrong;
+      if (columnwise[j * n + r] != rowwise[i]) ++wrong;
+      if ((r == 5 || r == 9) && (!std::isnan(y[i]) || rowwise[i] != 0x7F)) ++nan_rows_wrong;
+      if (r != 5 && r != 9 && !std::isfinite(y[i])) ++nan_rows_wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(nan_rows_wrong, 0);
+  EXPECT_TRUE(std::isnan(out.fp8.amax));
 }
 
 #else

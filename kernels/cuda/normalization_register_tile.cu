@@ -1,0 +1,528 @@
+// Register-tile LayerNorm / RMSNorm forward with the fused per-tensor FP8 output
+// (contract: kernels/normalization.h; selection: normalization_register_tile.h).
+//
+// Covers BF16 / FP16 x with cols a multiple of 64 up to 8192 and rows a multiple of 8,
+// the hardware FP8 encoder; LaunchNormForward uses the shared-memory tile kernel
+// (normalization_forward_kernels.cu) for everything else.
+// - Tile: 32 rows x (64 W) columns per CTA of W <= 16 warps; a row of h columns is split
+//   over a cluster of S = ceil(h / (64 W)) <= 8 CTAs. Each lane holds 8 rows x 8 columns
+//   (8 x 16 bytes); lane = 4 * column group +
+//   row group, so a warp covers 32 rows x 64 columns, a load instruction reads 4 x 128
+//   contiguous bytes, a rowwise code store writes 4 x 64 bytes and a columnwise store
+//   writes 8 columns x 32 bytes (four lanes' 8 rows): whole 32-byte sectors everywhere.
+// - Persistent grid of clusters looping over row groups; x is staged with 16-byte
+//   cp.async copies into three shared-memory buffers (each thread reads back only its
+//   own bytes, so no barrier guards them), two tiles ahead of the one being processed;
+//   the tile is read from shared memory twice (statistics, normalization) instead of
+//   being held in registers.
+// - Statistics in one pass over registers: per lane and row, the mean and M2 (sum of
+//   squared deviations) of its 8 values; merged over the warp's 8 column groups by a
+//   shuffle butterfly (equal counts), over the CTA's warps in warp order and over the
+//   cluster's CTAs in rank order through distributed shared memory (Chan's formula with
+//   counts), one cluster barrier per tile. Every CTA merges the same partials in the same
+//   order, so all slices use identical mu and rsigma; the order depends only on the shape,
+//   not on the grid (sm_margin changes no result). RMSNorm sums squares instead.
+// - y = fma((x - mu) * rsigma, w, beta) in FP32 as the tile kernel computes it; codes
+//   q = cvt.rn.satfinite(y * scale) in pairs (NaN -> 0x7F only in rows holding a NaN);
+//   rowwise codes stored per row, the 8x8 code block transposed with byte permutes for
+//   the columnwise copy. amax: max.NaN of |y| in FP32, warp max, one atomicMax per warp.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/normalization_kernels.h"
+#include "kernels/cuda/normalization_register_tile.h"
+#include "kernels/cuda/normalization_common.cuh"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kRtRows = 32;          // rows per tile: 4 row groups of 8
+constexpr int kRtColsPerWarp = 64;   // 8 column groups of 8
+constexpr int kRtMaxWarps = 16;
+constexpr int kRtMaxCluster = 8;     // portable cluster size
+
+struct RtGeometry {
+  int warps = 0;    // warps per CTA (blockDim.x / 32), each 64 columns
+  int cluster = 0;  // CTAs per cluster (gridDim.x)
+  int units = 0;    // cols / 64
+  int64_t row_groups = 0;
+};
+
+__device__ __forceinline__ int64_t CeilDivDevice(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float MaxNaN(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Chan's merge of (mean_b, m2_b) over nb values into (mean_a, m2_a) over na values
+// (either count may be 0). For RMSNorm m2 is a plain sum of squares.
+template <bool kRms>
+__device__ __forceinline__ void MergeMoments(float& mean_a, float& m2_a, float& na, float mean_b,
+                                             float m2_b, float nb) {
+  if constexpr (kRms) {
+    m2_a += m2_b;
+  } else {
+    const float n = na + nb;
+    if (nb > 0.0f) {
+      if (na > 0.0f) {
+        const float d = mean_b - mean_a;
+        mean_a = fmaf(d, nb / n, mean_a);
+        m2_a = fmaf(d * d, na * nb / n, m2_a + m2_b);
+      } else {
+        mean_a = mean_b;
+        m2_a = m2_b;
+      }
+    }
+    na = n;
+  }
+}
+
+// Stages rows row .. row + 7 at columns col .. col + 7 into this thread's slots of a
+// staging buffer (16 bytes per row, slot k at stage[k * blockDim.x]); zeros when !valid.
+__device__ __forceinline__ void StageBlock(const uint16_t* x, int64_t row, int64_t cols, int64_t col,
+                                           bool valid, uint4* stage) {
+  const uint16_t* src = valid ? x + row * cols + col : x;
+  const uint32_t fill = valid ? 16u : 0u;  // 0: zero-fill
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + k * blockDim.x));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill)
+                 : "memory");
+    if (valid) src += cols;
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// 4x4 byte transpose: byte j of out[i] is byte i of in[j].
+__device__ __forceinline__ void Transpose4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t out[4]) {
+  const uint32_t t0 = __byte_perm(a0, a1, 0x5140);
+  const uint32_t t1 = __byte_perm(a2, a3, 0x5140);
+  const uint32_t t2 = __byte_perm(a0, a1, 0x7362);
+  const uint32_t t3 = __byte_perm(a2, a3, 0x7362);
+  out[0] = __byte_perm(t0, t1, 0x5410);
+  out[1] = __byte_perm(t0, t1, 0x7632);
+  out[2] = __byte_perm(t2, t3, 0x5410);
+  out[3] = __byte_perm(t2, t3, 0x7632);
+}
+
+// y[index .. index + 8) = v in `type` (index a multiple of 8, y 16-byte aligned).
+__device__ __forceinline__ void StoreY8(void* y, NormDType type, int64_t index, const float v[8]) {
+  if (type == NormDType::kFloat32) {
+    float4* out = reinterpret_cast<float4*>(static_cast<float*>(y) + index);
+    out[0] = make_float4(v[0], v[1], v[2], v[3]);
+    out[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      words[i] = FloatTo16(type, v[2 * i]) | (static_cast<uint32_t>(FloatTo16(type, v[2 * i + 1])) << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(y) + index) =
+        make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// Equal-count merge (n values on each side): symmetric, no division.
+template <bool kRms>
+__device__ __forceinline__ void MergeEqual(float& mean, float& m2, float other_mean, float other_m2,
+                                           float half_n) {
+  if constexpr (kRms) {
+    m2 += other_m2;
+  } else {
+    const float d = other_mean - mean;
+    m2 = fmaf(d * d, half_n, m2 + other_m2);
+    mean = (mean + other_mean) * 0.5f;
+  }
+}
+
+// One step of the warp's transposing reduction: lanes whose `bit` is set keep the upper
+// half of their kRowsHeld row partials and send the lower half to the partner lane (lane
+// ^ bit), the others the reverse; each merges what it kept with what it received.
+template <bool kRms, int kRowsHeld>
+__device__ __forceinline__ void ReduceHalf(float* mean, float* m2, int lane, int bit, float half_n) {
+  constexpr int kHalf = kRowsHeld / 2;
+  const bool upper = (lane & bit) != 0;
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float send_m2 = upper ? m2[j] : m2[kHalf + j];
+    const float keep_m2 = upper ? m2[kHalf + j] : m2[j];
+    const float recv_m2 = __shfl_xor_sync(0xFFFFFFFFu, send_m2, bit);
+    float keep_mean = 0.0f, recv_mean = 0.0f;
+    if constexpr (!kRms) {
+      const float send_mean = upper ? mean[j] : mean[kHalf + j];
+      keep_mean = upper ? mean[kHalf + j] : mean[j];
+      recv_mean = __shfl_xor_sync(0xFFFFFFFFu, send_mean, bit);
+    }
+    mean[j] = keep_mean;  // index j < kHalf: not read again in this step
+    m2[j] = keep_m2;
+    MergeEqual<kRms>(mean[j], m2[j], recv_mean, recv_m2, half_n);
+  }
+}
+
+// Moments of one lane's 8 values per row of its tile block (mean and M2; RMSNorm: sum of
+// squares), reduced over the warp's 8 column groups by three transposing steps (lane bits
+// 16, 8, 4: 4, 2, then 1 row kept), after which the lane with column group c holds row
+// 8 rg + c of the tile; every lane writes that row's warp partial.
+template <NormDType kType, bool kRms>
+__device__ __forceinline__ void WarpMoments(const uint4* tile, int lane, int rg, int cg8, int warp,
+                                            float2 (*warp_stats)[kRtRows]) {
+  float mean[8], m2[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    float v[8];
+    Unpack16<kType>(tile[k * blockDim.x], v);
+    if constexpr (kRms) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s = fmaf(v[i], v[i], s);
+      mean[k] = 0.0f;
+      m2[k] = s;
+    } else {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += v[i];
+      const float m = s * 0.125f;
+      float q = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float d = v[i] - m;
+        q = fmaf(d, d, q);
+      }
+      mean[k] = m;
+      m2[k] = q;
+    }
+  }
+  ReduceHalf<kRms, 8>(mean, m2, lane, 16, 4.0f);  // rows 4b .. 4b + 3 (b = lane bit 16)
+  ReduceHalf<kRms, 4>(mean, m2, lane, 8, 8.0f);   // rows 4b + 2c + {0, 1}
+  ReduceHalf<kRms, 2>(mean, m2, lane, 4, 16.0f);  // row 4b + 2c + e = column group
+  warp_stats[warp][8 * rg + cg8] = make_float2(mean[0], m2[0]);
+}
+
+template <NormDType kType, Fp8Format kFormat, bool kRms>
+__global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
+    NormForwardRegisterTileKernel(NormForwardParams p, RtGeometry g) {
+  __shared__ float2 warp_stats[kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
+  __shared__ float2 cta_stats[2][kRtRows];            // of the CTA's columns; read by the cluster
+  __shared__ float2 row_stats[2][kRtRows];            // (mu, rsigma)
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int rg = lane % 4;  // rows 8 rg .. 8 rg + 7 of the tile
+  const int cg8 = lane / 4; // columns 8 cg8 .. 8 cg8 + 7 of the warp's 64
+  const int rank = static_cast<int>(blockIdx.x);
+  const int active_warps = min(g.warps, g.units - rank * g.warps);
+  const bool warp_active = warp < active_warps;
+  const int64_t col = static_cast<int64_t>(rank * g.warps + warp) * kRtColsPerWarp + 8 * cg8;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
+  const float cols_f = static_cast<float>(p.cols);
+  const int64_t stride = gridDim.y;
+
+  // Three staging buffers of 8 x 16 bytes per thread (tile i in slot i % 3). Each thread
+  // reads back only the bytes it copied itself, so no barrier guards them.
+  extern __shared__ uint4 staging[];
+  const int stage_stride = 8 * blockDim.x;
+  auto slot_of = [&](int i) { return staging + (i % 3) * stage_stride + threadIdx.x; };
+  auto stage_tile = [&](int i) {
+    const int64_t grp = blockIdx.y + i * stride;
+    const int64_t row = grp * kRtRows + 8 * rg;
+    StageBlock(x, row, p.cols, col, warp_active && grp < g.row_groups && row < p.rows, slot_of(i));
+  };
+
+  // Partials of the CTA's warps -> cta_stats[buf]: warp 0, one row per lane, in warp order.
+  auto cta_merge = [&](int buf) {
+    if (warp == 0) {
+      float m = warp_stats[0][lane].x, q = warp_stats[0][lane].y;
+      float n = static_cast<float>(kRtColsPerWarp);
+      for (int i = 1; i < active_warps; ++i) {
+        const float2 part = warp_stats[i][lane];
+        MergeMoments<kRms>(m, q, n, part.x, part.y, static_cast<float>(kRtColsPerWarp));
+      }
+      cta_stats[buf][lane] = make_float2(m, q);
+    }
+  };
+  // Partials of the cluster's CTAs (distributed shared memory), in rank order -> row_stats
+  // [buf], and mu / rsigma of tile i to memory: warp 0, one row per lane. Every CTA computes
+  // the same values.
+  auto cluster_merge = [&](int buf, int i) {
+    if (warp == 0) {
+      float2 parts[kRtMaxCluster];
+#pragma unroll
+      for (int s = 0; s < kRtMaxCluster; ++s) {
+        if (s < g.cluster) parts[s] = cluster.map_shared_rank(&cta_stats[buf][0], s)[lane];
+      }
+      float m = parts[0].x, q = parts[0].y;
+      float n = static_cast<float>(kRtColsPerWarp * min(g.warps, g.units));
+#pragma unroll
+      for (int s = 1; s < kRtMaxCluster; ++s) {
+        if (s < g.cluster) {
+          MergeMoments<kRms>(m, q, n, parts[s].x, parts[s].y,
+                             static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - s * g.warps)));
+        }
+      }
+      const float rsigma = 1.0f / sqrtf(q / cols_f + p.eps);
+      row_stats[buf][lane] = make_float2(kRms ? 0.0f : m, rsigma);
+      const int64_t row = (blockIdx.y + static_cast<int64_t>(i) * stride) * kRtRows + lane;
+      if (rank == 0 && row < p.rows) {
+        p.rsigma[row] = rsigma;
+        if (!kRms) p.mu[row] = m;
+      }
+    }
+  };
+
+  // Tiles i = 0, 1, ... are row groups blockIdx.y + i * gridDim.y. Iteration i computes
+  // the statistics of tile i + 1 and normalizes tile i, so the cluster barrier's wait
+  // (arrive before the normalization, wait after it) overlaps the normalization.
+  const int tiles =
+      blockIdx.y < g.row_groups ? static_cast<int>(CeilDivDevice(g.row_groups - blockIdx.y, stride)) : 0;
+  stage_tile(0);
+  stage_tile(1);
+  stage_tile(2);
+  asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  WarpMoments<kType, kRms>(slot_of(0), lane, rg, cg8, warp, warp_stats);
+  __syncthreads();
+  cta_merge(0);
+  cluster.sync();
+  cluster_merge(0, 0);
+
+  float w[8], b[8];  // this lane's 8 columns of the weight and bias
+  {
+    const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + (warp_active ? col : 0));
+    const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
+    w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
+    w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
+    if (p.zero_centered_gamma) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[e] += 1.0f;
+    }
+    if constexpr (kRms) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) b[e] = 0.0f;
+    } else {
+      const float4* beta4 = reinterpret_cast<const float4*>(p.beta + (warp_active ? col : 0));
+      const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
+      b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
+      b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+    }
+  }
+  float amax = 0.0f;
+  for (int i = 0; i < tiles; ++i) {
+    const int buf = i & 1;
+    const int next_buf = buf ^ 1;
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile i + 1 staged
+    WarpMoments<kType, kRms>(slot_of(i + 1), lane, rg, cg8, warp, warp_stats);
+    __syncthreads();  // warp partials of tile i + 1 and row_stats[buf] of tile i visible
+    cta_merge(next_buf);
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+
+    const int64_t my_row = (blockIdx.y + i * stride) * kRtRows + 8 * rg;
+    if (warp_active && my_row < p.rows) {
+      const uint4* const tile = slot_of(i);
+      uint32_t lo[8], hi[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float2 st = row_stats[buf][8 * rg + k];
+        float v[8];
+        Unpack16<kType>(tile[k * blockDim.x], v);
+        float row_max = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
+          row_max = MaxNaN(row_max, fabsf(v[e]));
+        }
+        amax = MaxNaN(amax, row_max);
+        const int64_t row = my_row + k;
+        if (p.y != nullptr) StoreY8(p.y, p.y_type, row * p.cols + col, v);
+        if (quantize) {
+          if (row_max != row_max) {  // a NaN: the patched encoder for this row
+            lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
+            hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v + 4, p.scale);
+          } else {
+            lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, false>(v, p.scale);
+            hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, false>(v + 4, p.scale);
+          }
+          if (p.rowwise != nullptr) {
+            *reinterpret_cast<uint2*>(p.rowwise + row * p.cols + col) = make_uint2(lo[k], hi[k]);
+          }
+        }
+      }
+      if (p.columnwise != nullptr) {
+        uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
+        Transpose4(lo[0], lo[1], lo[2], lo[3], first);
+        Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
+        Transpose4(lo[4], lo[5], lo[6], lo[7], second);
+        Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          *reinterpret_cast<uint2*>(p.columnwise + (col + e) * p.rows + my_row) =
+              make_uint2(first[e], second[e]);
+        }
+      }
+    }
+    stage_tile(i + 3);  // into tile i's slot, which this thread no longer reads
+
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    cluster_merge(next_buf, i + 1);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+
+  if (p.amax_bits != nullptr) {
+    // |y| max as FP32 bits: non-negative, so integer order is value order (NaN above Inf).
+    const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
+    if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
+  }
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+    if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
+    if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
+  }
+  cluster.sync();  // no CTA leaves while others can still read its partials
+}
+
+using KernelFn = void (*)(NormForwardParams, RtGeometry);
+
+template <NormDType kType, Fp8Format kFormat>
+KernelFn KernelForRms(bool rms) {
+  return rms ? NormForwardRegisterTileKernel<kType, kFormat, true>
+             : NormForwardRegisterTileKernel<kType, kFormat, false>;
+}
+
+template <NormDType kType>
+KernelFn KernelForFormat(const NormForwardParams& p) {
+  return p.format == Fp8Format::kE4M3 ? KernelForRms<kType, Fp8Format::kE4M3>(p.rms)
+                                      : KernelForRms<kType, Fp8Format::kE5M2>(p.rms);
+}
+
+bool Covers(const NormForwardParams& p) {
+  if (p.x_type == NormDType::kFloat32 || p.encoder != Fp8Encoder::kHardware) return false;
+  if (p.rows <= 0 || p.rows % 8 != 0) return false;
+  if (p.cols % kRtColsPerWarp != 0 || p.cols > kRtColsPerWarp * kRtMaxWarps * kRtMaxCluster) return false;
+  if (!IsAligned(p.x, 16) || !IsAligned(p.gamma, 16)) return false;
+  if (!p.rms && !IsAligned(p.beta, 16)) return false;
+  if (p.y != nullptr && !IsAligned(p.y, 16)) return false;
+  if (p.rowwise != nullptr && !IsAligned(p.rowwise, 8)) return false;
+  if (p.columnwise != nullptr && !IsAligned(p.columnwise, 8)) return false;
+  return true;
+}
+
+// Dynamic shared memory: three staging buffers of 8 x 16 bytes per thread.
+int StagingBytes(int warps) { return 3 * 8 * 16 * 32 * warps; }
+
+// Resident CTAs per SM and active clusters for (kernel, warps, cluster), cached; raises the
+// kernel's dynamic shared-memory limit to what the largest CTA needs.
+cudaError_t Occupancy(KernelFn kernel, int warps, int cluster, int* ctas_per_sm, int* clusters) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int>, std::pair<int, int>> cache;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), warps, cluster);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  StagingBytes(kRtMaxWarps));
+    if (status != cudaSuccess) return status;
+    int per_sm = 0;
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32,
+                                                           StagingBytes(warps));
+    if (status != cudaSuccess) return status;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(cluster, 1, 1);
+    config.blockDim = dim3(warps * 32, 1, 1);
+    config.dynamicSmemBytes = StagingBytes(warps);
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int active = 0;
+    status = cudaOccupancyMaxActiveClusters(&active, kernel, &config);
+    if (status != cudaSuccess) return status;
+    it = cache.emplace(key, std::make_pair(per_sm, active)).first;
+  }
+  *ctas_per_sm = it->second.first;
+  *clusters = it->second.second;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t RegisterTileForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
+                                cudaStream_t stream, bool launch, bool* handled) {
+  *handled = false;
+  if (!Covers(p)) return cudaSuccess;
+  RtGeometry g;
+  g.units = static_cast<int>(p.cols / kRtColsPerWarp);
+  const int min_cluster = static_cast<int>(CeilDiv(g.units, kRtMaxWarps));
+  g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
+  g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));  // every CTA gets >= 1 warp of columns
+  g.row_groups = CeilDiv(p.rows, kRtRows);
+
+  KernelFn kernel = nullptr;
+  switch (p.x_type) {
+    case NormDType::kBFloat16: kernel = KernelForFormat<NormDType::kBFloat16>(p); break;
+    case NormDType::kFloat16: kernel = KernelForFormat<NormDType::kFloat16>(p); break;
+    default: return cudaSuccess;
+  }
+  int ctas_per_sm = 0, active_clusters = 0;
+  cudaError_t status = Occupancy(kernel, g.warps, g.cluster, &ctas_per_sm, &active_clusters);
+  if (status != cudaSuccess) return status;
+  const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
+  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return cudaSuccess;
+  int64_t clusters = std::min<int64_t>(active_clusters, fitting);
+  clusters = std::min<int64_t>(std::min<int64_t>(clusters, g.row_groups), 65535);
+  *handled = true;
+
+  if (plan != nullptr) {
+    plan->rows_per_cta = kRtRows;
+    plan->cols_per_cta = g.warps * kRtColsPerWarp;
+    plan->slices = g.cluster;
+    plan->cluster_size = g.cluster;
+    plan->separate_stats = false;
+    plan->register_tile = true;
+    plan->ctas = static_cast<int>(clusters * g.cluster);
+    plan->ctas_per_sm = ctas_per_sm;
+    plan->usable_sms = usable_sms;
+    plan->shared_bytes = StagingBytes(g.warps);
+  }
+  if (!launch) return cudaSuccess;
+  if (p.amax_bits != nullptr) {
+    status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
+    if (status != cudaSuccess) return status;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(g.cluster, static_cast<unsigned>(clusters), 1);
+  config.blockDim = dim3(g.warps * 32, 1, 1);
+  config.dynamicSmemBytes = StagingBytes(g.warps);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = g.cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  status = cudaLaunchKernelEx(&config, kernel, p, g);
+  if (status != cudaSuccess) return status;
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
