@@ -31,9 +31,10 @@
 //             (FP32 [cols of x]; the bias gradient of the GEMM that produced x, as
 //             LayerNormMLP's fc1 needs). The CPU sums in FP64, CUDA in FP32 partial sums.
 // Numerical contract between devices: the FP32 values agree within the FP32 tolerance
-// (CUDA's expf and FMA contraction differ from the host's by an ulp or so); given the
-// same FP32 y the FP8 code is the same on every device, so codes differ only where the
-// FP32 values do, and then by one code step.
+// (the CUDA forward's sigmoid on the special-function unit, kernels/activation_math.h,
+// and FMA contraction differ from the host's by a few ulp); given the same FP32 y the FP8
+// code is the same on every device, so codes differ only where the FP32 values do, and
+// then by one code step.
 #ifndef TESERVE_KERNELS_ACTIVATION_H_
 #define TESERVE_KERNELS_ACTIVATION_H_
 

@@ -1,6 +1,6 @@
-// CUDA kernels for the activations of kernels/activation.h: forward with the fused
+// CUDA forward kernels for the activations of kernels/activation.h, with the fused
 // per-tensor FP8 output (rowwise + transposed columnwise codes and amax in one pass over
-// x), backward with the optional fused dbias.
+// x). Backward: activation_backward_kernels.cu; shared helpers: activation_common.cuh.
 //
 // Design:
 // - Bit-exactness: the scalar formulas are kernels/activation_math.h's (the CPU
@@ -8,20 +8,27 @@
 //   through core/float_codec.h, y * scale is one FP32 multiply (__fmul_rn), and the FP8
 //   code is the cvt.rn.satfinite instruction (RNE and satfinite like the codec; NaN
 //   patched to the codec's 0x7F) or the codec itself. So given the FP32 y the codes and
-//   amax are the CPU's bit for bit; the FP32 y itself can differ from the host's by an
-//   ulp or so (CUDA's expf, FMA contraction).
+//   amax are the CPU's bit for bit; the FP32 y itself can differ from the host's by a
+//   few ulp (the device sigmoid of activation_math.h: ex2.approx / rcp.approx; FMA
+//   contraction).
 // - Forward, main kernel (rows and cols positive multiples of 8, x / y 16-byte and codes
 //   8-byte aligned; ActivationForwardTiledKernel): cast_kernels.cu's 128 x 128 register
 //   tile (8 rows x 8 columns per thread, 16-byte loads, both halves for gated kinds), f
 //   applied to each register value, cvt.rn.satfinite pairs with the NaN patch only in rows
 //   whose max |y| is not finite, byte-permute transpose to 8-byte columnwise stores,
 //   max.NaN amax and one atomicMax per block; y (any type) and the codec encoder too.
-//   Measured on the H200 (bench/activation_bench at 37696d0, BF16 16384 x 8192 -> E4M3
-//   rowwise + columnwise + amax, median of 50): relu 152 us = 3.53 TB/s, srelu 3.52,
-//   reglu 3.83, sreglu 3.79 TB/s; the sigmoid kinds are instruction-bound: gelu 277 us
-//   (1.94 TB/s), qgelu / silu 262 us (2.05), geglu 2.44, qgeglu / swiglu 2.54,
-//   clamped_swiglu 2.14 TB/s (the 64 x 64 kernel below in the same run: gelu 409 us,
-//   relu 327 us, swiglu 542 us). ptxas: 96 registers (plain BF16), 124-128 (gated).
+//   Gated kinds without the clamp are compiled without it (kClamped). Measured on the
+//   H200 at 37696d0 (bench/activation_bench, BF16 16384 x 8192 -> E4M3 rowwise +
+//   columnwise + amax, median of 50): relu 152 us = 3.53 TB/s, srelu 3.52, reglu 3.83,
+//   sreglu 3.79 TB/s; the sigmoid kinds were instruction-bound (expf + IEEE reciprocal
+//   with its slow-path branch per element, ~37 instructions per element): gelu 277 us
+//   (1.94 TB/s), qgelu / silu 2.05, geglu 2.44, qgeglu / swiglu 2.54, clamped_swiglu
+//   2.14 TB/s. With the branch-free device sigmoid (9 instructions per gelu value) and
+//   3 blocks per SM for element-wise kinds on 16-bit x (80 registers; 9 words of codes
+//   spill to local memory), same bench (bench/NOTES.md, activation section): gelu
+//   157.4 us = 3.41 TB/s, qgelu 3.41, silu 3.42, relu 3.51, srelu 3.50, geglu 3.96,
+//   qgeglu / swiglu 3.98, reglu / sreglu 4.05, clamped_swiglu 242.8 us = 3.32 TB/s.
+//   ptxas: 80 registers (element-wise, 16-bit x), 128 (gated).
 // - Forward fallback (every other shape, and ActForwardKernel::kTiled64): a 256-thread
 //   block owns a 64x64 tile of the output (16 threads across, 4 consecutive columns
 //   each, 16 rows per pass, 4 passes), looping over tiles with a
@@ -31,11 +38,6 @@
 //   which the block writes transposed (4 consecutive bytes per thread) after a barrier.
 //   amax: FP32 magnitude bits (integer order is value order, NaN above Inf), warp
 //   reductions, one atomicMax per block.
-// - Backward: a 256-thread block owns 128 output columns (32 threads x 4 columns) of a
-//   chunk of rows (8 row lanes, 4 rows in flight per lane); dx = dy * f'(x) (gated: da,
-//   db). With dbias each thread keeps FP32 column sums, the block adds its 8 row lanes
-//   in shared memory and writes one partial row per chunk; a second kernel adds the
-//   chunks in order. The chunk count depends on the shape only, so dbias is deterministic.
 // - Vectorized access when K % 4 == 0 and the pointers are aligned (transposed stores:
 //   rows % 4 == 0); otherwise the same kernels run bounds-checked scalar accesses.
 #include <cuda_runtime.h>
@@ -48,14 +50,13 @@
 #include "core/float_codec.h"
 #include "kernels/activation_math.h"
 #include "kernels/cuda/activation_kernels.h"
+#include "kernels/cuda/activation_common.cuh"
 #include "kernels/cuda/device_common.cuh"
 
 namespace teserve {
 namespace kernels {
 namespace cuda {
 namespace {
-
-constexpr int kVec = 4;  // consecutive elements per thread
 
 // Forward tiling.
 constexpr int kTile = 64;
@@ -64,107 +65,6 @@ constexpr int kAcross = kTile / kVec;                        // 16
 constexpr int kRowsPerPass = kForwardThreads / kAcross;      // 16
 constexpr int kPasses = kTile / kRowsPerPass;                // 4
 constexpr int kTileRowPadBytes = 4;
-
-// Backward tiling.
-constexpr int kBackwardThreads = 256;
-constexpr int kBackwardAcross = 32;                                 // threads across
-constexpr int kBackwardCols = kBackwardAcross * kVec;               // 128 output columns
-constexpr int kRowLanes = kBackwardThreads / kBackwardAcross;       // 8
-constexpr int kRowsInFlight = 4;                                    // rows per lane per step
-constexpr int kRowsPerStep = kRowLanes * kRowsInFlight;             // 32
-constexpr int kTargetBackwardBlocks = 1056;                         // ~8 per SM on 132 SMs
-constexpr int kReduceThreads = 256;
-
-bool IsAligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-size_t ElementBytes(ActDType type) { return type == ActDType::kFloat32 ? 4 : 2; }
-
-// ---------------------------------------------------------------------------------------
-// Element access.
-
-template <ActDType kType>
-struct Elem {
-  using Type = uint16_t;
-  __device__ static float Widen(uint16_t v) {
-    return kType == ActDType::kBFloat16 ? Bf16ToFloat(v) : Fp16ToFloat(v);
-  }
-  __device__ static void Load4(const uint16_t* p, float (&out)[kVec]) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    out[0] = Widen(static_cast<uint16_t>(v.x & 0xFFFFu));
-    out[1] = Widen(static_cast<uint16_t>(v.x >> 16));
-    out[2] = Widen(static_cast<uint16_t>(v.y & 0xFFFFu));
-    out[3] = Widen(static_cast<uint16_t>(v.y >> 16));
-  }
-};
-
-template <>
-struct Elem<ActDType::kFloat32> {
-  using Type = float;
-  __device__ static float Widen(float v) { return v; }
-  __device__ static void Load4(const float* p, float (&out)[kVec]) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    out[0] = v.x;
-    out[1] = v.y;
-    out[2] = v.z;
-    out[3] = v.w;
-  }
-};
-
-// The 4 elements at base[index..index+3] marked valid (0 elsewhere). Vectorized: all
-// four are valid or none.
-template <ActDType kType>
-__device__ __forceinline__ void LoadValues(const void* base, int64_t index, const bool (&valid)[kVec],
-                                           bool vectorized, float (&out)[kVec]) {
-  using T = typename Elem<kType>::Type;
-  const T* p = static_cast<const T*>(base) + index;
-  if (vectorized) {
-    if (valid[0]) {
-      Elem<kType>::Load4(p, out);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) out[k] = 0.0f;
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out[k] = valid[k] ? Elem<kType>::Widen(p[k]) : 0.0f;
-}
-
-__device__ __forceinline__ uint16_t Narrow16(ActDType type, float v) {
-  return type == ActDType::kBFloat16 ? FloatToBf16(v) : FloatToFp16(v);
-}
-
-// Stores the valid values at base[index..] in `type` (RNE from FP32).
-__device__ __forceinline__ void StoreValues(void* base, ActDType type, int64_t index, const float (&v)[kVec],
-                                            const bool (&valid)[kVec], bool vectorized) {
-  if (type == ActDType::kFloat32) {
-    float* p = static_cast<float*>(base) + index;
-    if (vectorized) {
-      if (valid[0]) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        if (valid[k]) p[k] = v[k];
-      }
-    }
-    return;
-  }
-  uint16_t* p = static_cast<uint16_t*>(base) + index;
-  uint16_t h[kVec];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) h[k] = Narrow16(type, v[k]);
-  if (vectorized) {
-    if (valid[0]) {
-      *reinterpret_cast<uint2*>(p) =
-          make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (valid[k]) p[k] = h[k];
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------
 // FP8 encoding.
@@ -325,6 +225,14 @@ constexpr int kTiledRows = kWarpsDown * kLanesDown * kUnit;        // 128
 constexpr int kTiledCols = kWarpsAcross * kLanesAcross * kUnit;    // 128
 constexpr float kInf = __builtin_huge_valf();
 
+// Resident 256-thread blocks per SM the register budget aims at: 3 (<= 80 registers) for
+// element-wise kinds on 16-bit x, whose 8 x 8 fragment is 32 registers, 2 otherwise. Each
+// block loads its whole fragment up front, so a third block is 50% more bytes in flight:
+// gelu 165 -> 157 us on the H200 (bench/NOTES.md); the gated kinds (twice the input per
+// thread) already reach 3.96-4.05 TB/s with 2.
+template <bool kGated, ActDType kIn>
+constexpr int kTiledMinBlocks = kGated || kIn == ActDType::kFloat32 ? 2 : 3;
+
 // One row's 8 elements of a thread's fragment, as loaded (16-byte accesses). 16-bit
 // types: columns c0 .. c0 + 7, one load. FP32: columns c0 .. c0 + 3 and c0 + 32 .. + 35
 // (two loads, so each warp load still covers whole 32-byte sectors). Element i is in
@@ -475,12 +383,17 @@ __device__ __forceinline__ float MaxNan(float a, float b) {
 // is not), 8-byte rowwise stores. The two halves' codes give the 8-byte columnwise stores through
 // byte-permute transposes. f(0) = 0 for every function, so the zero-filled loads of
 // threads outside the tensor never raise the amax. kPrefetch = false (FP32 gated x: 128
-// registers of input) loads the second half after the first is done instead.
-template <typename Op, bool kGated, ActDType kIn>
-__global__ void __launch_bounds__(kTiledThreads, 2) ActivationForwardTiledKernel(const ForwardArgs<Op> args) {
+// registers of input) loads the second half after the first is done instead. kClamped:
+// args.clamp.enabled, fixed at compile time so that unclamped gated kinds compute
+// f(a) * (b + offset) without the clamp's selects.
+template <typename Op, bool kGated, ActDType kIn, bool kClamped>
+__global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
+    ActivationForwardTiledKernel(const ForwardArgs<Op> args) {
   constexpr bool kPrefetch = !(kGated && kIn == ActDType::kFloat32);
   constexpr int kStride = RowOf8<kIn>::kGroupStride;
   const ActivationForwardParams& p = args.p;
+  act::GateClamp clamp = args.clamp;
+  clamp.enabled = kClamped;
   const int64_t rows = p.rows;
   const int64_t cols = p.cols;
   const int64_t in_cols = kGated ? 2 * cols : cols;
@@ -525,7 +438,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2) ActivationForwardTiledKernel
         float row_max = 0.0f;
 #pragma unroll
         for (int i = 0; i < kUnit; ++i) {
-          y[i] = ForwardValue<Op, kGated>(args.op, args.clamp, a[k].Value(i), kGated ? b[k].Value(i) : 0.0f);
+          y[i] = ForwardValue<Op, kGated>(args.op, clamp, a[k].Value(i), kGated ? b[k].Value(i) : 0.0f);
           row_max = MaxNan(row_max, fabsf(y[i]));
         }
         amax = MaxNan(amax, row_max);
@@ -599,125 +512,7 @@ __global__ void __launch_bounds__(kTiledThreads, 2) ActivationForwardTiledKernel
 }
 
 // ---------------------------------------------------------------------------------------
-// Backward.
-
-template <typename Op>
-struct BackwardArgs {
-  ActivationBackwardParams p;
-  Op op;
-  act::GateClamp clamp;
-  bool vectorized;
-  int64_t rows_per_chunk;  // multiple of kRowsPerStep
-};
-
-template <typename Op, bool kGated, ActDType kType>
-__global__ void __launch_bounds__(kBackwardThreads) ActivationBackwardKernel(const BackwardArgs<Op> args) {
-  const ActivationBackwardParams& p = args.p;
-  const int64_t rows = p.rows;
-  const int64_t cols = p.cols;
-  const int64_t in_cols = kGated ? 2 * cols : cols;
-  const int lane_across = threadIdx.x % kBackwardAcross;
-  const int lane_down = threadIdx.x / kBackwardAcross;
-  const int tc = lane_across * kVec;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBackwardCols;
-  const int64_t c = col0 + tc;
-  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * args.rows_per_chunk;
-  const int64_t chunk_end = chunk_begin + args.rows_per_chunk < rows ? chunk_begin + args.rows_per_chunk : rows;
-
-  float sum_a[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float sum_b[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t step = chunk_begin; step < chunk_end; step += kRowsPerStep) {
-    float g[kRowsInFlight][kVec];
-    float a[kRowsInFlight][kVec];
-    float b[kRowsInFlight][kVec];
-    bool valid[kRowsInFlight][kVec];
-#pragma unroll
-    for (int i = 0; i < kRowsInFlight; ++i) {
-      const int64_t r = step + i * kRowLanes + lane_down;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) valid[i][k] = r < chunk_end && c + k < cols;
-      LoadValues<kType>(p.dy, r * cols + c, valid[i], args.vectorized, g[i]);
-      LoadValues<kType>(p.x, r * in_cols + c, valid[i], args.vectorized, a[i]);
-      if (kGated) LoadValues<kType>(p.x, r * in_cols + cols + c, valid[i], args.vectorized, b[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsInFlight; ++i) {
-      const int64_t r = step + i * kRowLanes + lane_down;
-      float da[kVec];
-      float db[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        if (kGated) {
-          const float a_in = args.clamp.ActIn(a[i][k]);
-          const float linear = args.clamp.LinearIn(b[i][k]) + args.clamp.offset;
-          da[k] = g[i][k] * args.op.Grad(a_in) * args.clamp.ActInGrad(a[i][k]) * linear;
-          db[k] = g[i][k] * args.op.Value(a_in) * args.clamp.LinearInGrad(b[i][k]);
-        } else {
-          da[k] = g[i][k] * args.op.Grad(a[i][k]);
-          db[k] = 0.0f;
-        }
-        if (valid[i][k]) {
-          sum_a[k] += da[k];
-          sum_b[k] += db[k];
-        }
-      }
-      StoreValues(p.dx, kType, r * in_cols + c, da, valid[i], args.vectorized);
-      if (kGated) StoreValues(p.dx, kType, r * in_cols + cols + c, db, valid[i], args.vectorized);
-    }
-  }
-
-  if (p.dbias == nullptr) return;  // uniform across the grid
-  constexpr int kHalves = kGated ? 2 : 1;
-  __shared__ float partial[kRowLanes][2 * kBackwardCols];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    partial[lane_down][tc + k] = sum_a[k];
-    if (kGated) partial[lane_down][kBackwardCols + tc + k] = sum_b[k];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kHalves * kBackwardCols; i += kBackwardThreads) {
-    const int half = i / kBackwardCols;
-    const int64_t col = col0 + i % kBackwardCols;
-    if (col >= cols) continue;
-    float s = 0.0f;
-    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
-    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
-  }
-}
-
-// dbias[j] = sum over chunks (in order) of workspace[chunk, j].
-__global__ void __launch_bounds__(kReduceThreads)
-    ReduceChunksKernel(const float* workspace, int64_t chunks, int64_t width, float* dbias) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < width; j += stride) {
-    float s = 0.0f;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) s += workspace[chunk * width + j];
-    dbias[j] = s;
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // Launch helpers.
-
-act::GateClamp ClampOf(const ActivationFunctionParams& act) {
-  act::GateClamp clamp;
-  clamp.enabled = act.clamped;
-  clamp.limit = act.limit;
-  clamp.offset = act.offset;
-  return clamp;
-}
-
-// Calls fn(op) with the scalar op of `act`.
-template <typename Fn>
-cudaError_t WithOp(const ActivationFunctionParams& act, Fn&& fn) {
-  switch (act.function) {
-    case ActFunction::kGelu: return fn(act::GeluOp());
-    case ActFunction::kSigmoidLinear: return fn(act::SigmoidLinearOp{act.alpha});
-    case ActFunction::kRelu: return fn(act::ReluOp());
-    case ActFunction::kSquaredRelu: return fn(act::SquaredReluOp());
-  }
-  return cudaErrorInvalidValue;
-}
 
 template <typename Op, bool kGated, ActDType kIn>
 cudaError_t LaunchForwardTyped(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
@@ -750,59 +545,40 @@ cudaError_t LaunchForwardGated(const ForwardArgs<Op>& args, int64_t tiles, cudaS
   return cudaErrorInvalidValue;
 }
 
-// One block per 128 x 128 tile (`tiles` <= INT32_MAX, checked by the caller).
-template <typename Op, bool kGated>
-cudaError_t LaunchForwardTiled(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(tiles);
+template <typename Op, bool kGated, bool kClamped>
+cudaError_t LaunchTiledKernel(const ForwardArgs<Op>& args, unsigned blocks, cudaStream_t stream) {
   switch (args.p.x_type) {
     case ActDType::kFloat32:
-      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat32><<<blocks, kTiledThreads, 0, stream>>>(args);
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat32, kClamped>
+          <<<blocks, kTiledThreads, 0, stream>>>(args);
       break;
     case ActDType::kFloat16:
-      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat16><<<blocks, kTiledThreads, 0, stream>>>(args);
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat16, kClamped>
+          <<<blocks, kTiledThreads, 0, stream>>>(args);
       break;
     case ActDType::kBFloat16:
-      ActivationForwardTiledKernel<Op, kGated, ActDType::kBFloat16><<<blocks, kTiledThreads, 0, stream>>>(args);
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kBFloat16, kClamped>
+          <<<blocks, kTiledThreads, 0, stream>>>(args);
       break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
 
-template <typename Op, bool kGated, ActDType kType>
-cudaError_t LaunchBackwardTyped(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
-  ActivationBackwardKernel<Op, kGated, kType><<<grid, kBackwardThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+// True when the 128 x 128 kernel has an instantiation for `act`: the gate clamp only
+// with kSigmoidLinear (clamped_swiglu); other clamped gated functions take the 64 x 64 one.
+bool TiledSupports(const ActivationFunctionParams& act) {
+  return !(act.gated && act.clamped && act.function != ActFunction::kSigmoidLinear);
 }
 
+// One block per 128 x 128 tile (`tiles` <= INT32_MAX, checked by the caller).
 template <typename Op, bool kGated>
-cudaError_t LaunchBackwardGated(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
-  switch (args.p.type) {
-    case ActDType::kFloat32: return LaunchBackwardTyped<Op, kGated, ActDType::kFloat32>(args, grid, stream);
-    case ActDType::kFloat16: return LaunchBackwardTyped<Op, kGated, ActDType::kFloat16>(args, grid, stream);
-    case ActDType::kBFloat16: return LaunchBackwardTyped<Op, kGated, ActDType::kBFloat16>(args, grid, stream);
+cudaError_t LaunchForwardTiled(const ForwardArgs<Op>& args, int64_t tiles, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(tiles);
+  if constexpr (kGated && std::is_same_v<Op, act::SigmoidLinearOp>) {
+    if (args.clamp.enabled) return LaunchTiledKernel<Op, true, true>(args, blocks, stream);
   }
-  return cudaErrorInvalidValue;
-}
-
-// Row chunks of the backward grid: about kTargetBackwardBlocks blocks in all, each chunk
-// a multiple of kRowsPerStep rows. Depends on the shape only.
-struct BackwardPlan {
-  int64_t col_tiles = 0;
-  int64_t rows_per_chunk = kRowsPerStep;
-  int64_t chunks = 0;
-};
-
-BackwardPlan PlanBackward(int64_t rows, int64_t cols) {
-  BackwardPlan plan;
-  plan.col_tiles = (cols + kBackwardCols - 1) / kBackwardCols;
-  if (rows == 0 || cols == 0) return plan;
-  const int64_t steps = (rows + kRowsPerStep - 1) / kRowsPerStep;
-  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(steps, kTargetBackwardBlocks / plan.col_tiles));
-  const int64_t steps_per_chunk = (steps + wanted - 1) / wanted;
-  plan.rows_per_chunk = steps_per_chunk * kRowsPerStep;
-  plan.chunks = (rows + plan.rows_per_chunk - 1) / plan.rows_per_chunk;
-  return plan;
+  return LaunchTiledKernel<Op, kGated, false>(args, blocks, stream);
 }
 
 }  // namespace
@@ -819,8 +595,8 @@ cudaError_t LaunchActivationForward(const ActivationForwardParams& p, cudaStream
   const bool columnwise_vectorized = p.rows % kVec == 0 && (p.columnwise == nullptr || IsAligned(p.columnwise, kVec));
   const int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
   const int64_t big_tiles = ((p.rows + kTiledRows - 1) / kTiledRows) * ((p.cols + kTiledCols - 1) / kTiledCols);
-  const bool tiled = p.kernel == ActForwardKernel::kAuto && p.rows > 0 && p.cols > 0 && p.rows % kUnit == 0 &&
-                     p.cols % kUnit == 0 && big_tiles <= INT32_MAX && IsAligned(p.x, 16) &&
+  const bool tiled = p.kernel == ActForwardKernel::kAuto && TiledSupports(p.act) && p.rows > 0 && p.cols > 0 &&
+                     p.rows % kUnit == 0 && p.cols % kUnit == 0 && big_tiles <= INT32_MAX && IsAligned(p.x, 16) &&
                      (p.y == nullptr || IsAligned(p.y, 16)) && (p.rowwise == nullptr || IsAligned(p.rowwise, 8)) &&
                      (p.columnwise == nullptr || IsAligned(p.columnwise, 8));
   const act::GateClamp clamp = ClampOf(p.act);
@@ -834,37 +610,6 @@ cudaError_t LaunchActivationForward(const ActivationForwardParams& p, cudaStream
     return p.act.gated ? LaunchForwardGated<Op, true>(args, tiles, stream)
                        : LaunchForwardGated<Op, false>(args, tiles, stream);
   });
-}
-
-int64_t ActivationBackwardWorkspaceFloats(const ActivationBackwardParams& p) {
-  if (p.dbias == nullptr) return 0;
-  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
-  return plan.chunks * (p.act.gated ? 2 * p.cols : p.cols);
-}
-
-cudaError_t LaunchActivationBackward(const ActivationBackwardParams& p, cudaStream_t stream) {
-  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
-  const int64_t in_cols = p.act.gated ? 2 * p.cols : p.cols;
-  if (plan.chunks > 0) {
-    if (plan.col_tiles > INT32_MAX || plan.chunks > 65535) return cudaErrorInvalidConfiguration;
-    const size_t bytes = ElementBytes(p.type);
-    const bool vectorized = p.cols % kVec == 0 && IsAligned(p.dy, bytes * kVec) && IsAligned(p.x, bytes * kVec) &&
-                            IsAligned(p.dx, bytes * kVec);
-    const dim3 grid(static_cast<unsigned>(plan.col_tiles), static_cast<unsigned>(plan.chunks));
-    const act::GateClamp clamp = ClampOf(p.act);
-    const cudaError_t status = WithOp(p.act, [&](const auto& op) -> cudaError_t {
-      using Op = std::decay_t<decltype(op)>;
-      BackwardArgs<Op> args{p, op, clamp, vectorized, plan.rows_per_chunk};
-      return p.act.gated ? LaunchBackwardGated<Op, true>(args, grid, stream)
-                         : LaunchBackwardGated<Op, false>(args, grid, stream);
-    });
-    if (status != cudaSuccess) return status;
-  }
-  if (p.dbias == nullptr || in_cols == 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>((in_cols + kReduceThreads - 1) / kReduceThreads, 4096);
-  ReduceChunksKernel<<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(p.workspace, plan.chunks, in_cols,
-                                                                                   p.dbias);
-  return cudaGetLastError();
 }
 
 }  // namespace cuda

@@ -46,8 +46,8 @@ struct ActivationFunctionParams {
 
 // Which forward kernel LaunchActivationForward runs (benchmarks and tests compare them):
 // kAuto takes the 128 x 128 register-tile kernel when rows and cols are positive
-// multiples of 8, x and y are 16-byte and the codes 8-byte aligned, else the 64 x 64
-// shared-memory one; kTiled64 always takes the 64 x 64 one. Both give the same y, codes
+// multiples of 8, x and y are 16-byte and the codes 8-byte aligned (and the gate clamp,
+// if set, goes with kSigmoidLinear), else the 64 x 64 shared-memory one; kTiled64 always takes the 64 x 64 one. Both give the same y, codes
 // and amax.
 enum class ActForwardKernel { kAuto, kTiled64 };
 

@@ -1,0 +1,208 @@
+// CUDA backward kernels for the activations of kernels/activation.h (dx with the optional
+// fused dbias); forward: activation_kernels.cu, shared helpers: activation_common.cuh.
+//
+// - A 256-thread block owns 128 output columns (32 threads x 4 columns) of a
+//   chunk of rows (8 row lanes, 4 rows in flight per lane); dx = dy * f'(x) (gated: da,
+//   db). With dbias each thread keeps FP32 column sums, the block adds its 8 row lanes
+//   in shared memory and writes one partial row per chunk; a second kernel adds the
+//   chunks in order. The chunk count depends on the shape only, so dbias is deterministic.
+// - Vectorized access when K % 4 == 0 and the pointers are aligned; otherwise the same
+//   kernel runs bounds-checked scalar accesses.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/activation_math.h"
+#include "kernels/cuda/activation_kernels.h"
+#include "kernels/cuda/activation_common.cuh"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+// Backward tiling.
+constexpr int kBackwardThreads = 256;
+constexpr int kBackwardAcross = 32;                                 // threads across
+constexpr int kBackwardCols = kBackwardAcross * kVec;               // 128 output columns
+constexpr int kRowLanes = kBackwardThreads / kBackwardAcross;       // 8
+constexpr int kRowsInFlight = 4;                                    // rows per lane per step
+constexpr int kRowsPerStep = kRowLanes * kRowsInFlight;             // 32
+constexpr int kTargetBackwardBlocks = 1056;                         // ~8 per SM on 132 SMs
+constexpr int kReduceThreads = 256;
+
+// ---------------------------------------------------------------------------------------
+// Backward.
+
+template <typename Op>
+struct BackwardArgs {
+  ActivationBackwardParams p;
+  Op op;
+  act::GateClamp clamp;
+  bool vectorized;
+  int64_t rows_per_chunk;  // multiple of kRowsPerStep
+};
+
+template <typename Op, bool kGated, ActDType kType>
+__global__ void __launch_bounds__(kBackwardThreads) ActivationBackwardKernel(const BackwardArgs<Op> args) {
+  const ActivationBackwardParams& p = args.p;
+  const int64_t rows = p.rows;
+  const int64_t cols = p.cols;
+  const int64_t in_cols = kGated ? 2 * cols : cols;
+  const int lane_across = threadIdx.x % kBackwardAcross;
+  const int lane_down = threadIdx.x / kBackwardAcross;
+  const int tc = lane_across * kVec;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBackwardCols;
+  const int64_t c = col0 + tc;
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * args.rows_per_chunk;
+  const int64_t chunk_end = chunk_begin + args.rows_per_chunk < rows ? chunk_begin + args.rows_per_chunk : rows;
+
+  float sum_a[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float sum_b[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t step = chunk_begin; step < chunk_end; step += kRowsPerStep) {
+    float g[kRowsInFlight][kVec];
+    float a[kRowsInFlight][kVec];
+    float b[kRowsInFlight][kVec];
+    bool valid[kRowsInFlight][kVec];
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t r = step + i * kRowLanes + lane_down;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) valid[i][k] = r < chunk_end && c + k < cols;
+      LoadValues<kType>(p.dy, r * cols + c, valid[i], args.vectorized, g[i]);
+      LoadValues<kType>(p.x, r * in_cols + c, valid[i], args.vectorized, a[i]);
+      if (kGated) LoadValues<kType>(p.x, r * in_cols + cols + c, valid[i], args.vectorized, b[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t r = step + i * kRowLanes + lane_down;
+      float da[kVec];
+      float db[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (kGated) {
+          const float a_in = args.clamp.ActIn(a[i][k]);
+          const float linear = args.clamp.LinearIn(b[i][k]) + args.clamp.offset;
+          da[k] = g[i][k] * args.op.Grad(a_in) * args.clamp.ActInGrad(a[i][k]) * linear;
+          db[k] = g[i][k] * args.op.Value(a_in) * args.clamp.LinearInGrad(b[i][k]);
+        } else {
+          da[k] = g[i][k] * args.op.Grad(a[i][k]);
+          db[k] = 0.0f;
+        }
+        if (valid[i][k]) {
+          sum_a[k] += da[k];
+          sum_b[k] += db[k];
+        }
+      }
+      StoreValues(p.dx, kType, r * in_cols + c, da, valid[i], args.vectorized);
+      if (kGated) StoreValues(p.dx, kType, r * in_cols + cols + c, db, valid[i], args.vectorized);
+    }
+  }
+
+  if (p.dbias == nullptr) return;  // uniform across the grid
+  constexpr int kHalves = kGated ? 2 : 1;
+  __shared__ float partial[kRowLanes][2 * kBackwardCols];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    partial[lane_down][tc + k] = sum_a[k];
+    if (kGated) partial[lane_down][kBackwardCols + tc + k] = sum_b[k];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHalves * kBackwardCols; i += kBackwardThreads) {
+    const int half = i / kBackwardCols;
+    const int64_t col = col0 + i % kBackwardCols;
+    if (col >= cols) continue;
+    float s = 0.0f;
+    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
+    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
+  }
+}
+
+// dbias[j] = sum over chunks (in order) of workspace[chunk, j].
+__global__ void __launch_bounds__(kReduceThreads)
+    ReduceChunksKernel(const float* workspace, int64_t chunks, int64_t width, float* dbias) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < width; j += stride) {
+    float s = 0.0f;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) s += workspace[chunk * width + j];
+    dbias[j] = s;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Launch helpers.
+
+template <typename Op, bool kGated, ActDType kType>
+cudaError_t LaunchBackwardTyped(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
+  ActivationBackwardKernel<Op, kGated, kType><<<grid, kBackwardThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <typename Op, bool kGated>
+cudaError_t LaunchBackwardGated(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
+  switch (args.p.type) {
+    case ActDType::kFloat32: return LaunchBackwardTyped<Op, kGated, ActDType::kFloat32>(args, grid, stream);
+    case ActDType::kFloat16: return LaunchBackwardTyped<Op, kGated, ActDType::kFloat16>(args, grid, stream);
+    case ActDType::kBFloat16: return LaunchBackwardTyped<Op, kGated, ActDType::kBFloat16>(args, grid, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Row chunks of the backward grid: about kTargetBackwardBlocks blocks in all, each chunk
+// a multiple of kRowsPerStep rows. Depends on the shape only.
+struct BackwardPlan {
+  int64_t col_tiles = 0;
+  int64_t rows_per_chunk = kRowsPerStep;
+  int64_t chunks = 0;
+};
+
+BackwardPlan PlanBackward(int64_t rows, int64_t cols) {
+  BackwardPlan plan;
+  plan.col_tiles = (cols + kBackwardCols - 1) / kBackwardCols;
+  if (rows == 0 || cols == 0) return plan;
+  const int64_t steps = (rows + kRowsPerStep - 1) / kRowsPerStep;
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(steps, kTargetBackwardBlocks / plan.col_tiles));
+  const int64_t steps_per_chunk = (steps + wanted - 1) / wanted;
+  plan.rows_per_chunk = steps_per_chunk * kRowsPerStep;
+  plan.chunks = (rows + plan.rows_per_chunk - 1) / plan.rows_per_chunk;
+  return plan;
+}
+
+}  // namespace
+
+int64_t ActivationBackwardWorkspaceFloats(const ActivationBackwardParams& p) {
+  if (p.dbias == nullptr) return 0;
+  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
+  return plan.chunks * (p.act.gated ? 2 * p.cols : p.cols);
+}
+
+cudaError_t LaunchActivationBackward(const ActivationBackwardParams& p, cudaStream_t stream) {
+  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
+  const int64_t in_cols = p.act.gated ? 2 * p.cols : p.cols;
+  if (plan.chunks > 0) {
+    if (plan.col_tiles > INT32_MAX || plan.chunks > 65535) return cudaErrorInvalidConfiguration;
+    const size_t bytes = ElementBytes(p.type);
+    const bool vectorized = p.cols % kVec == 0 && IsAligned(p.dy, bytes * kVec) && IsAligned(p.x, bytes * kVec) &&
+                            IsAligned(p.dx, bytes * kVec);
+    const dim3 grid(static_cast<unsigned>(plan.col_tiles), static_cast<unsigned>(plan.chunks));
+    const act::GateClamp clamp = ClampOf(p.act);
+    const cudaError_t status = WithOp(p.act, [&](const auto& op) -> cudaError_t {
+      using Op = std::decay_t<decltype(op)>;
+      BackwardArgs<Op> args{p, op, clamp, vectorized, plan.rows_per_chunk};
+      return p.act.gated ? LaunchBackwardGated<Op, true>(args, grid, stream)
+                         : LaunchBackwardGated<Op, false>(args, grid, stream);
+    });
+    if (status != cudaSuccess) return status;
+  }
+  if (p.dbias == nullptr || in_cols == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((in_cols + kReduceThreads - 1) / kReduceThreads, 4096);
+  ReduceChunksKernel<<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(p.workspace, plan.chunks, in_cols,
+                                                                                   p.dbias);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
