@@ -8,6 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/block_quantize.h"
+#include "kernels/cast.h"
 #include "kernels/cpu/normalization_cpu.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
@@ -74,8 +76,21 @@ absl::Status CheckForwardOptions(const NormForwardOptions& options) {
   if (options.y_dtype.has_value() && !IsHighPrecisionFloat(*options.y_dtype)) {
     return InvalidField("options.y_dtype", kNormTypes, DTypeName(*options.y_dtype));
   }
-  if (!options.write_y && !options.quantize) {
-    return InvalidField("options.write_y", "true when options.quantize is false", "false");
+  if (!options.write_y && !options.quantize && !options.mxfp8) {
+    return InvalidField("options.write_y", "true when options.quantize and options.mxfp8 are false",
+                        "false");
+  }
+  if (options.quantize && options.mxfp8) {
+    return InvalidField("options.mxfp8", "false when options.quantize is set", "true");
+  }
+  if (options.mxfp8) {
+    const Mxfp8QuantizeOptions& q = options.mxfp8_options;
+    RETURN_IF_ERROR(CheckFloat8("options.mxfp8_options.format", q.format));
+    RETURN_IF_ERROR(CheckCopiesRequested("options.mxfp8_options", q.rowwise, q.columnwise));
+    if (q.dbias != nullptr) {
+      return InvalidField("options.mxfp8_options.dbias", "null (no dbias of a norm output)",
+                          "a tensor");
+    }
   }
   if (options.quantize) {
     const PerTensorQuantizeOptions& q = options.quantize_options;
@@ -210,8 +225,32 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
     RETURN_IF_ERROR(CheckAbsentForRmsNorm("beta", beta));
   }
   RETURN_IF_ERROR(CheckForwardOptions(options));
+  if (options.mxfp8) {
+    const Mxfp8QuantizeOptions& q = options.mxfp8_options;
+    if (q.rowwise && x.dim(1) % kMxfp8BlockSize != 0) {
+      return InvalidField("x.shape[1]", "a multiple of 32 for the rowwise MXFP8 copy", x.dim(1));
+    }
+    if (q.columnwise && x.dim(0) % kMxfp8BlockSize != 0) {
+      return InvalidField("x.shape[0]", "a multiple of 32 for the columnwise MXFP8 copy", x.dim(0));
+    }
+  }
   ScopedKernelTimer timer(ctx, KernelOp::kNormalizationForward);
-  return DispatchForward("NormalizationForward", ctx, type, x, gamma, beta, options);
+  if (!options.mxfp8) return DispatchForward("NormalizationForward", ctx, type, x, gamma, beta, options);
+  // MXFP8: the FP32 y, then QuantizeMxfp8 of it; y rounded to y_dtype when requested.
+  NormForwardOptions norm = options;
+  norm.mxfp8 = false;
+  norm.write_y = true;
+  norm.y_dtype = DType::kFloat32;
+  ASSIGN_OR_RETURN(NormForwardResult result,
+                   DispatchForward("NormalizationForward", ctx, type, x, gamma, beta, norm));
+  ASSIGN_OR_RETURN(result.fp8, QuantizeMxfp8(ctx, result.y, options.mxfp8_options));
+  const DType y_dtype = options.y_dtype.value_or(x.dtype());
+  if (!options.write_y) {
+    result.y = Tensor();
+  } else if (y_dtype != DType::kFloat32) {
+    ASSIGN_OR_RETURN(result.y, CastFromFloat32(ctx, result.y, y_dtype));
+  }
+  return result;
 }
 
 absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,

@@ -19,6 +19,13 @@
 //     q = satfinite_rne(y_fp32 * scale), amax = max |y_fp32| (NaN propagates),
 //   i.e. exactly kernels::QuantizePerTensor applied to the FP32 y. The CPU reference is
 //   that composition (FP32 norm, then QuantizePerTensor / CastFromFloat32).
+//   MXFP8 output (options.mxfp8, exclusive with options.quantize): the FP32 y quantized
+//   exactly as kernels::QuantizeMxfp8 (kernels/block_quantize.h) quantizes it: 1x32
+//   rowwise blocks (h % 32 == 0) and/or 32x1 columnwise blocks (n % 32 == 0), E8M0
+//   scales rounded up, in result.fp8 (mode kMxfp8_1D, its scale layout). Every device
+//   computes it as that composition (FP32 norm, then QuantizeMxfp8; on CUDA two kernel
+//   passes, not yet one fused kernel), so given the same FP32 y the codes and E8M0
+//   scales are the same on every device.
 //   sm_margin (CUDA only, TE's sm_margin): the grid is sized for (SMs - sm_margin)
 //   multiprocessors, leaving that many free for concurrent kernels.
 // Numerical contract between devices: y, mu, rsigma, dx, dgamma, dbeta agree within the
@@ -34,6 +41,7 @@
 #include "core/context.h"
 #include "core/quantized_tensor.h"
 #include "core/tensor.h"
+#include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 
 namespace teserve {
@@ -74,18 +82,22 @@ struct NormForwardOptions {
   float eps = 1e-5f;
   bool zero_centered_gamma = false;
   // Write y (in y_dtype: FP32, FP16 or BF16; unset = x's dtype). May be false only when
-  // `quantize` is set.
+  // `quantize` or `mxfp8` is set.
   bool write_y = true;
   std::optional<DType> y_dtype;
   // Fused per-tensor FP8 output of the FP32 y (format, scale, rowwise, columnwise).
   bool quantize = false;
   PerTensorQuantizeOptions quantize_options;
+  // MXFP8 output of the FP32 y (format, rowwise, columnwise; dbias must be null).
+  bool mxfp8 = false;
+  Mxfp8QuantizeOptions mxfp8_options;
   int sm_margin = 0;  // >= 0 (CUDA: < the device's SM count); ignored on the CPU
 };
 
 struct NormForwardResult {
   Tensor y;            // [n, h] in y_dtype, when write_y
-  QuantizedTensor fp8; // when quantize: per-tensor copies, scale_inv = 1 / scale, amax
+  QuantizedTensor fp8; // when quantize: per-tensor copies, scale_inv = 1 / scale, amax;
+                       // when mxfp8: the MXFP8 copies and E8M0 scales
   Tensor mu;           // [n] FP32 (LayerNorm only)
   Tensor rsigma;       // [n] FP32
 };

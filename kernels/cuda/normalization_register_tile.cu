@@ -77,9 +77,12 @@ __device__ __forceinline__ void MergeMoments(float& mean_a, float& m2_a, float& 
     const float n = na + nb;
     if (nb > 0.0f) {
       if (na > 0.0f) {
+        // Approximate reciprocal (a few ulp, deterministic): the weights only scale the
+        // correction terms.
+        const float inv_n = __fdividef(1.0f, n);
         const float d = mean_b - mean_a;
-        mean_a = fmaf(d, nb / n, mean_a);
-        m2_a = fmaf(d * d, na * nb / n, m2_a + m2_b);
+        mean_a = fmaf(d, nb * inv_n, mean_a);
+        m2_a = fmaf(d * d, na * nb * inv_n, m2_a + m2_b);
       } else {
         mean_a = mean_b;
         m2_a = m2_b;
@@ -256,10 +259,11 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     }
   };
   // Partials of the cluster's CTAs (distributed shared memory), in rank order -> row_stats
-  // [buf], and mu / rsigma of tile i to memory: warp 0, one row per lane. Every CTA computes
-  // the same values.
+  // [buf], and mu / rsigma of tile i to memory: the last warp, one row per lane (warp 0
+  // merges the CTA's warps). Every CTA computes the same values.
+  const int last_warp = static_cast<int>(blockDim.x / 32) - 1;
   auto cluster_merge = [&](int buf, int i) {
-    if (warp == 0) {
+    if (warp == last_warp) {
       float2 parts[kRtMaxCluster];
 #pragma unroll
       for (int s = 0; s < kRtMaxCluster; ++s) {
@@ -327,7 +331,14 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     WarpMoments<kType, kRms>(slot_of(i + 1), lane, rg, cg8, warp, warp_stats);
     __syncthreads();  // warp partials of tile i + 1 and row_stats[buf] of tile i visible
     cta_merge(next_buf);
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    // Only warp 0 wrote what the cluster reads (cta_stats): it arrives with release
+    // semantics, the other warps relaxed (their shared-memory hazards are ordered by the
+    // block barriers).
+    if (warp == 0) {
+      asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    } else {
+      asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    }
 
     const int64_t my_row = (blockIdx.y + i * stride) * kRtRows + 8 * rg;
     if (warp_active && my_row < p.rows) {

@@ -35,6 +35,7 @@
 #include "core/float_codec.h"
 #include "core/quantized_tensor.h"
 #include "core/tensor.h"
+#include "kernels/block_quantize.h"
 #include "kernels/cpu/cast_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "tests/gpu/quantize_gpu_test_util.h"
@@ -426,6 +427,57 @@ TEST(NormForwardPlanGpu, RegisterTileCoversAlignedSixteenBitShapes) {
     EXPECT_FALSE(plan.register_tile);
   }
   cudaFree(buffer);
+}
+
+// MXFP8 output on CUDA: exactly QuantizeMxfp8 (CPU) of the GPU's own FP32 y, codes and
+// E8M0 scales; against the CPU op, differences only where the FP32 y values differ.
+TEST(NormForwardPlanGpu, Mxfp8OutputIsTheBlockQuantizationOfItsOwnFp32Output) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  struct Case {
+    NormType type;
+    DType dtype;
+    int64_t n, h;
+    DType format;
+  };
+  for (const Case& c : {Case{NormType::kLayerNorm, DType::kBFloat16, 256, 1024, DType::kFloat8E4M3},
+                        Case{NormType::kRmsNorm, DType::kFloat16, 64, 96, DType::kFloat8E5M2},
+                        Case{NormType::kLayerNorm, DType::kFloat32, 32, 8192, DType::kFloat8E4M3}}) {
+    SCOPED_TRACE(ShapeName(c.n, c.h));
+    const Tensor x = RandomInput(c.dtype, c.n, c.h, 31);
+    const Tensor gamma = RandomVector(c.h, 0.5f, 1.5f, 32);
+    const Tensor beta = c.type == NormType::kLayerNorm ? RandomVector(c.h, -1.0f, 1.0f, 33) : Tensor();
+    NormForwardOptions options;
+    options.y_dtype = DType::kFloat32;
+    options.mxfp8 = true;
+    options.mxfp8_options.format = c.format;
+    options.mxfp8_options.rowwise = true;
+    options.mxfp8_options.columnwise = true;
+    ASSERT_OK_AND_ASSIGN(const NormForwardResult gpu,
+                         kernels::NormalizationForward(GpuContext(), c.type, OnDevice(x), OnDevice(gamma),
+                                                       beta.defined() ? OnDevice(beta) : Tensor(), options));
+    ASSERT_OK_AND_ASSIGN(const NormForwardResult cpu,
+                         kernels::NormalizationForward(Context::Cpu(), c.type, x, gamma, beta, options));
+    ASSERT_OK_AND_ASSIGN(const QuantizedTensor own,
+                         kernels::QuantizeMxfp8(Context::Cpu(), OnHost(gpu.y), options.mxfp8_options));
+    EXPECT_EQ(gpu.fp8.mode, ScalingMode::kMxfp8_1D);
+    EXPECT_EQ(Bytes(gpu.fp8.rowwise_data), Bytes(own.rowwise_data));
+    EXPECT_EQ(Bytes(gpu.fp8.columnwise_data), Bytes(own.columnwise_data));
+    EXPECT_EQ(Bytes(gpu.fp8.rowwise_scale_inv), Bytes(own.rowwise_scale_inv));
+    EXPECT_EQ(Bytes(gpu.fp8.columnwise_scale_inv), Bytes(own.columnwise_scale_inv));
+    const std::vector<uint8_t> codes = Bytes(gpu.fp8.rowwise_data), cpu_codes = Bytes(cpu.fp8.rowwise_data);
+    const std::vector<float> y_gpu = Floats(gpu.y), y_cpu = Floats(cpu.y);
+    int64_t differ = 0, differ_with_equal_y_block = 0;
+    for (int64_t i = 0; i < c.n * c.h; ++i) {
+      if (codes[i] == cpu_codes[i]) continue;
+      ++differ;
+      bool block_equal = true;  // a code can only move when some y of its block moved
+      const int64_t start = i / 32 * 32;
+      for (int64_t j = start; j < start + 32; ++j) block_equal &= Bits(y_gpu[j]) == Bits(y_cpu[j]);
+      if (block_equal) ++differ_with_equal_y_block;
+    }
+    EXPECT_EQ(differ_with_equal_y_block, 0);
+    EXPECT_LE(differ, std::max<int64_t>(1, c.n * c.h / 100));
+  }
 }
 
 // NaN and Inf inputs on the register-tile kernel: rows holding them normalize to NaN, take

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -389,7 +390,9 @@ TEST_F(NormErrors, ExtendedForwardRejectsBadOptions) {
   options.y_dtype.reset();
   options.write_y = false;
   EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
-              HasError(kInvalid, "options.write_y: expected true when options.quantize is false, got false"));
+              HasError(kInvalid,
+                       "options.write_y: expected true when options.quantize and options.mxfp8 are "
+                       "false, got false"));
   options.quantize = true;
   options.quantize_options.format = DType::kBFloat16;
   EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
@@ -410,6 +413,134 @@ TEST_F(NormErrors, ExtendedForwardRejectsBadOptions) {
   options.eps = -1.0f;
   EXPECT_THAT(NormalizationForward(ctx_, ln, x_, gamma_, beta_, options),
               HasError(kInvalid, "options.eps: expected a finite value >= 0"));
+}
+
+// ---- MXFP8 output: QuantizeMxfp8's block formula applied to the FP32 normalized values. ----
+
+struct Mxfp8Case {
+  NormType type;
+  DType format;
+  bool zero_centered;
+};
+
+std::string Mxfp8CaseName(const ::testing::TestParamInfo<Mxfp8Case>& info) {
+  return absl::StrCat(info.param.type == NormType::kLayerNorm ? "LayerNorm" : "RmsNorm", "_",
+                      DTypeName(info.param.format), info.param.zero_centered ? "_ZeroCentered" : "");
+}
+
+class NormMxfp8 : public ::testing::TestWithParam<Mxfp8Case> {};
+
+// Expected copy of the FP32 values v [rows, cols] blocked along its rows (32 per block):
+// code = E8M0 round-up of amax / fp8_max, data = encode(v * 2^(127 - code)).
+void ExpectMxfp8Copy(const std::vector<float>& v, int64_t rows, int64_t cols, DType format,
+                     const Tensor& data, const Tensor& scales, const std::string& what) {
+  ASSERT_EQ(data.shape(), (Shape{rows, cols})) << what;
+  ASSERT_EQ(scales.dtype(), DType::kFloat8E8M0) << what;
+  ASSERT_EQ(scales.shape(), (Shape{rows, cols / 32})) << what;
+  const float fp8_max = format == DType::kFloat8E4M3 ? kE4M3Max : kE5M2Max;
+  int64_t wrong_codes = 0, wrong_data = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      float amax = 0.0f;
+      for (int64_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[r * cols + b * 32 + j]));
+      const uint8_t code = FloatToE8M0RoundUp(amax / fp8_max);
+      if (scales.data<uint8_t>()[r * (cols / 32) + b] != code) ++wrong_codes;
+      const float scale = std::ldexp(1.0f, 127 - static_cast<int>(code));
+      for (int64_t j = 0; j < 32; ++j) {
+        const float s = v[r * cols + b * 32 + j] * scale;
+        const uint8_t want = format == DType::kFloat8E4M3 ? FloatToE4M3(s) : FloatToE5M2(s);
+        if (data.data<uint8_t>()[r * cols + b * 32 + j] != want) ++wrong_data;
+      }
+    }
+  }
+  EXPECT_EQ(wrong_codes, 0) << what;
+  EXPECT_EQ(wrong_data, 0) << what;
+}
+
+TEST_P(NormMxfp8, CopiesAndE8M0ScalesFollowTheBlockFormulaOnTheFp32Output) {
+  const Mxfp8Case& c = GetParam();
+  const int64_t n = 64, h = 96;
+  Tensor x32 = RandomTensor({n, h}, -2.0f, 3.0f, 41u);
+  for (int64_t j = 0; j < h; ++j) x32.data<float>()[5 * h + j] *= 64.0f;  // a wide row
+  const Tensor x = CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value();
+  const Tensor gamma = RandomTensor({h}, c.zero_centered ? -0.5f : 0.5f, c.zero_centered ? 0.5f : 1.5f, 42u);
+  const Tensor beta = c.type == NormType::kLayerNorm ? RandomTensor({h}, -1.0f, 1.0f, 43u) : Tensor();
+  NormForwardOptions plain;
+  plain.eps = kEps;
+  plain.zero_centered_gamma = c.zero_centered;
+  plain.y_dtype = DType::kFloat32;
+  const NormForwardResult fp32 = NormalizationForward(Context::Cpu(), c.type, x, gamma, beta, plain).value();
+  const std::vector<float> y(fp32.y.data<float>(), fp32.y.data<float>() + n * h);
+  std::vector<float> y_t(n * h);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < h; ++j) y_t[j * n + r] = y[r * h + j];
+  }
+
+  NormForwardOptions options = plain;
+  options.y_dtype.reset();
+  options.mxfp8 = true;
+  options.mxfp8_options.format = c.format;
+  options.mxfp8_options.rowwise = true;
+  options.mxfp8_options.columnwise = true;
+  const absl::StatusOr<NormForwardResult> result =
+      NormalizationForward(Context::Cpu(), c.type, x, gamma, beta, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const NormForwardResult& out = *result;
+  EXPECT_EQ(out.fp8.mode, ScalingMode::kMxfp8_1D);
+  ExpectMxfp8Copy(y, n, h, c.format, out.fp8.rowwise_data, out.fp8.rowwise_scale_inv, "rowwise");
+  ExpectMxfp8Copy(y_t, h, n, c.format, out.fp8.columnwise_data, out.fp8.columnwise_scale_inv,
+                  "columnwise");
+  // y in x's dtype is the FP32 y rounded once; statistics as without quantization.
+  ASSERT_EQ(out.y.dtype(), DType::kBFloat16);
+  const Tensor rounded = CastFromFloat32(Context::Cpu(), fp32.y, DType::kBFloat16).value();
+  EXPECT_EQ(0, std::memcmp(out.y.raw_data(), rounded.raw_data(), n * h * 2));
+  EXPECT_EQ(0, std::memcmp(out.rsigma.raw_data(), fp32.rsigma.raw_data(), n * 4));
+
+  options.write_y = false;
+  options.mxfp8_options.columnwise = false;
+  const absl::StatusOr<NormForwardResult> codes_result =
+      NormalizationForward(Context::Cpu(), c.type, x, gamma, beta, options);
+  ASSERT_TRUE(codes_result.ok()) << codes_result.status();
+  const NormForwardResult& codes_only = *codes_result;
+  EXPECT_FALSE(codes_only.y.defined());
+  EXPECT_FALSE(codes_only.fp8.has_columnwise());
+  EXPECT_EQ(0, std::memcmp(codes_only.fp8.rowwise_data.raw_data(), out.fp8.rowwise_data.raw_data(), n * h));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, NormMxfp8,
+                         ::testing::Values(Mxfp8Case{NormType::kLayerNorm, DType::kFloat8E4M3, false},
+                                           Mxfp8Case{NormType::kLayerNorm, DType::kFloat8E5M2, true},
+                                           Mxfp8Case{NormType::kRmsNorm, DType::kFloat8E4M3, true},
+                                           Mxfp8Case{NormType::kRmsNorm, DType::kFloat8E5M2, false}),
+                         Mxfp8CaseName);
+
+TEST_F(NormErrors, Mxfp8OptionsAndShapesAreChecked) {
+  const NormType rms = NormType::kRmsNorm;
+  NormForwardOptions options;
+  options.mxfp8 = true;
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x_, gamma_, Tensor(), options),
+              HasError(kInvalid, "x.shape[1]: expected a multiple of 32 for the rowwise MXFP8 copy, got 4"));
+  const Tensor x = Filled({3, 32}, 1.0f), gamma = Filled({32}, 1.0f);
+  options.mxfp8_options.columnwise = true;
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x, gamma, Tensor(), options),
+              HasError(kInvalid, "x.shape[0]: expected a multiple of 32 for the columnwise MXFP8 copy, got 3"));
+  options.mxfp8_options.columnwise = false;
+  options.quantize = true;
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x, gamma, Tensor(), options),
+              HasError(kInvalid, "options.mxfp8: expected false when options.quantize is set, got true"));
+  options.quantize = false;
+  options.mxfp8_options.format = DType::kFloat16;
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x, gamma, Tensor(), options),
+              HasError(kInvalid, "options.mxfp8_options.format: expected FLOAT8_E4M3 or FLOAT8_E5M2, got FLOAT16"));
+  options.mxfp8_options.format = DType::kFloat8E4M3;
+  options.mxfp8_options.rowwise = false;
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x, gamma, Tensor(), options),
+              HasError(kInvalid, "options.mxfp8_options: expected rowwise and/or columnwise, got neither"));
+  options.mxfp8_options.rowwise = true;
+  Tensor dbias = Filled({32}, 0.0f);
+  options.mxfp8_options.dbias = &dbias;
+  EXPECT_THAT(NormalizationForward(ctx_, rms, x, gamma, Tensor(), options),
+              HasError(kInvalid, "options.mxfp8_options.dbias: expected null (no dbias of a norm output), got a tensor"));
 }
 
 TEST_F(NormErrors, ExtendedBackwardRejectsMismatches) {
