@@ -1,4 +1,5 @@
-// Launchers for the LayerNorm / RMSNorm kernels in normalization_kernels.cu. Light
+// Launchers for the LayerNorm / RMSNorm kernels (normalization_forward_kernels.cu,
+// normalization_register_tile.cu, normalization_backward_kernels.cu). Light
 // header: CUDA runtime types only (no abseil), so both nvcc and the host wrappers
 // (normalization_cuda.cc) and the benchmarks include it.
 //
