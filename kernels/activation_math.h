@@ -110,15 +110,42 @@ struct SquaredReluOp {
 // Plain GLU variants use a' = a, b' = b, offset 0. Clamped SwiGLU (GPT-OSS) clamps
 // a' = min(a, limit), b' = clamp(b, -limit, limit) and adds offset 1; where a clamp is
 // active its input gets no gradient (at exactly the limit the gradient passes).
+//
+// On the device the clamps are min.NaN / max.NaN (one instruction each instead of a
+// compare and a select): for limit > 0 (ActivationParams requires it) they give the
+// same values as the selects, NaN included, and -0 stays -0.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float MinNaN(float a, float b) {
+  float d;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+__device__ __forceinline__ float MaxNaN(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+#endif
+
 struct GateClamp {
   bool enabled = false;
   float limit = 0.0f;
   float offset = 0.0f;
 
-  TESERVE_HD float ActIn(float a) const { return enabled && a > limit ? limit : a; }
+  TESERVE_HD float ActIn(float a) const {
+#if defined(__CUDA_ARCH__)
+    return enabled ? MinNaN(a, limit) : a;
+#else
+    return enabled && a > limit ? limit : a;
+#endif
+  }
   TESERVE_HD float LinearIn(float b) const {
     if (!enabled) return b;
+#if defined(__CUDA_ARCH__)
+    return MaxNaN(MinNaN(b, limit), -limit);
+#else
     return b > limit ? limit : (b < -limit ? -limit : b);
+#endif
   }
   TESERVE_HD float ActInGrad(float a) const { return enabled && a > limit ? 0.0f : 1.0f; }
   TESERVE_HD float LinearInGrad(float b) const { return enabled && (b > limit || b < -limit) ? 0.0f : 1.0f; }
