@@ -29,6 +29,7 @@ namespace {
 
 using kernels::cuda::BlockDequantizeLaunchParams;
 using kernels::cuda::BlockQuantizeLaunchParams;
+using kernels::cuda::BlockQuantizeKernel;
 using kernels::cuda::BlockRecipe;
 using kernels::cuda::Fp8Encoder;
 using kernels::cuda::Nvfp4QuantizeLaunchParams;
@@ -50,6 +51,9 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   auto* amax = static_cast<uint32_t*>(DeviceBuffer(2 * sizeof(uint32_t)));
   void* copy_out = DeviceBuffer(n * 2);
   auto* dequantized = static_cast<float*>(DeviceBuffer(n * 4));
+  // dbias [cols] and the partial sums of 32-row slabs (the most any kernel uses).
+  auto* dbias = static_cast<float*>(DeviceBuffer(cols * 4));
+  auto* dbias_workspace = static_cast<float*>(DeviceBuffer((rows / 32) * cols * 4));
 
   auto add = [&](const std::string& op, const std::string& dtype, double bytes,
                  const std::function<cudaError_t()>& launch, const std::string& config) {
@@ -68,8 +72,15 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
     return cudaMemcpyAsync(copy_out, x16, n * 2, cudaMemcpyDeviceToDevice, nullptr);
   }, "cudaMemcpyAsync device to device, bytes read + written");
 
-  auto quantize = [&](BlockRecipe recipe, SourceType type, Fp8Encoder encoder, bool both) {
+  auto quantize = [&](BlockRecipe recipe, SourceType type, Fp8Encoder encoder, bool both,
+                      BlockQuantizeKernel kernel = BlockQuantizeKernel::kAuto,
+                      bool with_dbias = false) {
     BlockQuantizeLaunchParams p;
+    p.kernel = kernel;
+    if (with_dbias) {
+      p.dbias = dbias;
+      p.dbias_workspace = dbias_workspace;
+    }
     p.x = type == SourceType::kFloat32 ? x32 : x16;
     p.type = type;
     p.rows = rows;
@@ -96,6 +107,23 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
   add("mxfp8_quantize_rowwise_columnwise_fp32", "fp32", in32 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kFloat32, Fp8Encoder::kHardware, true),
       fused + ", cvt encoder");
+  add("mxfp8_quantize_rowwise_columnwise_bf16_generic", "bf16", in16 + 2 * mx_copy,
+      quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kHardware, true,
+               BlockQuantizeKernel::kGeneric),
+      fused + ", cvt encoder, generic 32-row kernel");
+  add("mxfp8_quantize_rowwise_columnwise_fp32_generic", "fp32", in32 + 2 * mx_copy,
+      quantize(BlockRecipe::kMxfp8, SourceType::kFloat32, Fp8Encoder::kHardware, true,
+               BlockQuantizeKernel::kGeneric),
+      fused + ", cvt encoder, generic 32-row kernel");
+  // dbias adds cols FP32 written (the slab partials stay in L2-sized traffic, not counted).
+  add("mxfp8_quantize_dbias_bf16", "bf16", in16 + 2 * mx_copy + 4.0 * cols,
+      quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kHardware, true,
+               BlockQuantizeKernel::kAuto, /*with_dbias=*/true),
+      fused + " + fused dbias (FP32 column sums, slab partials + FP64 reduce)");
+  add("block1d_quantize_dbias_bf16", "bf16", in16 + 2 * block1d_copy + 4.0 * cols,
+      quantize(BlockRecipe::kBlock1D, SourceType::kBFloat16, Fp8Encoder::kHardware, true,
+               BlockQuantizeKernel::kAuto, /*with_dbias=*/true),
+      fused + ", 1x128 blocks + fused dbias");
   add("mxfp8_quantize_rowwise_columnwise_bf16_integer_codec", "bf16", in16 + 2 * mx_copy,
       quantize(BlockRecipe::kMxfp8, SourceType::kBFloat16, Fp8Encoder::kSoftware, true),
       fused + ", integer codec encoder");
@@ -162,7 +190,8 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
 
   FreeDeviceBuffers({x32, x16, static_cast<void*>(rowwise), static_cast<void*>(columnwise),
                     rowwise_scales, columnwise_scales, static_cast<void*>(amax), copy_out,
-                    static_cast<void*>(dequantized)});
+                    static_cast<void*>(dequantized), static_cast<void*>(dbias),
+                    static_cast<void*>(dbias_workspace)});
 }
 
 int Main(int argc, char** argv) {

@@ -257,6 +257,29 @@ TORCH_EQUIVALENTS.update({
 })
 
 
+def _with_column_sum(build_quantize, dtype_name):
+    """The composed quantizer followed by dbias = x.float().sum(0) (a second read of x)."""
+    def build(rows, cols):
+        torch = _torch()
+        run_quantize, config = build_quantize(rows, cols)
+        dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+        x = _randn(rows, cols, dtype, 0.0, 2.0, seed=10)
+
+        def run():
+            return run_quantize(), x.float().sum(0)
+
+        return run, config + "; then dbias = x.float().sum(0)"
+    return build
+
+
+TORCH_EQUIVALENTS.update({
+    "mxfp8_quantize_rowwise_columnwise_bf16_generic": _mxfp8_quantize("bf16", True),
+    "mxfp8_quantize_rowwise_columnwise_fp32_generic": _mxfp8_quantize("fp32", True),
+    "mxfp8_quantize_dbias_bf16": _with_column_sum(_mxfp8_quantize("bf16", True), "bf16"),
+    "block1d_quantize_dbias_bf16": _with_column_sum(_block_quantize(False), "bf16"),
+})
+
+
 # --- Multi-tensor optimizers (optimizer_bench) -------------------------------------------
 # The bench reports shape [layers, hidden] of its 1B-parameter model (FFN 4 x hidden, 12
 # tensors per layer); the same FP32 tensor list is built here for torch's fused optimizers.

@@ -56,14 +56,6 @@ absl::Status CheckDbias(const Tensor* dbias, const Tensor& x, const Context& ctx
   return CheckTensorOfShape("options.dbias", *dbias, DType::kFloat32, {x.dim(1)}, ctx);
 }
 
-#if TESERVE_WITH_CUDA
-// The CUDA block kernels do not fuse dbias yet; asking for it must not be ignored.
-absl::Status NoCudaDbias(absl::string_view op) {
-  return absl::UnimplementedError(
-      absl::StrCat("options.dbias: the fused dbias of ", op, " is not implemented on CUDA yet"));
-}
-#endif
-
 // Scale tensor dtype and shape of a copy [rows, cols] under `mode`.
 DType ScaleDType(ScalingMode mode) {
   return mode == ScalingMode::kMxfp8_1D ? DType::kFloat8E8M0 : DType::kFloat32;
@@ -107,7 +99,6 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeMxfp8);
   if (ctx.device.is_cpu()) return cpu::QuantizeMxfp8(ctx, x, options);
 #if TESERVE_WITH_CUDA
-  if (options.dbias != nullptr) return NoCudaDbias("QuantizeMxfp8");
   return cuda::QuantizeMxfp8(ctx, x, options);
 #else
   return NoCudaBackend("QuantizeMxfp8");
@@ -123,7 +114,6 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeBlock);
   if (ctx.device.is_cpu()) return cpu::QuantizeBlockScaling(ctx, x, options);
 #if TESERVE_WITH_CUDA
-  if (options.dbias != nullptr) return NoCudaDbias("QuantizeBlockScaling");
   return cuda::QuantizeBlockScaling(ctx, x, options);
 #else
   return NoCudaBackend("QuantizeBlockScaling");

@@ -61,10 +61,10 @@
 //     Context's device, is overwritten with the column sums of x, exactly as for
 //     QuantizePerTensor (kernels/cast.h: FP64 accumulation on the CPU, NaN/Inf
 //     propagate, rows == 0 gives zeros); it does not depend on the scales or copies.
-//     Wrong dtype/shape/device is INVALID_ARGUMENT naming "options.dbias". Until the
-//     CUDA block kernels fuse it, CUDA devices answer UNIMPLEMENTED naming
-//     options.dbias (never silently ignored). NVFP4 (kernels/nvfp4.h) offers no fused
-//     dbias: compute it with a separate column sum.
+//     Wrong dtype/shape/device is INVALID_ARGUMENT naming "options.dbias". The CUDA
+//     kernels fuse it: FP32 column sums per slab of rows, summed in FP64 by a second
+//     kernel (within the FP32 tolerance of the CPU's, not bit-exact). NVFP4
+//     (kernels/nvfp4.h) offers no fused dbias: compute it with a separate column sum.
 //
 // Errors: INVALID_ARGUMENT naming the argument with expected vs got (dtype, rank,
 // device, divisibility, options); CUDA tensors in a build without the CUDA backend give

@@ -54,13 +54,38 @@ absl::Status AllocateCopies(const Tensor& x, DType format, DType scale_dtype,
   return absl::OkStatus();
 }
 
-// Runs the launch and fills q.amax.
-absl::StatusOr<QuantizedTensor> Run(const Context& ctx, const Tensor& x,
+// The optional dbias output: FP32 [cols] on x's device.
+absl::Status CheckDbias(const Tensor* dbias, const Tensor& x) {
+  if (dbias == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckOnCudaDevice("options.dbias", *dbias));
+  if (dbias->dtype() != DType::kFloat32 || dbias->shape() != Shape{x.dim(1)} ||
+      dbias->device() != x.device()) {
+    return InvalidField("options.dbias",
+                        absl::StrCat("FLOAT32 [", x.dim(1), "] on ", x.device().ToString()),
+                        absl::StrCat(DTypeName(dbias->dtype()), " ",
+                                     ShapeToString(dbias->shape()), " on ",
+                                     dbias->device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// Runs the launch (with the dbias workspace when dbias is asked for) and fills q.amax.
+absl::StatusOr<QuantizedTensor> Run(const Context& ctx, const Tensor& x, Tensor* dbias,
                                     BlockQuantizeLaunchParams& p, QuantizedTensor q) {
   ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
   p.amax_bits = amax_bits.data<uint32_t>();
+  Tensor workspace;
+  if (dbias != nullptr) {
+    p.dbias = dbias->data<float>();
+    const int64_t slabs = BlockQuantizeDbiasSlabs(p);
+    if (slabs > 0) {
+      ASSIGN_OR_RETURN(workspace, Tensor::Zeros(DType::kFloat32, {slabs, p.cols}, x.device()));
+      p.dbias_workspace = workspace.data<float>();
+    }
+  }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchBlockQuantize(p, stream));
+  // Synchronizes the stream, so the workspace is no longer in use when it is freed.
   ASSIGN_OR_RETURN(q.amax, ReadAmaxBits(p.amax_bits, stream));
   return q;
 }
@@ -78,6 +103,7 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   ASSIGN_OR_RETURN(const SourceType type, CheckSource(x));
   ASSIGN_OR_RETURN(const Fp8Format format, Fp8FormatOf("options.format", options.format));
   RETURN_IF_ERROR(CheckRequested(options.rowwise, options.columnwise));
+  RETURN_IF_ERROR(CheckDbias(options.dbias, x));
   const int64_t rows = x.dim(0);
   const int64_t cols = x.dim(1);
   if (options.rowwise && cols % kMxfp8BlockSize != 0) {
@@ -105,7 +131,7 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   const CopyShapes shapes{{rows, cols / kMxfp8BlockSize}, {cols, rows / kMxfp8BlockSize}};
   RETURN_IF_ERROR(AllocateCopies(x, options.format, DType::kFloat8E8M0, shapes, options.rowwise,
                                  options.columnwise, q, p));
-  return Run(ctx, x, p, std::move(q));
+  return Run(ctx, x, options.dbias, p, std::move(q));
 }
 
 absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const Tensor& x,
@@ -117,6 +143,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   if (!(options.amax_epsilon >= 0.0f && options.amax_epsilon <= FLT_MAX)) {
     return InvalidField("options.amax_epsilon", "a finite value >= 0", options.amax_epsilon);
   }
+  RETURN_IF_ERROR(CheckDbias(options.dbias, x));
   RegisterCudaAllocator();
   ScopedDevice device(x.device().index);
   TESERVE_CUDA_RETURN_IF_ERROR(device.status());
@@ -144,7 +171,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
                     : CopyShapes{{rows, col_blocks}, {cols, row_blocks}};
   RETURN_IF_ERROR(AllocateCopies(x, options.format, DType::kFloat32, shapes, options.rowwise,
                                  options.columnwise, q, p));
-  return Run(ctx, x, p, std::move(q));
+  return Run(ctx, x, options.dbias, p, std::move(q));
 }
 
 absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {

@@ -1,5 +1,8 @@
-// CUDA kernels for MXFP8 and FP8 block-scaling quantization (contract:
-// kernels/block_quantize.h), their dequantization and the cuBLASLt scale layouts.
+// Generic CUDA kernel for MXFP8 and FP8 block-scaling quantization (contract:
+// kernels/block_quantize.h) and LaunchBlockQuantize, which sends MXFP8 shapes with rows
+// and cols multiples of 32 to the register-tiled kernel of block_quantize_tile_kernels.cu
+// and everything else here (block scaling, MXFP8 tails, the integer-codec encoder).
+// Dequantization and the scale layouts: block_dequantize_kernels.cu.
 //
 // Design:
 // - Bit-exactness with the CPU reference: the per-block scale arithmetic is the shared
@@ -32,12 +35,15 @@
 // - amax: FP32 magnitude bits in a uint32 (integer order is value order and NaN bits
 //   exceed Inf's), warp __reduce_max_sync, shared memory across warps, one atomicMax
 //   per block.
-// Speed. MXFP8 rowwise+columnwise of BF16 moves 2 B in and 2 B + 1/16 B out per element:
-// 16384x8192 is ~545 MB, ~130 us at the 4.1-4.3 TB/s device copy. Measured on H200:
-// 238 us (2.29 TB/s, 54% of copy; FP32 source 2.81 TB/s), short of the 3.2 TB/s target;
-// block 1D 2.02 TB/s, 2D 2.48 TB/s; the integer codec encoder 0.51 TB/s (issue-bound).
-// A variant with packed BF16 rows, 4x8 BF16 thread tiles and persistent prefetching
-// blocks measured slower for MXFP8 (265 / 312 us) and was not kept.
+// - dbias (optional): FP32 column sums over the tile height (in-thread, xor-shuffles over
+//   the row lanes, then column_amax_smem's storage across the warps stacked down), one
+//   partial row per tile row written to the workspace and summed in FP64 by
+//   LaunchDbiasReduce (block_quantize_tile_kernels.cu).
+// Speed (H200, 16384x8192 BF16, rowwise+columnwise): this kernel gives MXFP8 238-242 us
+// (2.26-2.29 TB/s; the tile kernel: 171 us) and FP32 288 us; block 1D 269-280 us
+// (1.95-2.02 TB/s), 2D 217 us (2.48 TB/s); the integer codec encoder 0.5 TB/s
+// (issue-bound). A variant with packed BF16 rows, 4x8 BF16 thread tiles and persistent
+// prefetching blocks measured slower for MXFP8 (265 / 312 us) and was not kept.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -45,6 +51,7 @@
 
 #include "core/float_codec.h"
 #include "kernels/cuda/block_quantize_kernels.h"
+#include "kernels/cuda/block_quantize_tile_kernels.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/quantize_math.h"
 
@@ -128,6 +135,7 @@ struct KernelArgs {
   uint8_t* columnwise;
   void* columnwise_scale_inv;
   uint32_t* amax_bits;
+  float* dbias_partial;  // [ceil(rows / kTileRows), cols] or null
 };
 
 template <Fp8Format kFormat>
@@ -433,99 +441,55 @@ __global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
     }
   }
 
+  if (a.dbias_partial != nullptr) {  // uniform across the block: the barrier is safe
+    // FP32 column sums over the tile height (zero-filled outside the tensor). Across the
+    // warps stacked down they meet in column_amax_smem's storage (no extra shared memory).
+    float* column_sum_smem = reinterpret_cast<float*>(&column_amax_smem[0][0]);
+    float s[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      s[j] = v[0][j];
+#pragma unroll
+      for (int i = 1; i < kRows; ++i) s[j] = __fadd_rn(s[j], v[i][j]);
+#pragma unroll
+      for (int offset = T::kColThreads; offset < 32; offset <<= 1) {
+        s[j] = __fadd_rn(s[j], __shfl_xor_sync(kFullMask, s[j], offset));
+      }
+    }
+    if (T::kWarpsDown > 1) {
+      __syncthreads();  // every thread is done reading the column maxima
+      if (row_lane == 0) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          column_sum_smem[warp_down * T::kTileCols + local_col0 + j] = s[j];
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        s[j] = column_sum_smem[local_col0 + j];
+#pragma unroll
+        for (int w = 1; w < T::kWarpsDown; ++w) {
+          s[j] = __fadd_rn(s[j], column_sum_smem[w * T::kTileCols + local_col0 + j]);
+        }
+      }
+    }
+    if (warp_down == 0 && row_lane == 0) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (col_ok[j]) a.dbias_partial[tile_row_block * cols + col0 + j] = s[j];
+      }
+    }
+  }
+
   const uint32_t block_amax = BlockMax<T::kThreads>(thread_amax, reduce_smem);
   if (threadIdx.x == 0 && block_amax != 0u) atomicMax(a.amax_bits, block_amax);
-}
-
-// ---- Dequantize and layouts ----
-
-constexpr int kElementwiseThreads = 256;
-constexpr int kMaxRowBlocks = 65535;
-
-struct DequantizeArgs {
-  const uint8_t* codes;
-  int64_t rows;
-  int64_t cols;
-  int block_rows_log2;
-  int block_cols_log2;
-  const void* scale_inv;
-  int64_t scale_cols;
-  float* out;
-};
-
-// One block of threads per row (grid-stride over rows), threads across the columns.
-template <Fp8Format kFormat, bool kE8M0>
-__global__ void __launch_bounds__(kElementwiseThreads) BlockDequantizeKernel(const DequantizeArgs a) {
-  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-    const int64_t scale_row = (r >> a.block_rows_log2) * a.scale_cols;
-    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-      const int64_t s = scale_row + (c >> a.block_cols_log2);
-      const float inv = kE8M0 ? E8M0ToFloat(static_cast<const uint8_t*>(a.scale_inv)[s])
-                              : static_cast<const float*>(a.scale_inv)[s];
-      a.out[r * a.cols + c] = __fmul_rn(DecodeFp8<kFormat>(a.codes[r * a.cols + c]), inv);
-    }
-  }
-}
-
-// Grid-stride over the padded [padded_rows, padded_cols] scale matrix: each entry lands
-// at its swizzled offset (a bijection, so every output byte is written once).
-__global__ void __launch_bounds__(kElementwiseThreads)
-    SwizzleKernel(const uint8_t* src, int64_t rows, int64_t cols, int64_t padded_rows,
-                  int64_t padded_cols, uint8_t* dst) {
-  const int64_t total = padded_rows * padded_cols;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += stride) {
-    const int64_t r = i / padded_cols;
-    const int64_t c = i % padded_cols;
-    dst[Mxfp8SwizzledOffset(r, c, padded_cols)] = r < rows && c < cols ? src[r * cols + c] : 0;
-  }
-}
-
-__global__ void __launch_bounds__(kElementwiseThreads)
-    UnswizzleKernel(const uint8_t* src, int64_t rows, int64_t cols, int64_t padded_cols,
-                    uint8_t* dst) {
-  const int64_t total = rows * cols;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += stride) {
-    dst[i] = src[Mxfp8SwizzledOffset(i / cols, i % cols, padded_cols)];
-  }
-}
-
-// out [out_rows, ld]: out[i][k] = s[k][i] (transpose) or s[i][k], 0 past the source.
-__global__ void __launch_bounds__(kElementwiseThreads)
-    GemmLayoutKernel(const float* s, int64_t rows, int64_t cols, bool transpose,
-                     int64_t out_rows, int64_t ld, float* out) {
-  const int64_t total = out_rows * ld;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
-       o += stride) {
-    const int64_t i = o / ld;
-    const int64_t k = o % ld;
-    if (transpose) {
-      out[o] = k < rows ? s[k * cols + i] : 0.0f;
-    } else {
-      out[o] = k < cols ? s[i * cols + k] : 0.0f;
-    }
-  }
 }
 
 // ---- Launch helpers ----
 
 bool IsAligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-int GridFor(int64_t items, int threads, int max_blocks) {
-  const int64_t blocks = (items + threads - 1) / threads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
-}
-
-int Log2(int power_of_two) {
-  int n = 0;
-  while ((1 << n) < power_of_two) ++n;
-  return n;
 }
 
 template <bool kMx, SourceType kType, Fp8Format kFormat, Fp8Encoder kEncoder>
@@ -547,7 +511,10 @@ cudaError_t LaunchTyped(const BlockQuantizeLaunchParams& p, const KernelArgs& ar
     BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kScalar>
         <<<blocks, T::kThreads, 0, stream>>>(args);
   }
-  return cudaGetLastError();
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess || p.dbias == nullptr) return status;
+  return LaunchDbiasReduce(p.dbias_workspace, (p.rows + T::kTileRows - 1) / T::kTileRows, p.cols,
+                           p.dbias, stream);
 }
 
 template <bool kMx, SourceType kType, Fp8Format kFormat>
@@ -576,9 +543,26 @@ cudaError_t LaunchForSource(const BlockQuantizeLaunchParams& p, const KernelArgs
 
 }  // namespace
 
+int64_t BlockQuantizeDbiasSlabs(const BlockQuantizeLaunchParams& p) {
+  const int64_t slab_rows = p.recipe == BlockRecipe::kMxfp8 && !Mxfp8TileKernelApplies(p)
+                                ? Tile<kMxfp8Tiles, SourceType::kFloat32>::kTileRows
+                                : kMxfp8TileRows;
+  static_assert(Tile<kBlockTiles, SourceType::kFloat32>::kTileRows == kMxfp8TileRows &&
+                    Tile<kBlockTiles, SourceType::kBFloat16>::kTileRows == kMxfp8TileRows &&
+                    Tile<kMxfp8Tiles, SourceType::kBFloat16>::kTileRows ==
+                        Tile<kMxfp8Tiles, SourceType::kFloat32>::kTileRows,
+                "slab heights");
+  return (p.rows + slab_rows - 1) / slab_rows;
+}
+
 cudaError_t LaunchBlockQuantize(const BlockQuantizeLaunchParams& p, cudaStream_t stream) {
   cudaError_t status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
-  if (status != cudaSuccess || p.rows == 0 || p.cols == 0) return status;
+  if (status != cudaSuccess) return status;
+  if (p.rows == 0 || p.cols == 0) {
+    if (p.dbias == nullptr || p.cols == 0) return cudaSuccess;
+    return cudaMemsetAsync(p.dbias, 0, p.cols * sizeof(float), stream);
+  }
+  if (Mxfp8TileKernelApplies(p)) return LaunchMxfp8TileQuantize(p, stream);
   KernelArgs args;
   args.x = p.x;
   args.rows = p.rows;
@@ -592,64 +576,9 @@ cudaError_t LaunchBlockQuantize(const BlockQuantizeLaunchParams& p, cudaStream_t
   args.columnwise = p.columnwise;
   args.columnwise_scale_inv = p.columnwise_scale_inv;
   args.amax_bits = p.amax_bits;
+  args.dbias_partial = p.dbias != nullptr ? p.dbias_workspace : nullptr;
   return p.recipe == BlockRecipe::kMxfp8 ? LaunchForSource<kMxfp8Tiles>(p, args, stream)
                                          : LaunchForSource<kBlockTiles>(p, args, stream);
-}
-
-cudaError_t LaunchBlockDequantize(const BlockDequantizeLaunchParams& p, cudaStream_t stream) {
-  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  DequantizeArgs args;
-  args.codes = p.codes;
-  args.rows = p.rows;
-  args.cols = p.cols;
-  args.block_rows_log2 = Log2(p.block_rows);
-  args.block_cols_log2 = Log2(p.block_cols);
-  args.scale_inv = p.scale_inv;
-  args.scale_cols = p.scale_cols;
-  args.out = p.out;
-  const int blocks = static_cast<int>(p.rows < kMaxRowBlocks ? p.rows : kMaxRowBlocks);
-  const bool e4m3 = p.format == Fp8Format::kE4M3;
-  if (p.e8m0_scales) {
-    if (e4m3) {
-      BlockDequantizeKernel<Fp8Format::kE4M3, true><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-    } else {
-      BlockDequantizeKernel<Fp8Format::kE5M2, true><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-    }
-  } else if (e4m3) {
-    BlockDequantizeKernel<Fp8Format::kE4M3, false><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-  } else {
-    BlockDequantizeKernel<Fp8Format::kE5M2, false><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchSwizzleMxfp8Scales(const uint8_t* scales, int64_t rows, int64_t cols,
-                                     uint8_t* swizzled, cudaStream_t stream) {
-  const int64_t padded_rows = (rows + 127) / 128 * 128;
-  const int64_t padded_cols = (cols + 3) / 4 * 4;
-  if (padded_rows * padded_cols == 0) return cudaSuccess;
-  SwizzleKernel<<<GridFor(padded_rows * padded_cols, kElementwiseThreads, 4096),
-                  kElementwiseThreads, 0, stream>>>(scales, rows, cols, padded_rows,
-                                                    padded_cols, swizzled);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchUnswizzleMxfp8Scales(const uint8_t* swizzled, int64_t rows, int64_t cols,
-                                       uint8_t* scales, cudaStream_t stream) {
-  if (rows * cols == 0) return cudaSuccess;
-  UnswizzleKernel<<<GridFor(rows * cols, kElementwiseThreads, 4096), kElementwiseThreads, 0,
-                    stream>>>(swizzled, rows, cols, (cols + 3) / 4 * 4, scales);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchBlockScalesGemmLayout(const float* scale_inv, int64_t rows, int64_t cols,
-                                        bool transpose, float* out, cudaStream_t stream) {
-  const int64_t out_rows = transpose ? cols : rows;
-  const int64_t ld = ((transpose ? rows : cols) + 3) / 4 * 4;
-  if (out_rows * ld == 0) return cudaSuccess;
-  GemmLayoutKernel<<<GridFor(out_rows * ld, kElementwiseThreads, 4096), kElementwiseThreads, 0,
-                     stream>>>(scale_inv, rows, cols, transpose, out_rows, ld, out);
-  return cudaGetLastError();
 }
 
 }  // namespace cuda

@@ -1,6 +1,7 @@
-// Launchers for the block-scaled FP8 kernels in block_quantize_kernels.cu: MXFP8 and
-// FP8 block scaling (1x128 / 128x128) quantization with both copies and the amax in one
-// pass, their dequantization, and the cuBLASLt scale layouts. Contract and formulas:
+// Launchers for the block-scaled FP8 kernels (block_quantize_kernels.cu,
+// block_quantize_tile_kernels.cu, block_dequantize_kernels.cu): MXFP8 and FP8 block
+// scaling (1x128 / 128x128) quantization with both copies, the amax and an optional dbias
+// in one pass, their dequantization, and the cuBLASLt scale layouts. Contract and formulas:
 // kernels/block_quantize.h. Light header (CUDA runtime types only) shared by nvcc, the
 // host wrappers (block_quantize_cuda.cc) and the benchmarks.
 //
@@ -29,6 +30,12 @@ enum class BlockRecipe { kMxfp8, kBlock1D, kBlock2D };
 // GPU tests hold both to the CPU reference; kHardware is the default.
 enum class Fp8Encoder { kHardware, kSoftware };
 
+// Which quantize kernel runs. kAuto: the register-tiled MXFP8 kernel
+// (block_quantize_tile_kernels.cu) when it applies (MXFP8, kHardware, rows and cols
+// multiples of 32, x 16-byte and copies 8-byte aligned), else the generic kernel.
+// kGeneric forces the generic kernel (tests and benchmarks compare the two).
+enum class BlockQuantizeKernel { kAuto, kGeneric };
+
 struct BlockQuantizeLaunchParams {
   const void* x = nullptr;  // [rows, cols], FP32 or BF16
   SourceType type = SourceType::kFloat32;
@@ -47,11 +54,20 @@ struct BlockQuantizeLaunchParams {
   uint8_t* columnwise = nullptr;   // [cols, rows]
   void* columnwise_scale_inv = nullptr;
   uint32_t* amax_bits = nullptr;   // [1]: max |x| as FP32 bits (NaN wins); zeroed here
+  BlockQuantizeKernel kernel = BlockQuantizeKernel::kAuto;
+  // Fused dbias (optional): dbias [cols] FP32 = column sums of x. The kernel writes one
+  // FP32 partial row per slab of rows into dbias_workspace
+  // [BlockQuantizeDbiasSlabs(params), cols]; a second kernel sums them in FP64.
+  float* dbias = nullptr;
+  float* dbias_workspace = nullptr;
 };
 
-// One pass over x: amax, rowwise copy and transposed columnwise copy. Divisibility
-// (MXFP8: cols % 32 for the rowwise copy, rows % 32 for the columnwise copy) is the
-// caller's check.
+// Rows of dbias_workspace the launch needs for these params (0 when rows == 0).
+int64_t BlockQuantizeDbiasSlabs(const BlockQuantizeLaunchParams& params);
+
+// One pass over x: amax, rowwise copy, transposed columnwise copy and the dbias partial
+// sums (then their reduction). Divisibility (MXFP8: cols % 32 for the rowwise copy, rows %
+// 32 for the columnwise copy) is the caller's check. rows == 0 zeroes dbias.
 cudaError_t LaunchBlockQuantize(const BlockQuantizeLaunchParams& params, cudaStream_t stream);
 
 // out [rows, cols] FP32 = decode(codes) * scale_inv of the element's block, one FP32

@@ -11,10 +11,13 @@
 // the recipe's divisibility allows), partial tiles and 16384x8192; both FP8 encoders
 // (hardware cvt and the integer codec) and BF16 sources (compared with the CPU result
 // on their exact FP32 widening).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -153,6 +156,8 @@ std::vector<MxCase> MxCases() {
         cases.push_back({format, 128, 129, Copies::kColumnwise, encoder, source});
         cases.push_back({format, 96, 259, Copies::kColumnwise, encoder, source});
         cases.push_back({format, 32, 32, Copies::kBoth, encoder, source});
+        cases.push_back({format, 64, 96, Copies::kRowwise, encoder, source});
+        cases.push_back({format, 224, 32, Copies::kColumnwise, encoder, source});
         cases.push_back({format, 160, 352, Copies::kBoth, encoder, source});
         cases.push_back({format, 512, 1024, Copies::kBoth, encoder, source});
       }
@@ -166,6 +171,70 @@ std::vector<MxCase> MxCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Mxfp8GpuTest, ::testing::ValuesIn(MxCases()), MxName);
+
+// ---- Every BF16 magnitude as an MXFP8 block amax ----
+
+// x [32768, 32] BF16 whose row i starts with magnitude bits i (every non-negative BF16
+// pattern: zeros, subnormals, normals, Inf and every NaN) followed by 31 smaller
+// magnitudes, signs pseudo-random: rowwise block i has amax pattern i. Transposed
+// ([32, 32768]) the same holds for the columnwise blocks. So the register-tiled kernel's
+// division-free E8M0 code meets every amax a BF16 source can have.
+void MakeEveryBf16AmaxInput(bool transposed, testing::Bf16Input* out) {
+  constexpr int64_t kPatterns = 32768;
+  constexpr int64_t kBlock = 32;
+  const int64_t rows = transposed ? kBlock : kPatterns;
+  const int64_t cols = transposed ? kPatterns : kBlock;
+  out->codes.assign(rows * cols, 0);
+  std::vector<float> widened(rows * cols);
+  for (int64_t i = 0; i < kPatterns; ++i) {
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const int64_t step = 97 * j;
+      const uint32_t magnitude =
+          static_cast<uint32_t>(i >= step ? i - step : i / (j + 1));
+      const uint32_t sign = ((i * 2654435761u + j * 40503u) >> 13) & 1u;
+      const uint16_t code = static_cast<uint16_t>(magnitude | (sign << 15));
+      const int64_t at = transposed ? j * cols + i : i * cols + j;
+      out->codes[at] = code;
+      const uint32_t bits = static_cast<uint32_t>(code) << 16;
+      std::memcpy(&widened[at], &bits, sizeof(bits));
+    }
+  }
+  out->bf16 = Tensor::Borrow(out->codes.data(), DType::kBFloat16, {rows, cols});
+  out->widened = Tensor::FromFloats(widened, {rows, cols}).value();
+}
+
+class Mxfp8EveryBf16AmaxGpuTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(Mxfp8EveryBf16AmaxGpuTest, MatchesCpuBitExact) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const auto [format, transposed] = GetParam();
+  testing::Bf16Input input;
+  MakeEveryBf16AmaxInput(transposed, &input);
+  Mxfp8QuantizeOptions options;
+  options.format = format;
+  options.rowwise = true;
+  options.columnwise = true;
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu,
+                       kernels::cpu::QuantizeMxfp8(Context::Cpu(), input.widened, options));
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu,
+                       kernels::cuda::QuantizeMxfp8(GpuContext(), OnDevice(input.bf16), options));
+  ExpectSameQuantized(gpu, cpu);
+  // The input holds every E8M0 code a BF16 amax can produce, NaN (0xFF) included.
+  const std::vector<uint8_t> codes =
+      testing::Bytes(transposed ? cpu.columnwise_scale_inv : cpu.rowwise_scale_inv);
+  EXPECT_NE(std::find(codes.begin(), codes.end(), uint8_t{0xFF}), codes.end());
+  EXPECT_NE(std::find(codes.begin(), codes.end(), uint8_t{0xFE}), codes.end());
+  EXPECT_NE(std::find(codes.begin(), codes.end(), uint8_t{0x00}), codes.end());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, Mxfp8EveryBf16AmaxGpuTest,
+    ::testing::Combine(::testing::Values(DType::kFloat8E4M3, DType::kFloat8E5M2),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return absl::StrCat(FormatName(std::get<0>(info.param)),
+                          std::get<1>(info.param) ? "_ColumnwiseBlocks" : "_RowwiseBlocks");
+    });
 
 // ---- FP8 block scaling ----
 

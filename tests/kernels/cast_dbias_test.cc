@@ -245,23 +245,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, QuantizeDbiasRecipes,
                                            Recipe::kBlock2D),
                          RecipeCaseName);
 
-#if TESERVE_WITH_CUDA
-// The CUDA block kernels do not fuse dbias yet: asking for it is refused, not ignored.
-// The check comes before any device access, so this runs without a GPU.
-TEST(QuantizeDbiasCuda, BlockRecipesRefuseDbiasOnCuda) {
-  float storage[32 * 32] = {};
-  float sums[32] = {};
-  Context cuda;
-  cuda.device = Device::Cuda(0);
-  const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {32, 32}, Device::Cuda(0));
-  Tensor dbias = Tensor::Borrow(sums, DType::kFloat32, {32}, Device::Cuda(0));
-  for (Recipe recipe : {Recipe::kMxfp8, Recipe::kBlock1D, Recipe::kBlock2D}) {
-    EXPECT_THAT(QuantizeWith(recipe, x, &dbias, cuda),
-                HasError(absl::StatusCode::kUnimplemented, "options.dbias"))
-        << RecipeName(recipe);
-  }
-}
-#endif
+// The CUDA block kernels fuse dbias: tests/gpu/block_quantize_dbias_gpu_test.
 
 }  // namespace
 }  // namespace kernels
