@@ -3,13 +3,14 @@
 # filtered out: memcheck slows kernels ~100x) and the benchmarks, on the GPU host, from
 # a bundle made by shared/tools/device-bundle.sh (shared/GPU.md):
 #
-#   bash tools/gpu_suite.sh BUNDLE OUTDIR [tests|memcheck|bench|all]   (default all)
+#   bash tools/gpu_suite.sh BUNDLE OUTDIR [tests|memcheck|check|bench|all]   (default all)
 #
 # The 16384 x 8192 cases spend most of their time in the CPU reference, so each test
 # binary runs as SHARDS gtest shards in parallel (default: the host's cores / 2) and the
-# memcheck runs of the binaries run side by side; the benchmarks run alone afterwards,
-# on an otherwise idle GPU. A stage that is not asked for is skipped, so one host call
-# can run the tests and a second one the benchmarks (each call has a time limit).
+# memcheck runs of the binaries run side by side ("check" runs the tests and memcheck at
+# the same time: both are bound by the CPU side); the benchmarks run alone afterwards, on
+# an otherwise idle GPU. A stage that is not asked for is skipped, so one host call can
+# run the checks and a second one the benchmarks (each call has a time limit).
 #
 # Writes OUTDIR/tests.log (every test's output), OUTDIR/memcheck.log, OUTDIR/bench.log,
 # OUTDIR/bench.json and OUTDIR/summary.txt (one line per binary with its exit code and
@@ -36,7 +37,7 @@ count() {  # count LABEL FILES...
   grep -h -E "^\[ +$label +\] [0-9]+ test" "$@" 2>/dev/null | awk '{n += $4} END {print n + 0}'
 }
 
-if [[ $stage == all || $stage == tests ]]; then
+run_tests() {
   for test in "$bundle"/bin/*_test; do
     name=$(basename "$test")
     pids=()
@@ -46,14 +47,14 @@ if [[ $stage == all || $stage == tests ]]; then
     done
     rc=0
     for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
-    echo "$name rc=$rc passed=$(count PASSED "$work/$name".*) failed=$(count FAILED "$work/$name".*)" \
-         "skipped=$(count SKIPPED "$work/$name".*)" >> "$summary"
-    { echo "=== $name"; cat "$work/$name".*; } >> "$out/tests.log"
+    echo "$name rc=$rc passed=$(count PASSED "$work/$name".[0-9]*) failed=$(count FAILED "$work/$name".[0-9]*)" \
+         "skipped=$(count SKIPPED "$work/$name".[0-9]*)" >> "$summary"
+    { echo "=== $name"; cat "$work/$name".[0-9]*; } >> "$out/tests.log"
   done
-fi
+}
 
-if [[ $stage == all || $stage == memcheck ]]; then
-  pids=()
+run_memcheck() {
+  local pids=()
   for test in "$bundle"/bin/*_test; do
     name=$(basename "$test")
     ( compute-sanitizer --tool memcheck --error-exitcode 3 "$test" --gtest_brief=1 \
@@ -68,7 +69,21 @@ if [[ $stage == all || $stage == memcheck ]]; then
     echo "memcheck $name rc=$(cat "$work/$name.memcheck.rc") $(grep 'ERROR SUMMARY' "$work/$name.memcheck" | tail -1)" \
          >> "$summary"
   done
-fi
+}
+
+case $stage in
+  tests) run_tests ;;
+  memcheck) run_memcheck ;;
+  check | all)
+    run_memcheck_summary="$work/memcheck.summary"
+    summary_main=$summary
+    summary=$run_memcheck_summary run_memcheck &
+    memcheck_pid=$!
+    run_tests
+    wait $memcheck_pid
+    cat "$run_memcheck_summary" >> "$summary_main"
+    ;;
+esac
 
 if [[ $stage == all || $stage == bench ]] && ls "$bundle"/bin/*_bench > /dev/null 2>&1; then
   benches=$(cd "$bundle/bin" && ls *_bench | tr '\n' ',' | sed 's/,$//')
