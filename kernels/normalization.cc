@@ -24,6 +24,11 @@ namespace {
 
 constexpr char kNormTypes[] = "one of FLOAT32, FLOAT16, BFLOAT16";
 
+// MXFP8 output on CUDA in one fused kernel (kernels/cuda/normalization_register_tile.cu)
+// for the inputs cuda::FusesMxfp8 accepts. false: every device composes the FP32 norm and
+// QuantizeMxfp8 (two passes on CUDA), as for the inputs the fused kernel does not take.
+constexpr bool kFusedCudaNormMxfp8 = true;
+
 absl::Status CheckFloatTensor(absl::string_view name, const Tensor& t, const Shape& expected,
                               const Context& ctx) {
   return CheckTensorOfShape(name, t, DType::kFloat32, expected, ctx);
@@ -236,6 +241,12 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
   }
   ScopedKernelTimer timer(ctx, KernelOp::kNormalizationForward);
   if (!options.mxfp8) return DispatchForward("NormalizationForward", ctx, type, x, gamma, beta, options);
+#if TESERVE_WITH_CUDA
+  if (kFusedCudaNormMxfp8 && !ctx.device.is_cpu()) {
+    ASSIGN_OR_RETURN(const bool fused, cuda::FusesMxfp8(type, x, gamma, beta, options));
+    if (fused) return cuda::NormalizationForward(ctx, type, x, gamma, beta, options);
+  }
+#endif
   // MXFP8: the FP32 y, then QuantizeMxfp8 of it; y rounded to y_dtype when requested.
   NormForwardOptions norm = options;
   norm.mxfp8 = false;

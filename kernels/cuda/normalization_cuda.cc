@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/block_quantize.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/normalization_kernels.h"
@@ -96,6 +97,32 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
     p.y_type = y_type;
   }
   Tensor amax_bits;
+  if (options.mxfp8) {
+    // One fused kernel (the register tile); FusesMxfp8 says for which inputs.
+    const Mxfp8QuantizeOptions& q = options.mxfp8_options;
+    QuantizedTensor& fp8 = out.fp8;
+    fp8.shape = {n, h};
+    fp8.format = q.format;
+    fp8.mode = ScalingMode::kMxfp8_1D;
+    p.mxfp8 = true;
+    p.format = q.format == DType::kFloat8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    if (q.rowwise) {
+      ASSIGN_OR_RETURN(fp8.rowwise_data, Tensor::Zeros(q.format, {n, h}, device));
+      ASSIGN_OR_RETURN(fp8.rowwise_scale_inv,
+                       Tensor::Zeros(DType::kFloat8E8M0, {n, h / kMxfp8BlockSize}, device));
+      p.rowwise = fp8.rowwise_data.data<uint8_t>();
+      p.rowwise_e8m0 = fp8.rowwise_scale_inv.data<uint8_t>();
+    }
+    if (q.columnwise) {
+      ASSIGN_OR_RETURN(fp8.columnwise_data, Tensor::Zeros(q.format, {h, n}, device));
+      ASSIGN_OR_RETURN(fp8.columnwise_scale_inv,
+                       Tensor::Zeros(DType::kFloat8E8M0, {h, n / kMxfp8BlockSize}, device));
+      p.columnwise = fp8.columnwise_data.data<uint8_t>();
+      p.columnwise_e8m0 = fp8.columnwise_scale_inv.data<uint8_t>();
+    }
+    ASSIGN_OR_RETURN(amax_bits, Tensor::Zeros(DType::kInt32, {1}, device));
+    p.amax_bits = amax_bits.data<uint32_t>();
+  }
   if (options.quantize) {
     const PerTensorQuantizeOptions& q = options.quantize_options;
     QuantizedTensor& fp8 = out.fp8;
@@ -122,7 +149,7 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchNormForward(p, stream));
-  if (options.quantize) {
+  if (options.quantize || options.mxfp8) {
     uint32_t bits = 0;
     TESERVE_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(&bits, p.amax_bits, sizeof(bits), cudaMemcpyDeviceToHost, stream));
@@ -130,6 +157,48 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
     std::memcpy(&out.fp8.amax, &bits, sizeof(bits));
   }
   return out;
+}
+
+absl::StatusOr<bool> FusesMxfp8(NormType type, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, const NormForwardOptions& options) {
+  if (!options.mxfp8 || x.device().type != DeviceType::kCuda) return false;
+  if (x.dtype() != DType::kBFloat16 && x.dtype() != DType::kFloat16) return false;
+  const DType y_dtype = options.y_dtype.value_or(x.dtype());
+  if (!IsHighPrecisionFloat(y_dtype)) return false;
+  const Mxfp8QuantizeOptions& q = options.mxfp8_options;
+  if (q.dbias != nullptr || (!q.rowwise && !q.columnwise)) return false;
+  if (q.format != DType::kFloat8E4M3 && q.format != DType::kFloat8E5M2) return false;
+  ScopedDevice scoped(x.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  RETURN_IF_ERROR(CheckSmMargin(options.sm_margin));
+  const bool layer_norm = type == NormType::kLayerNorm;
+  NormForwardParams p;
+  p.rms = !layer_norm;
+  p.x = x.raw_data();
+  p.x_type = x.dtype() == DType::kBFloat16 ? NormDType::kBFloat16 : NormDType::kFloat16;
+  p.rows = x.dim(0);
+  p.cols = x.dim(1);
+  p.gamma = gamma.data<float>();
+  p.beta = layer_norm ? beta.data<float>() : nullptr;
+  p.sm_margin = options.sm_margin;
+  p.mxfp8 = true;
+  p.format = q.format == DType::kFloat8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+  // Planning reads only the outputs' alignment. NormalizationForward allocates them fresh
+  // (256-byte aligned), so x's address (which the kernel needs 16-byte aligned) stands in.
+  uint8_t* stand_in = static_cast<uint8_t*>(const_cast<void*>(x.raw_data()));
+  if (options.write_y) {
+    p.y = stand_in;
+    p.y_type = y_dtype == DType::kFloat32   ? NormDType::kFloat32
+               : y_dtype == DType::kFloat16 ? NormDType::kFloat16
+                                            : NormDType::kBFloat16;
+  }
+  if (q.rowwise) p.rowwise = p.rowwise_e8m0 = stand_in;
+  if (q.columnwise) p.columnwise = p.columnwise_e8m0 = stand_in;
+  NormForwardPlan plan;
+  const cudaError_t status = PlanNormForward(p, &plan);
+  if (status == cudaErrorNotSupported) return false;
+  TESERVE_CUDA_RETURN_IF_ERROR(status);
+  return plan.register_tile;
 }
 
 absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,

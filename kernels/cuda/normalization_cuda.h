@@ -1,5 +1,5 @@
 // CUDA implementations of kernels/normalization.h (LayerNorm / RMSNorm forward with the
-// fused per-tensor FP8 output, and backward).
+// fused per-tensor FP8 or MXFP8 output, and backward).
 //
 // Every function requires its tensors to live on one CUDA device (the dispatcher in
 // kernels/normalization.cc calls them only then) and runs on ctx.stream (nullptr = the
@@ -22,6 +22,15 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
                                                        const Tensor& x, const Tensor& gamma,
                                                        const Tensor& beta,
                                                        const NormForwardOptions& options);
+
+// Whether NormalizationForward computes options.mxfp8 in its one fused kernel for these
+// inputs (the register-tile kernel: BF16 / FP16 x, cols % 64 == 0 up to 8192, rows % 8
+// == 0, rows % 32 == 0 with the columnwise copy, 16-byte aligned x, gamma, beta, and a
+// cluster that fits the SMs left by sm_margin). When false, NormalizationForward must not
+// be asked for options.mxfp8 (the caller composes the norm and QuantizeMxfp8). Errors: a
+// bad sm_margin or a CUDA failure.
+absl::StatusOr<bool> FusesMxfp8(NormType type, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, const NormForwardOptions& options);
 
 absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, NormType type,
                                                           const Tensor& dy, const Tensor& x,

@@ -54,6 +54,14 @@ struct NormForwardParams {
   float* columnwise_scale_inv = nullptr;  // [1]
   uint32_t* amax_bits = nullptr;          // [1] FP32 bits of max |y|; zeroed by the launcher
   int sm_margin = 0;
+  // MXFP8 output instead of the per-tensor one (kernels/block_quantize.h's QuantizeMxfp8 of
+  // the FP32 y): rowwise / columnwise receive the codes of 1x32 / 32x1 blocks, the E8M0
+  // scales below, amax_bits max |y|; scale, scale_inv and the FP32 *_scale_inv are unused.
+  // Only the register-tile kernel computes it (normalization_register_tile.h says which
+  // shapes); Plan/LaunchNormForward return cudaErrorNotSupported for any other shape.
+  bool mxfp8 = false;
+  uint8_t* rowwise_e8m0 = nullptr;     // [rows, cols / 32], with rowwise
+  uint8_t* columnwise_e8m0 = nullptr;  // [cols, rows / 32], with columnwise (rows % 32 == 0)
 };
 
 // How LaunchNormForward splits the work (for tests and benchmarks).

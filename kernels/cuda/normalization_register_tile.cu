@@ -26,6 +26,10 @@
 //   q = cvt.rn.satfinite(y * scale) in pairs (NaN -> 0x7F only in rows holding a NaN);
 //   rowwise codes stored per row, the 8x8 code block transposed with byte permutes for
 //   the columnwise copy. amax: max.NaN of |y| in FP32, warp max, one atomicMax per warp.
+// - MXFP8 output (p.mxfp8; template flag kMx, so the per-tensor kernels compile as before):
+//   1x32 / 32x1 blocks with E8M0 scales, exactly QuantizeMxfp8 of the FP32 y
+//   (normalization_register_tile_mxfp8.cuh); the tile is normalized twice from shared
+//   memory (block maxima, then codes). rows % 32 == 0 for the columnwise copy.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -38,6 +42,7 @@
 #include "kernels/cuda/normalization_kernels.h"
 #include "kernels/cuda/normalization_register_tile.h"
 #include "kernels/cuda/normalization_common.cuh"
+#include "kernels/quantize_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -214,7 +219,9 @@ __device__ __forceinline__ void WarpMoments(const uint4* tile, int lane, int rg,
   warp_stats[warp][8 * rg + cg8] = make_float2(mean[0], m2[0]);
 }
 
-template <NormDType kType, Fp8Format kFormat, bool kRms>
+#include "kernels/cuda/normalization_register_tile_mxfp8.cuh"
+
+template <NormDType kType, Fp8Format kFormat, bool kRms, bool kMx>
 __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     NormForwardRegisterTileKernel(NormForwardParams p, RtGeometry g) {
   __shared__ float2 warp_stats[kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
@@ -341,7 +348,12 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     }
 
     const int64_t my_row = (blockIdx.y + i * stride) * kRtRows + 8 * rg;
-    if (warp_active && my_row < p.rows) {
+    if constexpr (kMx) {
+      if (warp_active) {  // warp-uniform: Mxfp8Tile shuffles across the warp
+        Mxfp8Tile<kType, kFormat>(p, slot_of(i), &row_stats[buf][8 * rg], w, b, lane, my_row,
+                                  my_row < p.rows, col, blockIdx.y + i * stride, amax);
+      }
+    } else if (warp_active && my_row < p.rows) {
       const uint4* const tile = slot_of(i);
       uint32_t lo[8], hi[8];
 #pragma unroll
@@ -396,7 +408,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
     if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
   }
-  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+  if (!kMx && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
     if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
     if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
   }
@@ -405,16 +417,21 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
 
 using KernelFn = void (*)(NormForwardParams, RtGeometry);
 
-template <NormDType kType, Fp8Format kFormat>
+template <NormDType kType, Fp8Format kFormat, bool kMx>
 KernelFn KernelForRms(bool rms) {
-  return rms ? NormForwardRegisterTileKernel<kType, kFormat, true>
-             : NormForwardRegisterTileKernel<kType, kFormat, false>;
+  return rms ? NormForwardRegisterTileKernel<kType, kFormat, true, kMx>
+             : NormForwardRegisterTileKernel<kType, kFormat, false, kMx>;
+}
+
+template <NormDType kType, bool kMx>
+KernelFn KernelForFormat(const NormForwardParams& p) {
+  return p.format == Fp8Format::kE4M3 ? KernelForRms<kType, Fp8Format::kE4M3, kMx>(p.rms)
+                                      : KernelForRms<kType, Fp8Format::kE5M2, kMx>(p.rms);
 }
 
 template <NormDType kType>
-KernelFn KernelForFormat(const NormForwardParams& p) {
-  return p.format == Fp8Format::kE4M3 ? KernelForRms<kType, Fp8Format::kE4M3>(p.rms)
-                                      : KernelForRms<kType, Fp8Format::kE5M2>(p.rms);
+KernelFn KernelFor(const NormForwardParams& p) {
+  return p.mxfp8 ? KernelForFormat<kType, true>(p) : KernelForFormat<kType, false>(p);
 }
 
 bool Covers(const NormForwardParams& p) {
@@ -426,6 +443,11 @@ bool Covers(const NormForwardParams& p) {
   if (p.y != nullptr && !IsAligned(p.y, 16)) return false;
   if (p.rowwise != nullptr && !IsAligned(p.rowwise, 8)) return false;
   if (p.columnwise != nullptr && !IsAligned(p.columnwise, 8)) return false;
+  if (p.mxfp8) {  // whole 32x1 column blocks per tile; every requested copy has its scales
+    if (p.rowwise == nullptr && p.columnwise == nullptr) return false;
+    if (p.rowwise != nullptr && p.rowwise_e8m0 == nullptr) return false;
+    if (p.columnwise != nullptr && (p.columnwise_e8m0 == nullptr || p.rows % kRtRows != 0)) return false;
+  }
   return true;
 }
 
@@ -477,7 +499,10 @@ cudaError_t Occupancy(KernelFn kernel, int warps, int cluster, int* ctas_per_sm,
 cudaError_t RegisterTileForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
                                 cudaStream_t stream, bool launch, bool* handled) {
   *handled = false;
-  if (!Covers(p)) return cudaSuccess;
+  // The MXFP8 output exists only here: a shape this kernel does not take is an error, not
+  // a fallback to the shared-memory tile kernel (which would ignore p.mxfp8).
+  const cudaError_t not_covered = p.mxfp8 ? cudaErrorNotSupported : cudaSuccess;
+  if (!Covers(p)) return not_covered;
   RtGeometry g;
   g.units = static_cast<int>(p.cols / kRtColsPerWarp);
   const int min_cluster = static_cast<int>(CeilDiv(g.units, kRtMaxWarps));
@@ -487,15 +512,15 @@ cudaError_t RegisterTileForward(const NormForwardParams& p, int usable_sms, Norm
 
   KernelFn kernel = nullptr;
   switch (p.x_type) {
-    case NormDType::kBFloat16: kernel = KernelForFormat<NormDType::kBFloat16>(p); break;
-    case NormDType::kFloat16: kernel = KernelForFormat<NormDType::kFloat16>(p); break;
-    default: return cudaSuccess;
+    case NormDType::kBFloat16: kernel = KernelFor<NormDType::kBFloat16>(p); break;
+    case NormDType::kFloat16: kernel = KernelFor<NormDType::kFloat16>(p); break;
+    default: return not_covered;
   }
   int ctas_per_sm = 0, active_clusters = 0;
   cudaError_t status = Occupancy(kernel, g.warps, g.cluster, &ctas_per_sm, &active_clusters);
   if (status != cudaSuccess) return status;
   const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
-  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return cudaSuccess;
+  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return not_covered;
   int64_t clusters = std::min<int64_t>(active_clusters, fitting);
   clusters = std::min<int64_t>(std::min<int64_t>(clusters, g.row_groups), 65535);
   *handled = true;

@@ -17,7 +17,9 @@ namespace cuda {
 // kernel does not cover `p`: x not BF16/FP16, cols not a multiple of 64 or above 8192,
 // rows not a multiple of 8, misaligned pointers, the codec encoder, or a cluster that does
 // not fit on the usable SMs. The caller has validated p and written nothing yet; amax is
-// zeroed here when launched.
+// zeroed here when launched. With p.mxfp8 (the MXFP8 output, which only this kernel
+// computes) it also needs rows % 32 == 0 when the columnwise copy is requested, and an
+// uncovered p returns cudaErrorNotSupported instead of *handled = false.
 cudaError_t RegisterTileForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
                                 cudaStream_t stream, bool launch, bool* handled);
 
