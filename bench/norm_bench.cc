@@ -5,6 +5,8 @@
 //                            memory tile kernel; the others take the register tile)
 //   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
 //   layernorm_fwd_fp8_rowwise  LN forward, rowwise codes only
+//   layernorm_fwd_mxfp8      LN forward, MXFP8 E4M3 rowwise 1x32 + columnwise 32x1 codes,
+//                            E8M0 scales and amax, no y (the fused register-tile path)
 //   layernorm_fwd_bf16       LN forward, y in BF16, no quantization
 //   layernorm_bwd            dx (BF16), dgamma, dbeta from dy, x (BF16), mu, rsigma
 //   rmsnorm_bwd              dx (BF16), dgamma from dy, x (BF16), rsigma
@@ -51,6 +53,8 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   auto* rsigma = static_cast<float*>(DeviceBuffer(n * 4));
   auto* scale_inv = static_cast<float*>(DeviceBuffer(8));
   auto* amax = static_cast<uint32_t*>(DeviceBuffer(4));
+  auto* rowwise_e8m0 = static_cast<uint8_t*>(DeviceBuffer(numel / 32));
+  auto* columnwise_e8m0 = static_cast<uint8_t*>(DeviceBuffer(numel / 32));
 
   NormForwardParams base;
   base.x = x;
@@ -88,6 +92,14 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   rowwise_only.columnwise = nullptr;
   rowwise_only.columnwise_scale_inv = nullptr;
   forward("layernorm_fwd_fp8_rowwise", rowwise_only, numel * 2 + numel + stats_ln);
+  if (h % 64 == 0 && n % 32 == 0) {  // shapes the fused MXFP8 path takes
+    NormForwardParams mxfp8 = base;
+    mxfp8.mxfp8 = true;
+    mxfp8.rowwise_scale_inv = mxfp8.columnwise_scale_inv = nullptr;
+    mxfp8.rowwise_e8m0 = rowwise_e8m0;
+    mxfp8.columnwise_e8m0 = columnwise_e8m0;
+    forward("layernorm_fwd_mxfp8", mxfp8, numel * 2 + numel * 2 + numel / 16 + stats_ln);
+  }
   NormForwardParams plain = base;
   plain.rowwise = plain.columnwise = nullptr;
   plain.rowwise_scale_inv = plain.columnwise_scale_inv = nullptr;
@@ -135,7 +147,8 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   FreeDeviceBuffers({x, dy, static_cast<void*>(gamma), static_cast<void*>(beta), y,
                     static_cast<void*>(rowwise), static_cast<void*>(columnwise),
                     static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
-                    static_cast<void*>(amax), static_cast<void*>(dgamma), static_cast<void*>(dbeta),
+                    static_cast<void*>(amax), static_cast<void*>(rowwise_e8m0),
+                    static_cast<void*>(columnwise_e8m0), static_cast<void*>(dgamma), static_cast<void*>(dbeta),
                     static_cast<void*>(grad.workspace)});
 }
 

@@ -280,6 +280,29 @@ TORCH_EQUIVALENTS.update({
 })
 
 
+def _layernorm_mxfp8_unfused(rows, cols):
+    """F.layer_norm, then the composed MXFP8 quantization (1x32 and 32x1 blocks) of its
+    FP32 output: the unfused path of norm_bench's layernorm_fwd_mxfp8."""
+    torch = _torch()
+    F = torch.nn.functional
+    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
+    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
+    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+
+    def run():
+        y = F.layer_norm(x.float(), (cols,), w.float(), b.float(), 1e-5)
+        q, s, amax = _mxfp8_scaled_blocks(torch, y.view(rows, cols // 32, 32), -1)
+        qc, sc, _ = _mxfp8_scaled_blocks(torch, y.view(rows // 32, 32, cols), 1)
+        return (q.view(rows, cols), s.view(rows, cols // 32), amax.amax(),
+                qc.view(rows, cols).t().contiguous(), sc.view(rows // 32, cols).t().contiguous())
+
+    return run, ("F.layer_norm (FP32 y) -> composed MXFP8 1x32 and 32x1 blocks (abs().amax -> "
+                 "ceil(log2(amax/448)) -> y*exp2(-e) -> float8_e4m3fn, columnwise .t().contiguous())")
+
+
+TORCH_EQUIVALENTS["layernorm_fwd_mxfp8"] = _layernorm_mxfp8_unfused
+
+
 # --- Multi-tensor optimizers (optimizer_bench) -------------------------------------------
 # The bench reports shape [layers, hidden] of its 1B-parameter model (FFN 4 x hidden, 12
 # tensors per layer); the same FP32 tensor list is built here for torch's fused optimizers.
