@@ -96,7 +96,11 @@ void ExpectSameQuantized(const QuantizedTensor& got, const QuantizedTensor& want
   EXPECT_EQ(got.shape, want.shape);
   EXPECT_EQ(got.format, want.format);
   EXPECT_EQ(got.mode, want.mode);
-  EXPECT_EQ(Bits(got.amax), Bits(want.amax)) << got.amax << " vs " << want.amax;
+  if (std::isnan(want.amax)) {  // NaN payloads are not part of the contract
+    EXPECT_TRUE(std::isnan(got.amax)) << got.amax;
+  } else {
+    EXPECT_EQ(Bits(got.amax), Bits(want.amax)) << got.amax << " vs " << want.amax;
+  }
   ExpectSameTensor(got.rowwise_data, want.rowwise_data, "rowwise_data");
   ExpectSameTensor(got.rowwise_scale_inv, want.rowwise_scale_inv, "rowwise_scale_inv");
   ExpectSameTensor(got.columnwise_data, want.columnwise_data, "columnwise_data");
@@ -390,10 +394,10 @@ TEST(NormMxfp8GpuEdgeTest, FusedPathSelectionAndDirectLaunch) {
     uint8_t *buffer = nullptr;
     const int64_t y_bytes = numel * 4, row_scale_bytes = s.n * (s.h / kBlock),
                   col_scale_bytes = s.h * (s.n / kBlock);
-    const int64_t total = y_bytes + 2 * numel + row_scale_bytes + col_scale_bytes + 8 * s.n + 256 * 6;
+    const int64_t total = y_bytes + 2 * numel + row_scale_bytes + col_scale_bytes + 8 * s.n + 256 * 8;
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&buffer), total), cudaSuccess);
     ASSERT_EQ(cudaMemset(buffer, 0xA5, total), cudaSuccess);
-    int64_t offset = 0;
+    int64_t offset = 0;  // 8 carves, each rounded up to 256 bytes
     auto carve = [&](int64_t bytes) {
       uint8_t* p = buffer + offset;
       offset += (bytes + 255) / 256 * 256;
