@@ -194,6 +194,7 @@ struct DeviceParams {
 
 Tensor ToDevice(const Tensor& host, bool misalign, std::vector<Tensor>* storage) {
   const Device gpu = Device::Cuda(0);
+  kernels::cuda::RegisterCudaAllocator();  // Tensor::Zeros below may be the first device allocation
   if (!misalign) {
     storage->push_back(CopyToDevice(Context{}, host, gpu).value());
     return storage->back();
