@@ -60,12 +60,6 @@ absl::Status NoCudaBackend(absl::string_view op) {
 }
 #endif
 
-// The CUDA backend implements the quantization ops; plain conversions on the GPU are
-// not written yet.
-absl::Status NotOnCuda(absl::string_view op) {
-  return absl::UnimplementedError(absl::StrCat(op, " is not implemented on CUDA devices yet"));
-}
-
 }  // namespace
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
@@ -109,14 +103,22 @@ absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
   if (!IsCastType(x.dtype())) return InvalidField("x.dtype", kCastTypes, DTypeName(x.dtype()));
   RETURN_IF_ERROR(CheckDevice("x", x, ctx));
   if (ctx.device.is_cpu()) return cpu::ToFloat32(ctx, x);
-  return NotOnCuda("ToFloat32");
+#if TESERVE_WITH_CUDA
+  return cuda::ToFloat32(ctx, x);
+#else
+  return NoCudaBackend("ToFloat32");
+#endif
 }
 
 absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
   if (!IsCastType(dtype)) return InvalidField("dtype", kCastTypes, DTypeName(dtype));
   if (ctx.device.is_cpu()) return cpu::CastFromFloat32(ctx, x, dtype);
-  return NotOnCuda("CastFromFloat32");
+#if TESERVE_WITH_CUDA
+  return cuda::CastFromFloat32(ctx, x, dtype);
+#else
+  return NoCudaBackend("CastFromFloat32");
+#endif
 }
 
 }  // namespace kernels

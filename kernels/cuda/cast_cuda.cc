@@ -162,6 +162,43 @@ absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, 
   return out;
 }
 
+absl::StatusOr<ConvertType> ConvertTypeOf(absl::string_view field, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return ConvertType::kFloat32;
+    case DType::kFloat16: return ConvertType::kFloat16;
+    case DType::kBFloat16: return ConvertType::kBFloat16;
+    case DType::kFloat8E4M3: return ConvertType::kE4M3;
+    case DType::kFloat8E5M2: return ConvertType::kE5M2;
+    default:
+      return InvalidField(field, "FLOAT32, FLOAT16, BFLOAT16, FLOAT8_E4M3 or FLOAT8_E5M2", DTypeName(dtype));
+  }
+}
+
+absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
+  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("x.dtype", x.dtype()));
+  RegisterCudaAllocator();
+  ScopedDevice device(x.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape(), x.device()));
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      LaunchToFloat32(x.raw_data(), type, x.numel(), out.data<float>(), StreamOf(ctx)));
+  return out;
+}
+
+absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype) {
+  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  if (x.dtype() != DType::kFloat32) return InvalidField("x.dtype", "FLOAT32", DTypeName(x.dtype()));
+  ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("dtype", dtype));
+  RegisterCudaAllocator();
+  ScopedDevice device(x.device().index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(dtype, x.shape(), x.device()));
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      LaunchFromFloat32(x.data<float>(), x.numel(), type, out.raw_data(), StreamOf(ctx)));
+  return out;
+}
+
 absl::StatusOr<Tensor> CopyToDevice(const Context& ctx, const Tensor& host, Device device) {
   if (!host.defined() || !host.device().is_cpu()) {
     return InvalidField("host", "a CPU tensor",

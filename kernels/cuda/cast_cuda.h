@@ -36,6 +36,11 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
 // FP32 tensor q * scale_inv of the requested copy, on q's device.
 absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy);
 
+// Plain conversions on x's device, bit-identical to kernels/cpu (no scaling; FP8
+// encodes saturate): FP32/FP16/BF16/E4M3/E5M2 -> FP32, and FP32 -> `dtype`.
+absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x);
+absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype);
+
 // Host <-> device copies (synchronous on ctx.stream). CopyToDevice returns a new tensor
 // on `device` (a CUDA device); CopyToHost returns a new CPU tensor.
 absl::StatusOr<Tensor> CopyToDevice(const Context& ctx, const Tensor& host, Device device);

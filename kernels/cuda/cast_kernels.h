@@ -62,6 +62,12 @@ cudaError_t LaunchQuantizePerTensor(const QuantizeLaunchParams& params, cudaStre
 cudaError_t LaunchDequantize(const uint8_t* codes, Fp8Format format, int64_t numel,
                              const float* scale_inv, float* out, cudaStream_t stream);
 
+// Plain conversions (convert_kernels.cu), element for element as the CPU reference:
+// dst = decode(src) to FP32, or dst = encode(src) from FP32 (RNE; FP8 saturates).
+enum class ConvertType { kFloat32, kFloat16, kBFloat16, kE4M3, kE5M2 };
+cudaError_t LaunchToFloat32(const void* src, ConvertType type, int64_t n, float* dst, cudaStream_t stream);
+cudaError_t LaunchFromFloat32(const float* src, int64_t n, ConvertType type, void* dst, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve
