@@ -23,9 +23,9 @@
 //   exactly as kernels::QuantizeMxfp8 (kernels/block_quantize.h) quantizes it: 1x32
 //   rowwise blocks (h % 32 == 0) and/or 32x1 columnwise blocks (n % 32 == 0), E8M0
 //   scales rounded up, in result.fp8 (mode kMxfp8_1D, its scale layout). Every device
-//   computes it as that composition (FP32 norm, then QuantizeMxfp8; on CUDA two kernel
-//   passes, not yet one fused kernel), so given the same FP32 y the codes and E8M0
-//   scales are the same on every device.
+//   computes it as that composition (FP32 norm, then QuantizeMxfp8; on CUDA one fused
+//   kernel where the register-tile kernel applies, cuda::FusesMxfp8, else two passes),
+//   so given the same FP32 y the codes and E8M0 scales are the same on every device.
 //   sm_margin (CUDA only, TE's sm_margin): the grid is sized for (SMs - sm_margin)
 //   multiprocessors, leaving that many free for concurrent kernels.
 // Numerical contract between devices: y, mu, rsigma, dx, dgamma, dbeta agree within the
