@@ -37,6 +37,12 @@ count() {  # count LABEL FILES...
   grep -h -E "^\[ +$label +\] [0-9]+ test" "$@" 2>/dev/null | awk '{n += $4} END {print n + 0}'
 }
 
+# Distinct failed tests named in the shard logs (gtest prints a failure's name once inline
+# and, without --gtest_brief, again in its closing list).
+failures() {
+  grep -h -E '^\[  FAILED  \] [^0-9]' "$@" 2>/dev/null | sed 's/^\[  FAILED  \] //; s/[ ,].*//' | sort -u | wc -l
+}
+
 run_tests() {
   for test in "$bundle"/bin/*_test; do
     name=$(basename "$test")
@@ -47,7 +53,7 @@ run_tests() {
     done
     rc=0
     for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
-    echo "$name rc=$rc passed=$(count PASSED "$work/$name".[0-9]*) failed=$(count FAILED "$work/$name".[0-9]*)" \
+    echo "$name rc=$rc passed=$(count PASSED "$work/$name".[0-9]*) failed=$(failures "$work/$name".[0-9]*)" \
          "skipped=$(count SKIPPED "$work/$name".[0-9]*)" >> "$summary"
     { echo "=== $name"; cat "$work/$name".[0-9]*; } >> "$out/tests.log"
   done
