@@ -39,11 +39,12 @@
 //   the row lanes, then column_amax_smem's storage across the warps stacked down), one
 //   partial row per tile row written to the workspace and summed in FP64 by
 //   LaunchDbiasReduce (block_quantize_tile_kernels.cu).
-// Speed (H200, 16384x8192 BF16, rowwise+columnwise): this kernel gives MXFP8 238-242 us
-// (2.26-2.29 TB/s; the tile kernel: 171 us) and FP32 288 us; block 1D 269-280 us
-// (1.95-2.02 TB/s), 2D 217 us (2.48 TB/s); the integer codec encoder 0.5 TB/s
-// (issue-bound). A variant with packed BF16 rows, 4x8 BF16 thread tiles and persistent
-// prefetching blocks measured slower for MXFP8 (265 / 312 us) and was not kept.
+// Speed (H200, 16384x8192 BF16, rowwise+columnwise): this kernel gives MXFP8 237-242 us
+// (2.26-2.30 TB/s; the tile kernel: 166 us) and FP32 288-292 us; block 1D 267 us
+// (2.04 TB/s; 280-282 us while dbias was a run-time branch), 2D 217 us (2.47 TB/s); the
+// integer codec encoder 0.5 TB/s (issue-bound). A variant with packed BF16 rows, 4x8 BF16
+// thread tiles and persistent prefetching blocks measured slower for MXFP8 (265 / 312 us)
+// and was not kept.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -236,7 +237,8 @@ __device__ __forceinline__ uint32_t BlockMax(uint32_t value, uint32_t* scratch) 
   return value;
 }
 
-template <bool kMx, SourceType kType, Fp8Format kFormat, Fp8Encoder kEncoder, bool kVectorizedIo>
+template <bool kMx, SourceType kType, Fp8Format kFormat, Fp8Encoder kEncoder, bool kVectorizedIo,
+          bool kDbias>
 __global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
     BlockQuantizeKernel(const KernelArgs a) {
   using T = Tile<kMx, kType>;
@@ -441,7 +443,10 @@ __global__ void __launch_bounds__(Tile<kMx, kType>::kThreads)
     }
   }
 
-  if (a.dbias_partial != nullptr) {  // uniform across the block: the barrier is safe
+  // A template flag, not a run-time test of a.dbias_partial: with the test, the no-dbias
+  // kernels carried this code too (block 1D BF16 measured 280 us vs 269 us before fused
+  // dbias); now their PTX equals 99e4614's apart from the parameter size and names.
+  if constexpr (kDbias) {
     // FP32 column sums over the tile height (zero-filled outside the tensor). Across the
     // warps stacked down they meet in column_amax_smem's storage (no extra shared memory).
     float* column_sum_smem = reinterpret_cast<float*>(&column_amax_smem[0][0]);
@@ -504,11 +509,18 @@ cudaError_t LaunchTyped(const BlockQuantizeLaunchParams& p, const KernelArgs& ar
                         ((p.cols + T::kTileCols - 1) / T::kTileCols);
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
   const unsigned blocks = static_cast<unsigned>(tiles);
-  if (vectorized) {
-    BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kVectorized>
+  const bool dbias = args.dbias_partial != nullptr;
+  if (vectorized && !dbias) {
+    BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kVectorized, false>
+        <<<blocks, T::kThreads, 0, stream>>>(args);
+  } else if (vectorized) {
+    BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kVectorized, true>
+        <<<blocks, T::kThreads, 0, stream>>>(args);
+  } else if (!dbias) {
+    BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kScalar, false>
         <<<blocks, T::kThreads, 0, stream>>>(args);
   } else {
-    BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kScalar>
+    BlockQuantizeKernel<kMx, kType, kFormat, kEncoder, kScalar, true>
         <<<blocks, T::kThreads, 0, stream>>>(args);
   }
   const cudaError_t status = cudaGetLastError();

@@ -26,14 +26,16 @@
 // then over the 4 warps down through shared memory: one partial row per 128-row tile,
 // reduced in FP64 by DbiasReduceKernel.
 // Measured on the H200 (bench/block_quantize_bench, 16384x8192, median of 50): BF16 source
-// 170.7 us = 3.19 TB/s (the generic kernel: 241.5 us in the same run), FP32 231.7 us =
-// 3.51 TB/s (generic 287.9 us), BF16 with dbias 190.5 us. ncu (BF16): L2 throughput 90%,
+// 165.5 us = 3.30 TB/s (the generic kernel: 237.2 us in the same run), FP32 226.1 us =
+// 3.60 TB/s, BF16 with dbias 185.7 us (the kernel before the tiles-down loop: 170.7, 231.7
+// and 190.5 us in earlier runs). ncu (BF16, the earlier 170.7 us kernel): L2 throughput 90%,
 // DRAM 68%, 64 registers, 46.5% achieved occupancy. Storing each scale byte straight
 // from its lane (no shared-memory staging) measured 197 us with L2 at 94%: those byte
 // stores were 23% of all L2 sectors.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/float_codec.h"
 #include "kernels/cuda/block_quantize_kernels.h"
@@ -221,8 +223,38 @@ struct TileArgs {
   // Whole-tile scale runs may be stored as one word: the scale pointer is 4-byte aligned
   // and every row of the scale matrix starts a run.
   bool row_scale_words;
-  bool col_scale_words;
+  // Bytes per store of a CTA's columnwise scale run (1, 4, 8 or 16; see ColumnStoreBytes).
+  int col_scale_store;
 };
+
+// Stores kBytes scale codes from shared memory (`src`, 16-byte aligned) to `out`, at most
+// `limit` of them, in pieces of `piece` bytes (out and every piece offset are aligned to it).
+template <int kBytes>
+__device__ __forceinline__ void StoreCodes(uint8_t* out, const uint8_t* src, int64_t limit,
+                                           int piece) {
+  if (limit >= kBytes && piece >= 4) {
+    if (piece >= 16 && kBytes % 16 == 0) {
+#pragma unroll
+      for (int b = 0; b < kBytes; b += 16) {
+        *reinterpret_cast<uint4*>(out + b) = *reinterpret_cast<const uint4*>(src + b);
+      }
+      return;
+    }
+    if (piece >= 8 && kBytes % 8 == 0) {
+#pragma unroll
+      for (int b = 0; b < kBytes; b += 8) {
+        *reinterpret_cast<uint2*>(out + b) = *reinterpret_cast<const uint2*>(src + b);
+      }
+      return;
+    }
+#pragma unroll
+    for (int b = 0; b < kBytes; b += 4) {
+      *reinterpret_cast<uint32_t*>(out + b) = *reinterpret_cast<const uint32_t*>(src + b);
+    }
+    return;
+  }
+  for (int b = 0; b < kBytes && b < limit; ++b) out[b] = src[b];
+}
 
 // 4 products -> one word of codes (first product in the low byte); kFp8NanWord when the
 // block's code is 0xFF.
@@ -233,140 +265,159 @@ __device__ __forceinline__ uint32_t EncodeWord(float a, float b, float c, float 
   return code == 0xFFu ? kFp8NanWord : w;
 }
 
-template <SourceType kType, Fp8Format kFormat, bool kDbias>
+// A CTA quantizes kTilesDown vertically adjacent 128-row tiles of one column strip, one
+// after the other, so its columnwise scale run is 4 * kTilesDown bytes per column (one
+// wider store) and the amax atomic, index arithmetic and block reduction are paid once.
+template <SourceType kType, Fp8Format kFormat, bool kDbias, int kTilesDown>
 __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
+  static_assert(!kDbias || kTilesDown == 1, "dbias partial rows are per tile");
   using F = Fragment<kType>;
   constexpr int kCols = F::kCols;
   constexpr int kBlockLanes = kMxBlock / kCols;  // lanes across sharing a row block
   constexpr int kTileCols = kWarpsAcross * kLanesAcross * kCols;
+  constexpr int kColRun = kWarpsDown * kTilesDown;  // columnwise scale codes per column
   const int64_t rows = a.rows;
   const int64_t cols = a.cols;
   const int64_t tiles_across = (cols + kTileCols - 1) / kTileCols;
-  const int64_t tile = blockIdx.x / tiles_across;
-  const int64_t tile_row0 = tile * kTileRows;
-  const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) - tile * tiles_across) * kTileCols;
+  const int64_t group = blockIdx.x / tiles_across;
+  const int64_t group_row0 = group * kTilesDown * kTileRows;
+  const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) - group * tiles_across) * kTileCols;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int down = lane % kLanesDown;
   const int across = lane / kLanesDown;
   const int warp_down = warp % kWarpsDown;
   const int local_col0 = (warp / kWarpsDown) * (kLanesAcross * kCols) + across * kCols;
-  const int64_t r0 = tile_row0 + warp_down * (kLanesDown * kUnit) + down * kUnit;
   const int64_t c0 = tile_col0 + local_col0;
-  const bool valid = r0 < rows && c0 < cols;  // rows, cols % 32 == 0: all 8 x kCols or none
-
-  F f;
-  f.Load(static_cast<const typename F::Element*>(a.x), cols, r0, c0, valid);
-  uint32_t row_amax[kUnit];
-  uint32_t col_amax[kCols];
-  const uint32_t thread_amax = f.BlockMaxima(row_amax, col_amax);
-
-  // Scale codes are staged in shared memory and leave as one 4-byte (FP32 source: rowwise
-  // 2-byte) store per tile row / tile column instead of one byte store per block.
-  constexpr int kRowBlocks = kTileCols / kMxBlock;  // row blocks across the tile
-  __shared__ __align__(4) uint8_t row_codes[kTileRows][kRowBlocks];
-  __shared__ __align__(4) uint8_t col_codes[kTileCols][kWarpsDown];
   const int local_row0 = warp_down * (kLanesDown * kUnit) + down * kUnit;
 
-  if (a.rowwise != nullptr) {
-    const int block_lane = across % kBlockLanes;
-    uint8_t* dst = a.rowwise + r0 * cols + c0;
+  // Scale codes are staged in shared memory and leave as one 4-byte (FP32 source: rowwise
+  // 2-byte) store per tile row and one 4 * kTilesDown-byte run per column instead of one
+  // byte store per block. Rowwise codes alternate between two buffers, so one barrier per
+  // tile orders both their writes and the previous tile's reads.
+  constexpr int kRowBlocks = kTileCols / kMxBlock;  // row blocks across the tile
+  constexpr int kRowBuffers = kTilesDown > 1 ? 2 : 1;
+  __shared__ __align__(4) uint8_t row_codes[kRowBuffers][kTileRows][kRowBlocks];
+  __shared__ __align__(16) uint8_t col_codes[kTileCols][kColRun];
+  __shared__ float column_sums[kDbias ? kWarpsDown : 1][kDbias ? kTileCols : 1];
+  const int t = threadIdx.x;
+  const int ct = t - (kThreads - kTileCols);  // the last kTileCols threads
+  uint32_t thread_amax = 0u;
+
+#pragma unroll 1
+  for (int it = 0; it < kTilesDown; ++it) {
+    const int64_t tile = group * kTilesDown + it;
+    const int64_t tile_row0 = tile * kTileRows;
+    if (tile_row0 >= rows) break;  // uniform across the CTA
+    const int64_t r0 = tile_row0 + local_row0;
+    const bool valid = r0 < rows && c0 < cols;  // rows, cols % 32 == 0: all 8 x kCols or none
+
+    F f;
+    f.Load(static_cast<const typename F::Element*>(a.x), cols, r0, c0, valid);
+    uint32_t row_amax[kUnit];
+    uint32_t col_amax[kCols];
+    thread_amax = max(thread_amax, f.BlockMaxima(row_amax, col_amax));
+    uint8_t (&tile_row_codes)[kTileRows][kRowBlocks] = row_codes[it % kRowBuffers];
+
+    if (a.rowwise != nullptr) {
+      const int block_lane = across % kBlockLanes;
+      uint8_t* dst = a.rowwise + r0 * cols + c0;
 #pragma unroll
-    for (int k = 0; k < kUnit; ++k, dst += cols) {
-      const Scale scale = ScaleOf<kFormat>(row_amax[k]);
-      const uint32_t code = scale.code;
-      const float m = scale.factor;
-      if (k % kBlockLanes == block_lane) {
-        row_codes[local_row0 + k][local_col0 / kMxBlock] = static_cast<uint8_t>(code);
-      }
-      uint32_t w[kCols / 4];
+      for (int k = 0; k < kUnit; ++k, dst += cols) {
+        const Scale scale = ScaleOf<kFormat>(row_amax[k]);
+        const uint32_t code = scale.code;
+        const float m = scale.factor;
+        if (k % kBlockLanes == block_lane) {
+          tile_row_codes[local_row0 + k][local_col0 / kMxBlock] = static_cast<uint8_t>(code);
+        }
+        uint32_t w[kCols / 4];
 #pragma unroll
-      for (int q = 0; q < kCols / 4; ++q) {
-        w[q] = EncodeWord<kFormat>(
-            __fmul_rn(f.Value(k, 4 * q), m), __fmul_rn(f.Value(k, 4 * q + 1), m),
-            __fmul_rn(f.Value(k, 4 * q + 2), m), __fmul_rn(f.Value(k, 4 * q + 3), m), code);
-      }
-      if (valid) {
-        if constexpr (kCols == 8) {
-          *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-        } else {
-          *reinterpret_cast<uint32_t*>(dst) = w[0];
+        for (int q = 0; q < kCols / 4; ++q) {
+          w[q] = EncodeWord<kFormat>(
+              __fmul_rn(f.Value(k, 4 * q), m), __fmul_rn(f.Value(k, 4 * q + 1), m),
+              __fmul_rn(f.Value(k, 4 * q + 2), m), __fmul_rn(f.Value(k, 4 * q + 3), m), code);
+        }
+        if (valid) {
+          if constexpr (kCols == 8) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+          } else {
+            *reinterpret_cast<uint32_t*>(dst) = w[0];
+          }
         }
       }
     }
-  }
 
-  if (a.columnwise != nullptr) {
-    uint8_t* dst = a.columnwise + c0 * rows + r0;
+    if (a.columnwise != nullptr) {
+      uint8_t* dst = a.columnwise + c0 * rows + r0;
 #pragma unroll
-    for (int j = 0; j < kCols; ++j, dst += rows) {
-      const Scale scale = ScaleOf<kFormat>(col_amax[j]);
-      const uint32_t code = scale.code;
-      const float m = scale.factor;
-      if (j % kLanesDown == down) col_codes[local_col0 + j][warp_down] = static_cast<uint8_t>(code);
-      uint32_t w[2];
+      for (int j = 0; j < kCols; ++j, dst += rows) {
+        const Scale scale = ScaleOf<kFormat>(col_amax[j]);
+        const uint32_t code = scale.code;
+        const float m = scale.factor;
+        if (j % kLanesDown == down) {
+          col_codes[local_col0 + j][it * kWarpsDown + warp_down] = static_cast<uint8_t>(code);
+        }
+        uint32_t w[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        w[h] = EncodeWord<kFormat>(
-            __fmul_rn(f.Value(4 * h, j), m), __fmul_rn(f.Value(4 * h + 1, j), m),
-            __fmul_rn(f.Value(4 * h + 2, j), m), __fmul_rn(f.Value(4 * h + 3, j), m), code);
+        for (int h = 0; h < 2; ++h) {
+          w[h] = EncodeWord<kFormat>(
+              __fmul_rn(f.Value(4 * h, j), m), __fmul_rn(f.Value(4 * h + 1, j), m),
+              __fmul_rn(f.Value(4 * h + 2, j), m), __fmul_rn(f.Value(4 * h + 3, j), m), code);
+        }
+        if (valid) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
       }
-      if (valid) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
     }
-  }
 
-  __shared__ float column_sums[kDbias ? kWarpsDown : 1][kDbias ? kTileCols : 1];
-  if constexpr (kDbias) {
-    // FP32 column sums of the thread's rows, then of the warp's 32 rows.
+    if constexpr (kDbias) {
+      // FP32 column sums of the thread's rows, then of the warp's 32 rows.
 #pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      float s = f.Value(0, j);
+      for (int j = 0; j < kCols; ++j) {
+        float s = f.Value(0, j);
 #pragma unroll
-      for (int k = 1; k < kUnit; ++k) s = __fadd_rn(s, f.Value(k, j));
+        for (int k = 1; k < kUnit; ++k) s = __fadd_rn(s, f.Value(k, j));
 #pragma unroll
-      for (int offset = 1; offset < kLanesDown; offset <<= 1) {
-        s = __fadd_rn(s, __shfl_xor_sync(kFullMask, s, offset));
+        for (int offset = 1; offset < kLanesDown; offset <<= 1) {
+          s = __fadd_rn(s, __shfl_xor_sync(kFullMask, s, offset));
+        }
+        if (down == 0) column_sums[warp_down][local_col0 + j] = s;
       }
-      if (down == 0) column_sums[warp_down][local_col0 + j] = s;
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  const int t = threadIdx.x;
-  if (a.rowwise != nullptr && t < kTileRows && tile_row0 + t < rows) {
-    const int64_t scale_cols = cols / kMxBlock;
-    uint8_t* out = a.rowwise_scale_inv + (tile_row0 + t) * scale_cols + tile_col0 / kMxBlock;
-    const int64_t blocks_left = scale_cols - tile_col0 / kMxBlock;
-    if (a.row_scale_words && blocks_left >= kRowBlocks) {
-      if constexpr (kRowBlocks == 4) {
-        *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(row_codes[t]);
+    if (a.rowwise != nullptr && t < kTileRows && tile_row0 + t < rows) {
+      const int64_t scale_cols = cols / kMxBlock;
+      uint8_t* out = a.rowwise_scale_inv + (tile_row0 + t) * scale_cols + tile_col0 / kMxBlock;
+      const int64_t blocks_left = scale_cols - tile_col0 / kMxBlock;
+      if (a.row_scale_words && blocks_left >= kRowBlocks) {
+        if constexpr (kRowBlocks == 4) {
+          *reinterpret_cast<uint32_t*>(out) =
+              *reinterpret_cast<const uint32_t*>(tile_row_codes[t]);
+        } else {
+          *reinterpret_cast<uint16_t*>(out) =
+              *reinterpret_cast<const uint16_t*>(tile_row_codes[t]);
+        }
       } else {
-        *reinterpret_cast<uint16_t*>(out) = *reinterpret_cast<const uint16_t*>(row_codes[t]);
+        for (int b = 0; b < kRowBlocks && b < blocks_left; ++b) out[b] = tile_row_codes[t][b];
       }
-    } else {
-      for (int b = 0; b < kRowBlocks && b < blocks_left; ++b) out[b] = row_codes[t][b];
     }
-  }
-  const int ct = t - (kThreads - kTileCols);  // the last kTileCols threads
+
+    if constexpr (kDbias) {
+      // The last kTileCols threads write the slab row: the sum over the 4 warps down.
+      if (ct >= 0 && tile_col0 + ct < cols) {
+        float sum = column_sums[0][ct];
+#pragma unroll
+        for (int w = 1; w < kWarpsDown; ++w) sum = __fadd_rn(sum, column_sums[w][ct]);
+        a.dbias_partial[tile * cols + tile_col0 + ct] = sum;
+      }
+    }
+  }  // tiles down
+
+  // The last tile's barrier ordered every col_codes write before these reads.
   if (a.columnwise != nullptr && ct >= 0 && tile_col0 + ct < cols) {
     const int64_t scale_cols = rows / kMxBlock;
-    uint8_t* out = a.columnwise_scale_inv + (tile_col0 + ct) * scale_cols + tile_row0 / kMxBlock;
-    const int64_t blocks_left = scale_cols - tile_row0 / kMxBlock;
-    if (a.col_scale_words && blocks_left >= kWarpsDown) {
-      *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(col_codes[ct]);
-    } else {
-      for (int b = 0; b < kWarpsDown && b < blocks_left; ++b) out[b] = col_codes[ct][b];
-    }
-  }
-
-  if constexpr (kDbias) {
-    // The last kTileCols threads write the slab row: the sum over the 4 warps down.
-    if (ct >= 0 && tile_col0 + ct < cols) {
-      float sum = column_sums[0][ct];
-#pragma unroll
-      for (int w = 1; w < kWarpsDown; ++w) sum = __fadd_rn(sum, column_sums[w][ct]);
-      a.dbias_partial[tile * cols + tile_col0 + ct] = sum;
-    }
+    uint8_t* out = a.columnwise_scale_inv + (tile_col0 + ct) * scale_cols + group_row0 / kMxBlock;
+    StoreCodes<kColRun>(out, col_codes[ct], scale_cols - group_row0 / kMxBlock,
+                        a.col_scale_store);
   }
 
   const uint32_t block_amax = BlockMax<kThreads>(thread_amax);
@@ -391,6 +442,28 @@ bool IsAligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+// Widest store (16, 8, 4 or 1 bytes, at most `run`) that keeps every columnwise scale run
+// of `run` codes aligned: rows of `scale_cols` codes from `scales`.
+int ColumnStoreBytes(const void* scales, int64_t scale_cols, int run) {
+  for (int piece = 16; piece >= 4; piece /= 2) {
+    if (piece <= run && IsAligned(scales, piece) && scale_cols % piece == 0) return piece;
+  }
+  return 1;
+}
+
+// 128-row tiles per CTA (BF16 source, no dbias): 1. Measured on the H200 (16384x8192,
+// both copies, one run): 1 tile 165.5 / 165.9 us, 2 tiles 169.8, 4 tiles 172.5, 8 tiles
+// 171.1 / 171.3 (rowwise only: 104.1 vs 112.9 us with 8): the wider columnwise scale stores
+// do not pay for the serialized tiles. The environment variable TESERVE_MXFP8_TILES_DOWN
+// (2, 4 or 8) selects the other variants for measurements and tests.
+int TilesDownFor() {
+  static const int forced = [] {
+    const char* v = std::getenv("TESERVE_MXFP8_TILES_DOWN");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  return forced == 2 || forced == 4 || forced == 8 ? forced : 1;
+}
+
 template <SourceType kType, Fp8Format kFormat>
 cudaError_t LaunchTyped(const BlockQuantizeLaunchParams& p, cudaStream_t stream) {
   constexpr int kTileCols = kWarpsAcross * kLanesAcross * Fragment<kType>::kCols;
@@ -406,16 +479,35 @@ cudaError_t LaunchTyped(const BlockQuantizeLaunchParams& p, cudaStream_t stream)
   args.dbias_partial = p.dbias_workspace;
   constexpr int64_t kRowBlocks = kTileCols / kMxBlock;
   args.row_scale_words = IsAligned(p.rowwise_scale_inv, 4) && (p.cols / kMxBlock) % kRowBlocks == 0;
-  args.col_scale_words = IsAligned(p.columnwise_scale_inv, 4) && (p.rows / kMxBlock) % kWarpsDown == 0;
   const int64_t slabs = (p.rows + kTileRows - 1) / kTileRows;
-  const int64_t tiles = slabs * ((p.cols + kTileCols - 1) / kTileCols);
+  const int64_t tiles_across = (p.cols + kTileCols - 1) / kTileCols;
+  const int64_t tiles = slabs * tiles_across;
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
-  const unsigned blocks = static_cast<unsigned>(tiles);
   if (p.dbias == nullptr) {
-    Mxfp8TileKernel<kType, kFormat, false><<<blocks, kThreads, 0, stream>>>(args);
+    // FP32 sources stay at one tile per CTA (more tiles spill registers there).
+    const int tiles_down = kType == SourceType::kBFloat16 ? TilesDownFor() : 1;
+    args.col_scale_store = ColumnStoreBytes(p.columnwise_scale_inv, p.rows / kMxBlock,
+                                            kWarpsDown * tiles_down);
+    const unsigned blocks =
+        static_cast<unsigned>((slabs + tiles_down - 1) / tiles_down * tiles_across);
+    switch (kType == SourceType::kBFloat16 ? tiles_down : 1) {
+      case 8:
+        Mxfp8TileKernel<kType, kFormat, false, 8><<<blocks, kThreads, 0, stream>>>(args);
+        break;
+      case 4:
+        Mxfp8TileKernel<kType, kFormat, false, 4><<<blocks, kThreads, 0, stream>>>(args);
+        break;
+      case 2:
+        Mxfp8TileKernel<kType, kFormat, false, 2><<<blocks, kThreads, 0, stream>>>(args);
+        break;
+      default:
+        Mxfp8TileKernel<kType, kFormat, false, 1><<<blocks, kThreads, 0, stream>>>(args);
+    }
     return cudaGetLastError();
   }
-  Mxfp8TileKernel<kType, kFormat, true><<<blocks, kThreads, 0, stream>>>(args);
+  args.col_scale_store = ColumnStoreBytes(p.columnwise_scale_inv, p.rows / kMxBlock, kWarpsDown);
+  const unsigned blocks = static_cast<unsigned>(tiles);
+  Mxfp8TileKernel<kType, kFormat, true, 1><<<blocks, kThreads, 0, stream>>>(args);
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   return LaunchDbiasReduce(p.dbias_workspace, slabs, p.cols, p.dbias, stream);

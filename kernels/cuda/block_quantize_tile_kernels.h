@@ -24,7 +24,9 @@ inline constexpr int64_t kMxfp8TileRows = 128;
 
 // One pass over x (p.amax_bits already zeroed, rows and cols > 0). With p.dbias set,
 // writes p.dbias_workspace [ceil(rows / 128), cols] (column sums of each 128-row slab)
-// and reduces it into p.dbias.
+// and reduces it into p.dbias. One 128-row tile per CTA; for measurements and tests,
+// TESERVE_MXFP8_TILES_DOWN=2, 4 or 8 (environment, read once) makes each CTA of a BF16
+// launch without dbias quantize that many tiles down (same results, slower on the H200).
 cudaError_t LaunchMxfp8TileQuantize(const BlockQuantizeLaunchParams& p, cudaStream_t stream);
 
 // dbias[c] = sum over s < slabs of partial[s * cols + c], accumulated in FP64 in slab
