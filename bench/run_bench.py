@@ -485,12 +485,16 @@ def time_torch(fn, warmup, iters):
 # ---------------------------------------------------------------------------------------
 
 
-def run_cpp(bin_dir, name, args):
+def run_cpp(bin_dir, name, args, timeout_s):
     path = os.path.join(bin_dir, name)
     if not os.path.exists(path):
         print(f"skipping {name}: {path} not found", file=sys.stderr)
         return None
-    proc = subprocess.run([path] + args, capture_output=True, text=True)
+    try:
+        proc = subprocess.run([path] + args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"{name} did not finish in {timeout_s} s (--timeout); its rows are missing", file=sys.stderr)
+        return None
     if proc.returncode != 0:
         print(f"{name} failed ({proc.returncode}):\n{proc.stderr}", file=sys.stderr)
         return None
@@ -506,13 +510,14 @@ def main():
     parser.add_argument("--benches", default=",".join(BENCHES), help="comma-separated subset of BENCHES")
     parser.add_argument("--no-torch", action="store_true", help="only our kernels")
     parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one C++ bench binary may run")
     args = parser.parse_args()
 
     cpp_args = [f"--shapes={args.shapes}", f"--iters={args.iters}", f"--warmup={args.warmup}"]
     rows = []
     device = None
     for bench in args.benches.split(","):
-        out = run_cpp(args.bin_dir, bench, cpp_args)
+        out = run_cpp(args.bin_dir, bench, cpp_args, args.timeout)
         if out is None:
             continue
         device = out.get("device", device)
