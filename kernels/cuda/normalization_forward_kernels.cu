@@ -45,6 +45,7 @@
 
 #include "kernels/cuda/normalization_kernels.h"
 #include "kernels/cuda/normalization_register_tile.h"
+#include "kernels/cuda/normalization_stats_warp.h"
 #include "kernels/cuda/normalization_common.cuh"
 
 namespace teserve {
@@ -434,6 +435,8 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
   if (p.sm_margin < 0 || p.sm_margin >= limits.sms) return cudaErrorInvalidValue;
   const int usable_sms = limits.sms - p.sm_margin;
   bool handled = false;
+  status = StatsWarpForward(p, usable_sms, plan, stream, launch, &handled);
+  if (status != cudaSuccess || handled) return status;
   status = RegisterTileForward(p, usable_sms, plan, stream, launch, &handled);
   if (status != cudaSuccess || handled) return status;
 
@@ -470,6 +473,8 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
     plan->cluster_size = g.clustered ? g.slices : 1;
     plan->separate_stats = !g.clustered;
     plan->register_tile = false;
+    plan->stats_warp = false;
+    plan->row_group_run = 1;
     plan->ctas = static_cast<int>(groups_in_flight * g.slices);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;

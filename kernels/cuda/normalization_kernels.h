@@ -29,6 +29,16 @@ enum class NormDType { kFloat32, kFloat16, kBFloat16 };
 //   kCodec:    the integer codec itself (~30 integer ops per element).
 enum class Fp8Encoder { kHardware, kCodec };
 
+// Forward kernel choice for the shapes the register-tile kernels cover (outputs are equal
+// bit for bit; benchmarks and tests A/B them):
+//   kAuto:             the stats-warp kernel (normalization_stats_warp.cu) where it
+//                      applies, clusters taking runs of 4 consecutive 32-row groups; else
+//                      the register-tile kernel;
+//   kRegisterTile:     never the stats-warp kernel;
+//   kStatsWarpStrided: the stats-warp kernel with the register-tile kernel's row-group
+//                      order (cluster y takes groups y, y + clusters, ...).
+enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpStrided };
+
 struct NormForwardParams {
   bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm
   const void* x = nullptr;       // [rows, cols]
@@ -62,6 +72,7 @@ struct NormForwardParams {
   bool mxfp8 = false;
   uint8_t* rowwise_e8m0 = nullptr;     // [rows, cols / 32], with rowwise
   uint8_t* columnwise_e8m0 = nullptr;  // [cols, rows / 32], with columnwise (rows % 32 == 0)
+  NormForwardKernel kernel = NormForwardKernel::kAuto;
 };
 
 // How LaunchNormForward splits the work (for tests and benchmarks).
@@ -73,6 +84,9 @@ struct NormForwardPlan {
   bool separate_stats = false;  // statistics by a separate kernel (rows too long for a cluster)
   bool register_tile = false;   // normalization_register_tile.cu's kernel (else the shared-
                                 // memory tile kernel)
+  bool stats_warp = false;      // normalization_stats_warp.cu's kernel (register_tile is set too:
+                                // same tile geometry, plus one stats warp per CTA)
+  int row_group_run = 1;        // consecutive 32-row groups a cluster takes (stats-warp kernel)
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

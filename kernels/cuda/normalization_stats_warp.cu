@@ -1,0 +1,475 @@
+// Stats-warp LayerNorm / RMSNorm forward with the fused per-tensor FP8 output (contract:
+// kernels/normalization.h; selection: normalization_stats_warp.h). NOT yet run on a GPU
+// when written; bench/NOTES.md ("LN forward: analysis for the next kernel") says why it
+// exists and what it is expected to measure.
+//
+// Same tile, lanes, staging and arithmetic as the register-tile kernel
+// (normalization_register_tile.cu, helpers in normalization_register_tile_common.cuh), so
+// mu, rsigma, y, codes and amax equal that kernel's bit for bit. What differs is who waits
+// for the statistics:
+// - W compute warps (64 columns each) and one stats warp (warp W) per CTA of a cluster of
+//   S CTAs along the row. Compute warps: per-lane moments of tile i + 1 and their warp
+//   reduction into warp_stats[(i + 1) % 2], named-barrier arrive (no wait), then wait for
+//   row_stats[i % 2] and normalize / encode / store tile i. They never run a merge chain
+//   and never touch the cluster.
+// - The stats warp, one row per lane, per tile t: waits for the warp partials (named
+//   barrier), merges them in warp order (the register-tile kernel's CTA merge), pushes the
+//   CTA partial into slot t % 2 of every CTA of the cluster with st.async (8 bytes per lane
+//   and CTA, completing transactions on the receiver's mbarrier full[t % 2]), waits for the
+//   S partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
+//   (rank 0 also mu / rsigma) and arrives on the compute warps' named barrier. No cluster
+//   barrier and no GPU-scope fence per tile (the register-tile kernel's release arrive
+//   compiles to MEMBAR.ALL.GPU, which waits for the warp's outstanding stores).
+// - Why two slots suffice: a CTA pushes its partial of tile t + 1 only after its stats warp
+//   consumed slot t % 2 (program order of one warp), and a peer can push tile t + 2 into
+//   slot t % 2 only after it received every CTA's partial of tile t + 1. full[s] is
+//   re-armed (arrive + expect_tx) for tile t + 2 right after tile t was consumed, so
+//   transactions never land in the wrong phase. Named barriers 1 + t % 2 (partials) and
+//   3 + t % 2 (statistics) alternate so an arrival for tile t + 1 can never join the
+//   instance of tile t - 1; warp_stats and row_stats are double-buffered by the same
+//   argument (each buffer is rewritten only after the barrier that follows its last read).
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/normalization_kernels.h"
+#include "kernels/cuda/normalization_stats_warp.h"
+#include "kernels/cuda/normalization_common.cuh"
+#include "kernels/quantize_math.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+#include "kernels/cuda/normalization_register_tile_common.cuh"
+
+constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
+constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written
+// mbarrier waits give up (trap) after this many polls, so that a broken protocol fails the
+// launch instead of hanging the process (a correct wait lasts microseconds).
+constexpr uint32_t kMaxPolls = 1u << 24;
+
+// Named barrier kBase + parity (immediate ids, so ptxas reserves only the ids used).
+template <int kBase>
+__device__ __forceinline__ void NamedArrive(int parity, int threads) {
+  if (parity) {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(kBase + 1), "r"(threads) : "memory");
+  } else {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(kBase), "r"(threads) : "memory");
+  }
+}
+
+template <int kBase>
+__device__ __forceinline__ void NamedSync(int parity, int threads) {
+  if (parity) {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kBase + 1), "r"(threads) : "memory");
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kBase), "r"(threads) : "memory");
+  }
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Address of this CTA's shared-memory location `local` in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t ClusterAddress(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Arrives once on `bar` and raises its expected transaction bytes of the current phase.
+__device__ __forceinline__ void MbarrierArriveExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the phase with `parity` of `bar` completed (acquire at cluster scope: the
+// bytes were written by other CTAs' st.async).
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  for (uint32_t polls = 0;; ++polls) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (polls >= kMaxPolls) __trap();
+  }
+}
+
+// 8 bytes (mean, m2) into shared::cluster address `remote`, completing 8 transaction bytes
+// on the mbarrier at shared::cluster address `remote_bar` (same CTA as `remote`).
+__device__ __forceinline__ void PushPartial(uint32_t remote, float2 v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(
+          remote),
+      "f"(v.x), "f"(v.y), "r"(remote_bar)
+      : "memory");
+}
+
+// Tile i of cluster y is row group ((y + (i >> run_log2) * gridDim.y) << run_log2) + i % run:
+// runs of `run` consecutive row groups per cluster (run_log2 = 0: the register-tile kernel's
+// order y + i * gridDim.y). With run = 4 one CTA writes all four 32-byte sectors of each
+// 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a column), instead of
+// four clusters on different SMs writing one sector each at the same time. Groups past the
+// last are skipped (zero-filled staging, no stores).
+template <NormDType kType, Fp8Format kFormat, bool kRms>
+__global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
+    NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, int run_log2) {
+  __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
+  __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
+  __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
+  __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int threads = static_cast<int>(blockDim.x);  // (g.warps + 1) * 32
+  const int rank = static_cast<int>(blockIdx.x);
+  const int active_warps = min(g.warps, g.units - rank * g.warps);
+  const int64_t stride = gridDim.y;
+  const int64_t runs = CeilDivDevice(g.row_groups, int64_t{1} << run_log2);
+  const int tiles =
+      blockIdx.y < runs ? static_cast<int>(CeilDivDevice(runs - blockIdx.y, stride)) << run_log2 : 0;
+  auto group_of = [&](int i) {
+    return ((blockIdx.y + static_cast<int64_t>(i >> run_log2) * stride) << run_log2) +
+           (i & ((1 << run_log2) - 1));
+  };
+  const uint32_t part_bytes = static_cast<uint32_t>(g.cluster * kRtRows * sizeof(float2));
+
+  if (warp == g.warps && lane == 0) {
+    MbarrierInit(SharedAddress(&full[0]), 1);
+    MbarrierInit(SharedAddress(&full[1]), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (tiles > 0) MbarrierArriveExpect(SharedAddress(&full[0]), part_bytes);
+    if (tiles > 1) MbarrierArriveExpect(SharedAddress(&full[1]), part_bytes);
+  }
+  cluster.sync();  // every CTA's barriers exist before any partial is pushed
+
+  if (warp == g.warps) {
+    // ---- Stats warp: lane = row of the tile.
+    const float cols_f = static_cast<float>(p.cols);
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t & 1;
+      NamedSync<kPartialsBarrier>(s, threads);
+      float m = warp_stats[s][0][lane].x, q = warp_stats[s][0][lane].y;
+      float n = static_cast<float>(kRtColsPerWarp);
+      for (int i = 1; i < active_warps; ++i) {
+        const float2 part = warp_stats[s][i][lane];
+        MergeMoments<kRms>(m, q, n, part.x, part.y, static_cast<float>(kRtColsPerWarp));
+      }
+      const uint32_t slot = SharedAddress(&parts[s][rank][lane]);
+      const uint32_t bar = SharedAddress(&full[s]);
+      for (int dst = 0; dst < g.cluster; ++dst) {
+        PushPartial(ClusterAddress(slot, dst), make_float2(m, q), ClusterAddress(bar, dst));
+      }
+      MbarrierWait(bar, static_cast<uint32_t>(t >> 1) & 1u);
+      float2 all[kRtMaxCluster];
+#pragma unroll
+      for (int r = 0; r < kRtMaxCluster; ++r) {
+        if (r < g.cluster) all[r] = parts[s][r][lane];
+      }
+      m = all[0].x;
+      q = all[0].y;
+      n = static_cast<float>(kRtColsPerWarp * min(g.warps, g.units));
+#pragma unroll
+      for (int r = 1; r < kRtMaxCluster; ++r) {
+        if (r < g.cluster) {
+          MergeMoments<kRms>(m, q, n, all[r].x, all[r].y,
+                             static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - r * g.warps)));
+        }
+      }
+      const float rsigma = 1.0f / sqrtf(q / cols_f + p.eps);
+      row_stats[s][lane] = make_float2(kRms ? 0.0f : m, rsigma);
+      const int64_t row = group_of(t) * kRtRows + lane;
+      if (rank == 0 && row < p.rows) {
+        p.rsigma[row] = rsigma;
+        if (!kRms) p.mu[row] = m;
+      }
+      __syncwarp();  // every lane has read parts[s] before the slot is re-armed
+      if (lane == 0 && t + 2 < tiles) MbarrierArriveExpect(bar, part_bytes);
+      NamedArrive<kStatsBarrier>(s, threads);
+    }
+  } else {
+    // ---- Compute warps.
+    const int rg = lane % 4;   // rows 8 rg .. 8 rg + 7 of the tile
+    const int cg8 = lane / 4;  // columns 8 cg8 .. 8 cg8 + 7 of the warp's 64
+    const bool warp_active = warp < active_warps;
+    const int64_t col = static_cast<int64_t>(rank * g.warps + warp) * kRtColsPerWarp + 8 * cg8;
+    const uint16_t* x = static_cast<const uint16_t*>(p.x);
+    const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
+
+    // Three staging buffers of 8 x 16 bytes per thread of the CTA (the stats warp's slots
+    // stay unused, so the register-tile helpers' blockDim.x strides apply unchanged).
+    extern __shared__ uint4 staging[];
+    const int stage_stride = 8 * blockDim.x;
+    auto slot_of = [&](int i) { return staging + (i % 3) * stage_stride + threadIdx.x; };
+    auto stage_tile = [&](int i) {
+      const int64_t grp = group_of(i);
+      const int64_t row = grp * kRtRows + 8 * rg;
+      StageBlock(x, row, p.cols, col, warp_active && grp < g.row_groups && row < p.rows, slot_of(i));
+    };
+
+    float amax = 0.0f;
+    if (tiles > 0) {
+      stage_tile(0);
+      stage_tile(1);
+      stage_tile(2);
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      WarpMoments<kType, kRms>(slot_of(0), lane, rg, cg8, warp, warp_stats[0]);
+      NamedArrive<kPartialsBarrier>(0, threads);
+    }
+
+    float w[8], b[8];  // this lane's 8 columns of the weight and bias
+    {
+      const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + (warp_active ? col : 0));
+      const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
+      w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
+      w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
+      if (p.zero_centered_gamma) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] += 1.0f;
+      }
+      if constexpr (kRms) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) b[e] = 0.0f;
+      } else {
+        const float4* beta4 = reinterpret_cast<const float4*>(p.beta + (warp_active ? col : 0));
+        const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
+        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
+        b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+      }
+    }
+
+    for (int i = 0; i < tiles; ++i) {
+      const int s = i & 1;
+      if (i + 1 < tiles) {
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile i + 1 staged
+        WarpMoments<kType, kRms>(slot_of(i + 1), lane, rg, cg8, warp, warp_stats[s ^ 1]);
+        NamedArrive<kPartialsBarrier>(s ^ 1, threads);
+      }
+      NamedSync<kStatsBarrier>(s, threads);  // row_stats[s] of tile i
+
+      const int64_t my_row = group_of(i) * kRtRows + 8 * rg;
+      if (warp_active && my_row < p.rows) {
+        const uint4* const tile = slot_of(i);
+        uint32_t lo[8], hi[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float2 st = row_stats[s][8 * rg + k];
+          float v[8];
+          Unpack16<kType>(tile[k * blockDim.x], v);
+          float row_max = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
+            row_max = MaxNaN(row_max, fabsf(v[e]));
+          }
+          amax = MaxNaN(amax, row_max);
+          const int64_t row = my_row + k;
+          if (p.y != nullptr) StoreY8(p.y, p.y_type, row * p.cols + col, v);
+          if (quantize) {
+            if (row_max != row_max) {  // a NaN: the patched encoder for this row
+              lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
+              hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v + 4, p.scale);
+            } else {
+              lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, false>(v, p.scale);
+              hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, false>(v + 4, p.scale);
+            }
+            if (p.rowwise != nullptr) {
+              *reinterpret_cast<uint2*>(p.rowwise + row * p.cols + col) = make_uint2(lo[k], hi[k]);
+            }
+          }
+        }
+        if (p.columnwise != nullptr) {
+          uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
+          Transpose4(lo[0], lo[1], lo[2], lo[3], first);
+          Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
+          Transpose4(lo[4], lo[5], lo[6], lo[7], second);
+          Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            *reinterpret_cast<uint2*>(p.columnwise + (col + e) * p.rows + my_row) =
+                make_uint2(first[e], second[e]);
+          }
+        }
+      }
+      stage_tile(i + 3);  // into tile i's slot, which this thread no longer reads
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+
+    if (p.amax_bits != nullptr) {
+      // |y| max as FP32 bits: non-negative, so integer order is value order (NaN above Inf).
+      const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
+      if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+      if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
+      if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
+    }
+  }
+  cluster.sync();  // no CTA leaves while a peer's st.async into it may be in flight
+}
+
+using KernelFn = void (*)(NormForwardParams, RtGeometry, int);
+
+template <NormDType kType, Fp8Format kFormat>
+KernelFn KernelForRms(bool rms) {
+  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true>
+             : NormForwardStatsWarpKernel<kType, kFormat, false>;
+}
+
+template <NormDType kType>
+KernelFn KernelFor(const NormForwardParams& p) {
+  return p.format == Fp8Format::kE4M3 ? KernelForRms<kType, Fp8Format::kE4M3>(p.rms)
+                                      : KernelForRms<kType, Fp8Format::kE5M2>(p.rms);
+}
+
+bool Covers(const NormForwardParams& p) {
+  if (p.kernel == NormForwardKernel::kRegisterTile) return false;
+  if (p.mxfp8 || p.x_type == NormDType::kFloat32 || p.encoder != Fp8Encoder::kHardware) return false;
+  if (p.rows <= 0 || p.rows % 8 != 0) return false;
+  if (p.cols % kRtColsPerWarp != 0 || p.cols > kRtColsPerWarp * kRtMaxWarps * kRtMaxCluster) return false;
+  if (!IsAligned(p.x, 16) || !IsAligned(p.gamma, 16)) return false;
+  if (!p.rms && !IsAligned(p.beta, 16)) return false;
+  if (p.y != nullptr && !IsAligned(p.y, 16)) return false;
+  if (p.rowwise != nullptr && !IsAligned(p.rowwise, 8)) return false;
+  if (p.columnwise != nullptr && !IsAligned(p.columnwise, 8)) return false;
+  return true;
+}
+
+// Dynamic shared memory: three staging buffers of 8 x 16 bytes per thread (stats warp
+// included, see the kernel).
+int StagingBytes(int warps) { return 3 * 8 * 16 * 32 * (warps + 1); }
+
+// Resident CTAs per SM and active clusters for (kernel, warps, cluster), cached; raises the
+// kernel's dynamic shared-memory limit to what the largest CTA needs.
+cudaError_t Occupancy(KernelFn kernel, int warps, int cluster, int* ctas_per_sm, int* clusters) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int>, std::pair<int, int>> cache;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), warps, cluster);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  StagingBytes(kRtMaxWarps));
+    if (status != cudaSuccess) return status;
+    int per_sm = 0;
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (warps + 1) * 32,
+                                                           StagingBytes(warps));
+    if (status != cudaSuccess) return status;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(cluster, 1, 1);
+    config.blockDim = dim3((warps + 1) * 32, 1, 1);
+    config.dynamicSmemBytes = StagingBytes(warps);
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int active = 0;
+    status = cudaOccupancyMaxActiveClusters(&active, kernel, &config);
+    if (status != cudaSuccess) return status;
+    it = cache.emplace(key, std::make_pair(per_sm, active)).first;
+  }
+  *ctas_per_sm = it->second.first;
+  *clusters = it->second.second;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
+                             cudaStream_t stream, bool launch, bool* handled) {
+  *handled = false;
+  if (!Covers(p)) return cudaSuccess;
+  // The register-tile kernel's geometry (same tiles, so the same statistics order).
+  RtGeometry g;
+  g.units = static_cast<int>(p.cols / kRtColsPerWarp);
+  const int min_cluster = static_cast<int>(CeilDiv(g.units, kRtMaxWarps));
+  g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
+  g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));
+  g.row_groups = CeilDiv(p.rows, kRtRows);
+  // Runs of 4 row groups (whole columnwise lines per CTA) unless asked for the register
+  // tile's order, or when runs of 4 would leave active clusters without work.
+  int run_log2 = p.kernel == NormForwardKernel::kStatsWarpStrided ? 0 : 2;
+
+  KernelFn kernel = nullptr;
+  switch (p.x_type) {
+    case NormDType::kBFloat16: kernel = KernelFor<NormDType::kBFloat16>(p); break;
+    case NormDType::kFloat16: kernel = KernelFor<NormDType::kFloat16>(p); break;
+    default: return cudaSuccess;
+  }
+  int ctas_per_sm = 0, active_clusters = 0;
+  cudaError_t status = Occupancy(kernel, g.warps, g.cluster, &ctas_per_sm, &active_clusters);
+  if (status != cudaSuccess) return status;
+  const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
+  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return cudaSuccess;
+  int64_t clusters = std::min<int64_t>(active_clusters, fitting);
+  if (run_log2 > 0 && CeilDiv(g.row_groups, int64_t{1} << run_log2) < clusters) run_log2 = 0;
+  clusters = std::min<int64_t>(std::min<int64_t>(clusters, CeilDiv(g.row_groups, int64_t{1} << run_log2)), 65535);
+  *handled = true;
+
+  if (plan != nullptr) {
+    plan->rows_per_cta = kRtRows;
+    plan->cols_per_cta = g.warps * kRtColsPerWarp;
+    plan->slices = g.cluster;
+    plan->cluster_size = g.cluster;
+    plan->separate_stats = false;
+    plan->register_tile = true;
+    plan->stats_warp = true;
+    plan->row_group_run = 1 << run_log2;
+    plan->ctas = static_cast<int>(clusters * g.cluster);
+    plan->ctas_per_sm = ctas_per_sm;
+    plan->usable_sms = usable_sms;
+    plan->shared_bytes = StagingBytes(g.warps);
+  }
+  if (!launch) return cudaSuccess;
+  if (p.amax_bits != nullptr) {
+    status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
+    if (status != cudaSuccess) return status;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(g.cluster, static_cast<unsigned>(clusters), 1);
+  config.blockDim = dim3((g.warps + 1) * 32, 1, 1);
+  config.dynamicSmemBytes = StagingBytes(g.warps);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = g.cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  status = cudaLaunchKernelEx(&config, kernel, p, g, run_log2);
+  if (status != cudaSuccess) return status;
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
