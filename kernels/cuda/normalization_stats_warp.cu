@@ -14,9 +14,9 @@
 //   and never touch the cluster.
 // - The stats warp, one row per lane, per tile t: waits for the warp partials (named
 //   barrier), merges them in warp order (the register-tile kernel's CTA merge), pushes the
-//   CTA partial into slot t % 2 of every CTA of the cluster with st.async (8 bytes per lane
-//   and CTA, completing transactions on the receiver's mbarrier full[t % 2]), waits for the
-//   S partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
+//   CTA partial into slot t % 2 of every other CTA of the cluster with st.async (8 bytes per
+//   lane and CTA, completing transactions on the receiver's mbarrier full[t % 2]; its own
+//   slot by a plain store + mbarrier.complete_tx), waits for the S partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
 //   (rank 0 also mu / rsigma) and arrives on the compute warps' named barrier. No cluster
 //   barrier and no GPU-scope fence per tile (the register-tile kernel's release arrive
 //   compiles to MEMBAR.ALL.GPU, which waits for the warp's outstanding stores).
@@ -132,6 +132,13 @@ __device__ __forceinline__ void PushPartial(uint32_t remote, float2 v, uint32_t 
 // 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a column), instead of
 // four clusters on different SMs writing one sector each at the same time. Groups past the
 // last are skipped (zero-filled staging, no stores).
+// Completes `bytes` transaction bytes on this CTA's mbarrier `bar` (the CTA's own partial,
+// stored with a plain shared-memory store and read back by the same thread).
+__device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
 template <NormDType kType, Fp8Format kFormat, bool kRms>
 __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, int run_log2) {
@@ -180,7 +187,12 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
       const uint32_t slot = SharedAddress(&parts[s][rank][lane]);
       const uint32_t bar = SharedAddress(&full[s]);
       for (int dst = 0; dst < g.cluster; ++dst) {
-        PushPartial(ClusterAddress(slot, dst), make_float2(m, q), ClusterAddress(bar, dst));
+        if (dst == rank) {
+          parts[s][rank][lane] = make_float2(m, q);
+          MbarrierCompleteLocal(bar, sizeof(float2));
+        } else {
+          PushPartial(ClusterAddress(slot, dst), make_float2(m, q), ClusterAddress(bar, dst));
+        }
       }
       MbarrierWait(bar, static_cast<uint32_t>(t >> 1) & 1u);
       float2 all[kRtMaxCluster];
