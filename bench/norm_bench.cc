@@ -2,7 +2,8 @@
 //   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
 //                            (read x; write 2 x n x h codes; mu, rsigma); the default
 //                            kernel choice (NormForwardKernel::kAuto: the stats-warp
-//                            kernel, runs of 4 row groups per cluster, where it applies)
+//                            kernel, one block of consecutive row groups per cluster,
+//                            where it applies)
 //   layernorm_fwd_fp8_register_tile  the same on the register-tile kernel (kRegisterTile)
 //   layernorm_fwd_fp8_next_strided   the same on the stats-warp kernel with the register
 //                            tile's row-group order (kStatsWarpStrided)
@@ -37,8 +38,9 @@ using kernels::cuda::NormForwardParams;
 std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
-  return std::string(plan.stats_warp ? "stats-warp register tile (row-group run " +
-                                           std::to_string(plan.row_group_run) + ") "
+  return std::string(plan.stats_warp ? (plan.contiguous_row_groups
+                                            ? "stats-warp register tile (contiguous row groups) "
+                                            : "stats-warp register tile (strided row groups) ")
                      : plan.register_tile ? "register tile "
                                           : "smem tile ") +
          std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +

@@ -474,7 +474,7 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
     plan->separate_stats = !g.clustered;
     plan->register_tile = false;
     plan->stats_warp = false;
-    plan->row_group_run = 1;
+    plan->contiguous_row_groups = false;
     plan->ctas = static_cast<int>(groups_in_flight * g.slices);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;

@@ -32,8 +32,8 @@ enum class Fp8Encoder { kHardware, kCodec };
 // Forward kernel choice for the shapes the register-tile kernels cover (outputs are equal
 // bit for bit; benchmarks and tests A/B them):
 //   kAuto:             the stats-warp kernel (normalization_stats_warp.cu) where it
-//                      applies, clusters taking runs of 4 consecutive 32-row groups; else
-//                      the register-tile kernel;
+//                      applies, each cluster taking one block of consecutive 32-row groups;
+//                      else the register-tile kernel;
 //   kRegisterTile:     never the stats-warp kernel;
 //   kStatsWarpStrided: the stats-warp kernel with the register-tile kernel's row-group
 //                      order (cluster y takes groups y, y + clusters, ...).
@@ -86,7 +86,8 @@ struct NormForwardPlan {
                                 // memory tile kernel)
   bool stats_warp = false;      // normalization_stats_warp.cu's kernel (register_tile is set too:
                                 // same tile geometry, plus one stats warp per CTA)
-  int row_group_run = 1;        // consecutive 32-row groups a cluster takes (stats-warp kernel)
+  bool contiguous_row_groups = false;  // each cluster takes one block of consecutive 32-row
+                                       // groups (else groups y, y + clusters, ...)
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

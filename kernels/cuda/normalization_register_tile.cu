@@ -367,7 +367,7 @@ cudaError_t RegisterTileForward(const NormForwardParams& p, int usable_sms, Norm
     plan->separate_stats = false;
     plan->register_tile = true;
     plan->stats_warp = false;
-    plan->row_group_run = 1;
+    plan->contiguous_row_groups = false;
     plan->ctas = static_cast<int>(clusters * g.cluster);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;

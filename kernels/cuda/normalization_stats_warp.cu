@@ -126,12 +126,6 @@ __device__ __forceinline__ void PushPartial(uint32_t remote, float2 v, uint32_t 
       : "memory");
 }
 
-// Tile i of cluster y is row group ((y + (i >> run_log2) * gridDim.y) << run_log2) + i % run:
-// runs of `run` consecutive row groups per cluster (run_log2 = 0: the register-tile kernel's
-// order y + i * gridDim.y). With run = 4 one CTA writes all four 32-byte sectors of each
-// 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a column), instead of
-// four clusters on different SMs writing one sector each at the same time. Groups past the
-// last are skipped (zero-filled staging, no stores).
 // Completes `bytes` transaction bytes on this CTA's mbarrier `bar` (the CTA's own partial,
 // stored with a plain shared-memory store and read back by the same thread).
 __device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t bytes) {
@@ -139,9 +133,15 @@ __device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t byt
                : "memory");
 }
 
+// Row groups of cluster y (of C = gridDim.y): with `contiguous`, the block
+// [y G / C, (y + 1) G / C) of the G groups in order, so one CTA writes all four 32-byte
+// sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
+// column) except at block ends, instead of four clusters on different SMs writing one
+// sector each at the same time; else the register-tile kernel's order y, y + C, ...
+// Both give every cluster floor(G / C) or ceil(G / C) groups.
 template <NormDType kType, Fp8Format kFormat, bool kRms>
 __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
-    NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, int run_log2) {
+    NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
   __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
   __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
@@ -154,13 +154,14 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
   const int rank = static_cast<int>(blockIdx.x);
   const int active_warps = min(g.warps, g.units - rank * g.warps);
   const int64_t stride = gridDim.y;
-  const int64_t runs = CeilDivDevice(g.row_groups, int64_t{1} << run_log2);
-  const int tiles =
-      blockIdx.y < runs ? static_cast<int>(CeilDivDevice(runs - blockIdx.y, stride)) << run_log2 : 0;
-  auto group_of = [&](int i) {
-    return ((blockIdx.y + static_cast<int64_t>(i >> run_log2) * stride) << run_log2) +
-           (i & ((1 << run_log2) - 1));
-  };
+  const int64_t first = blockIdx.y * g.row_groups / stride;
+  int tiles = 0;
+  if (contiguous) {
+    tiles = static_cast<int>((blockIdx.y + 1) * g.row_groups / stride - first);
+  } else if (blockIdx.y < g.row_groups) {
+    tiles = static_cast<int>(CeilDivDevice(g.row_groups - blockIdx.y, stride));
+  }
+  auto group_of = [&](int i) { return contiguous ? first + i : blockIdx.y + i * stride; };
   const uint32_t part_bytes = static_cast<uint32_t>(g.cluster * kRtRows * sizeof(float2));
 
   if (warp == g.warps && lane == 0) {
@@ -238,7 +239,10 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
     auto stage_tile = [&](int i) {
       const int64_t grp = group_of(i);
       const int64_t row = grp * kRtRows + 8 * rg;
-      StageBlock(x, row, p.cols, col, warp_active && grp < g.row_groups && row < p.rows, slot_of(i));
+      // Tiles past this cluster's last are zero-filled, not read (with contiguous blocks
+      // their groups belong to the next cluster).
+      StageBlock(x, row, p.cols, col, warp_active && i < tiles && grp < g.row_groups && row < p.rows,
+                 slot_of(i));
     };
 
     float amax = 0.0f;
@@ -342,7 +346,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
   cluster.sync();  // no CTA leaves while a peer's st.async into it may be in flight
 }
 
-using KernelFn = void (*)(NormForwardParams, RtGeometry, int);
+using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
 
 template <NormDType kType, Fp8Format kFormat>
 KernelFn KernelForRms(bool rms) {
@@ -426,9 +430,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
   g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
   g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));
   g.row_groups = CeilDiv(p.rows, kRtRows);
-  // Runs of 4 row groups (whole columnwise lines per CTA) unless asked for the register
-  // tile's order, or when runs of 4 would leave active clusters without work.
-  int run_log2 = p.kernel == NormForwardKernel::kStatsWarpStrided ? 0 : 2;
+  const bool contiguous = p.kernel != NormForwardKernel::kStatsWarpStrided;
 
   KernelFn kernel = nullptr;
   switch (p.x_type) {
@@ -442,8 +444,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
   const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
   if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return cudaSuccess;
   int64_t clusters = std::min<int64_t>(active_clusters, fitting);
-  if (run_log2 > 0 && CeilDiv(g.row_groups, int64_t{1} << run_log2) < clusters) run_log2 = 0;
-  clusters = std::min<int64_t>(std::min<int64_t>(clusters, CeilDiv(g.row_groups, int64_t{1} << run_log2)), 65535);
+  clusters = std::min<int64_t>(std::min<int64_t>(clusters, g.row_groups), 65535);
   *handled = true;
 
   if (plan != nullptr) {
@@ -454,7 +455,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     plan->separate_stats = false;
     plan->register_tile = true;
     plan->stats_warp = true;
-    plan->row_group_run = 1 << run_log2;
+    plan->contiguous_row_groups = contiguous;
     plan->ctas = static_cast<int>(clusters * g.cluster);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;
@@ -477,7 +478,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
   attribute.val.clusterDim.z = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  status = cudaLaunchKernelEx(&config, kernel, p, g, run_log2);
+  status = cudaLaunchKernelEx(&config, kernel, p, g, contiguous);
   if (status != cudaSuccess) return status;
   return cudaGetLastError();
 }

@@ -1,8 +1,9 @@
 // The stats-warp forward kernel (kernels/cuda/normalization_stats_warp.cu) against the
 // register-tile kernel and the CPU, through direct launches into poisoned buffers:
 // - plan: which kernel and row-group run each NormForwardKernel choice gets;
-// - the three choices (kAuto: stats warp with runs of 4 row groups where it has the work;
-//   kStatsWarpStrided; kRegisterTile) write the same bytes: y (FP32), rowwise and
+// - the three choices (kAuto: stats warp, one block of consecutive row groups per cluster;
+//   kStatsWarpStrided: stats warp, the register tile's group order; kRegisterTile) write
+//   the same bytes: y (FP32), rowwise and
 //   columnwise codes, mu, rsigma, amax and the scale inverses (same tile arithmetic and
 //   merge order by construction);
 // - against the CPU: y within the FP32 tolerance on its forward-error scale, codes exactly
@@ -12,8 +13,8 @@
 //   0x7F (amax NaN); in RMSNorm an Inf makes rsigma 0, so y is NaN at the Inf and +0
 //   elsewhere; a constant row (zero variance) gives y = beta exactly in LayerNorm, an
 //   all-zero row y = +0 in RMSNorm.
-// Shapes: the benchmark shape, partial 32-row groups, row-group counts that are not
-// multiples of 4 (the last run partly past the end), clusters of 1..8 CTAs.
+// Shapes: the benchmark shape, partial 32-row groups, group counts that the clusters do not
+// divide, clusters of 1..8 CTAs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -66,7 +67,6 @@ struct StatsWarpCase {
   int64_t n, h;
   DType format;
   bool zero_centered;
-  int run;  // expected row-group run of kAuto
 };
 
 std::string StatsWarpName(const ::testing::TestParamInfo<StatsWarpCase>& info) {
@@ -203,17 +203,16 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
   std::vector<int64_t> special_, constant_;
 };
 
-TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupRun) {
-  const StatsWarpCase& c = GetParam();
+TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
   const Outputs automatic = Launch(NormForwardKernel::kAuto);
   EXPECT_TRUE(automatic.plan.stats_warp);
   EXPECT_TRUE(automatic.plan.register_tile);
-  EXPECT_EQ(automatic.plan.row_group_run, c.run);
+  EXPECT_TRUE(automatic.plan.contiguous_row_groups);
   EXPECT_EQ(automatic.plan.rows_per_cta, 32);
   EXPECT_EQ(automatic.plan.ctas % automatic.plan.cluster_size, 0);
   const Outputs strided = Launch(NormForwardKernel::kStatsWarpStrided);
   EXPECT_TRUE(strided.plan.stats_warp);
-  EXPECT_EQ(strided.plan.row_group_run, 1);
+  EXPECT_FALSE(strided.plan.contiguous_row_groups);
   const Outputs register_tile = Launch(NormForwardKernel::kRegisterTile);
   EXPECT_FALSE(register_tile.plan.stats_warp);
   EXPECT_TRUE(register_tile.plan.register_tile);
@@ -329,20 +328,19 @@ std::vector<StatsWarpCase> StatsWarpCases() {
   const DType f16 = DType::kFloat16, bf16 = DType::kBFloat16;
   const DType e4m3 = DType::kFloat8E4M3, e5m2 = DType::kFloat8E5M2;
   return {
-      // The benchmark shape: cluster of 8 x 16 warps, 512 row groups in runs of 4.
-      {ln, bf16, 16384, 8192, e4m3, false, 4},
-      {rms, bf16, 16384, 8192, e4m3, true, 4},
-      // 129 row groups, the last one 8 rows: the last run of 4 is mostly past the end.
-      {ln, bf16, 4104, 8192, e5m2, false, 4},
-      // 122 row groups (not a multiple of 4), FP16, cluster of 8.
-      {rms, f16, 3904, 8192, e4m3, false, 4},
-      // Fewer runs than clusters: run 1. Cluster of 2 x 12 warps with a partial group,
-      // 7 CTAs of 15 warps with a 10-warp last CTA, one warp in a one-CTA cluster, and a
-      // cluster of 2 x 16 warps over 129 row groups (the last one 8 rows).
-      {ln, bf16, 40, 1536, e4m3, true, 1},
-      {rms, f16, 64, 6400, e5m2, true, 1},
-      {ln, f16, 16, 64, e4m3, false, 1},
-      {ln, bf16, 4104, 2048, e5m2, false, 1},
+      // The benchmark shape: cluster of 8 x 16 warps, 512 row groups.
+      {ln, bf16, 16384, 8192, e4m3, false},
+      {rms, bf16, 16384, 8192, e4m3, true},
+      // 129 row groups, the last one 8 rows; 122 groups, FP16; clusters of 8.
+      {ln, bf16, 4104, 8192, e5m2, false},
+      {rms, f16, 3904, 8192, e4m3, false},
+      // Cluster of 2 x 12 warps with a partial group, 7 CTAs of 15 warps with a 10-warp last
+      // CTA, one warp in a one-CTA cluster, and a cluster of 2 x 16 warps over 129 row
+      // groups (the last one 8 rows).
+      {ln, bf16, 40, 1536, e4m3, true},
+      {rms, f16, 64, 6400, e5m2, true},
+      {ln, f16, 16, 64, e4m3, false},
+      {ln, bf16, 4104, 2048, e5m2, false},
   };
 }
 
