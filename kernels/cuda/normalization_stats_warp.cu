@@ -138,8 +138,9 @@ __device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t byt
 // sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
 // column) except at block ends, instead of four clusters on different SMs writing one
 // sector each at the same time; else the register-tile kernel's order y, y + C, ...
-// Both give every cluster floor(G / C) or ceil(G / C) groups.
-template <NormDType kType, Fp8Format kFormat, bool kRms>
+// Both give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template
+// flag, so the codes-only path carries no per-row y test).
+template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
 __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
           }
           amax = MaxNaN(amax, row_max);
           const int64_t row = my_row + k;
-          if (p.y != nullptr) StoreY8(p.y, p.y_type, row * p.cols + col, v);
+          if constexpr (kY) StoreY8(p.y, p.y_type, row * p.cols + col, v);
           if (quantize) {
             if (row_max != row_max) {  // a NaN: the patched encoder for this row
               lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
@@ -348,16 +349,22 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
 
 using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
 
-template <NormDType kType, Fp8Format kFormat>
+template <NormDType kType, Fp8Format kFormat, bool kY>
 KernelFn KernelForRms(bool rms) {
-  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true>
-             : NormForwardStatsWarpKernel<kType, kFormat, false>;
+  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY>
+             : NormForwardStatsWarpKernel<kType, kFormat, false, kY>;
+}
+
+template <NormDType kType, Fp8Format kFormat>
+KernelFn KernelForY(const NormForwardParams& p) {
+  return p.y != nullptr ? KernelForRms<kType, kFormat, true>(p.rms)
+                        : KernelForRms<kType, kFormat, false>(p.rms);
 }
 
 template <NormDType kType>
 KernelFn KernelFor(const NormForwardParams& p) {
-  return p.format == Fp8Format::kE4M3 ? KernelForRms<kType, Fp8Format::kE4M3>(p.rms)
-                                      : KernelForRms<kType, Fp8Format::kE5M2>(p.rms);
+  return p.format == Fp8Format::kE4M3 ? KernelForY<kType, Fp8Format::kE4M3>(p)
+                                      : KernelForY<kType, Fp8Format::kE5M2>(p);
 }
 
 bool Covers(const NormForwardParams& p) {
