@@ -2,7 +2,9 @@
 // normalization_kernels.h).
 //
 // Forward: BF16 / FP16 shapes with cols a multiple of 64 (<= 8192) and rows a multiple of 8
-// go to the register-tile kernel (normalization_register_tile.cu); the rest to the
+// go to the stats-warp kernel (normalization_stats_warp.cu; not for MXFP8 output or with
+// params.kernel = kRegisterTile) or else the register-tile kernel
+// (normalization_register_tile.cu), which give the same bytes; the rest to the
 // shared-memory tile kernel here. Both read x once and write y (optional), mu, rsigma and
 // the per-tensor FP8 codes, rowwise and transposed (columnwise), with the amax.
 //

@@ -3,7 +3,9 @@
 //
 // Covers BF16 / FP16 x with cols a multiple of 64 up to 8192 and rows a multiple of 8,
 // the hardware FP8 encoder; LaunchNormForward uses the shared-memory tile kernel
-// (normalization_forward_kernels.cu) for everything else.
+// (normalization_forward_kernels.cu) for everything else. By default (NormForwardKernel::
+// kAuto) only MXFP8 outputs come here: the stats-warp kernel (normalization_stats_warp.cu)
+// runs the same tile arithmetic for the rest.
 // - Tile: 32 rows x (64 W) columns per CTA of W <= 16 warps; a row of h columns is split
 //   over a cluster of S = ceil(h / (64 W)) <= 8 CTAs. Each lane holds 8 rows x 8 columns
 //   (8 x 16 bytes); lane = 4 * column group +
