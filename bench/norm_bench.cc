@@ -2,11 +2,11 @@
 //   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
 //                            (read x; write 2 x n x h codes; mu, rsigma); the default
 //                            kernel choice (NormForwardKernel::kAuto: the stats-warp
-//                            kernel, one block of consecutive row groups per cluster,
-//                            where it applies)
+//                            kernel, row groups y, y + clusters, ... per cluster, where
+//                            it applies)
 //   layernorm_fwd_fp8_register_tile  the same on the register-tile kernel (kRegisterTile)
-//   layernorm_fwd_fp8_next_strided   the same on the stats-warp kernel with the register
-//                            tile's row-group order (kStatsWarpStrided)
+//   layernorm_fwd_fp8_contiguous     the same on the stats-warp kernel with one block of
+//                            consecutive row groups per cluster (kStatsWarpContiguous)
 //   layernorm_fwd_fp8_codec  the same with the integer-codec encoder (always the shared-
 //                            memory tile kernel; the others take the register tile)
 //   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
@@ -93,9 +93,9 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   NormForwardParams register_tile = base;
   register_tile.kernel = kernels::cuda::NormForwardKernel::kRegisterTile;
   forward("layernorm_fwd_fp8_register_tile", register_tile, numel * 2 + numel * 2 + stats_ln);
-  NormForwardParams strided = base;
-  strided.kernel = kernels::cuda::NormForwardKernel::kStatsWarpStrided;
-  forward("layernorm_fwd_fp8_next_strided", strided, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams contiguous = base;
+  contiguous.kernel = kernels::cuda::NormForwardKernel::kStatsWarpContiguous;
+  forward("layernorm_fwd_fp8_contiguous", contiguous, numel * 2 + numel * 2 + stats_ln);
   NormForwardParams codec = base;
   codec.encoder = Fp8Encoder::kCodec;
   forward("layernorm_fwd_fp8_codec", codec, numel * 2 + numel * 2 + stats_ln);

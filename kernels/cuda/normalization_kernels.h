@@ -31,13 +31,14 @@ enum class Fp8Encoder { kHardware, kCodec };
 
 // Forward kernel choice for the shapes the register-tile kernels cover (outputs are equal
 // bit for bit; benchmarks and tests A/B them):
-//   kAuto:             the stats-warp kernel (normalization_stats_warp.cu) where it
-//                      applies, each cluster taking one block of consecutive 32-row groups;
-//                      else the register-tile kernel;
-//   kRegisterTile:     never the stats-warp kernel;
-//   kStatsWarpStrided: the stats-warp kernel with the register-tile kernel's row-group
-//                      order (cluster y takes groups y, y + clusters, ...).
-enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpStrided };
+//   kAuto:                the stats-warp kernel (normalization_stats_warp.cu) where it
+//                         applies, with the register-tile kernel's row-group order
+//                         (cluster y takes groups y, y + clusters, ...); else the
+//                         register-tile kernel;
+//   kRegisterTile:        never the stats-warp kernel;
+//   kStatsWarpContiguous: the stats-warp kernel, each cluster taking one block of
+//                         consecutive 32-row groups (measured slower: bench/NOTES.md).
+enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpContiguous };
 
 struct NormForwardParams {
   bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
   stage_tile(1);
   stage_tile(2);
   asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-  WarpMoments<kType, kRms>(slot_of(0), lane, rg, cg8, warp, warp_stats);
+  WarpMoments<kType, kRms, 4>(slot_of(0), blockDim.x, lane, rg, cg8, warp, warp_stats);
   __syncthreads();
   cta_merge(0);
   cluster.sync();
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     const int buf = i & 1;
     const int next_buf = buf ^ 1;
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile i + 1 staged
-    WarpMoments<kType, kRms>(slot_of(i + 1), lane, rg, cg8, warp, warp_stats);
+    WarpMoments<kType, kRms, 4>(slot_of(i + 1), blockDim.x, lane, rg, cg8, warp, warp_stats);
     __syncthreads();  // warp partials of tile i + 1 and row_stats[buf] of tile i visible
     cta_merge(next_buf);
     // Only warp 0 wrote what the cluster reads (cta_stats): it arrives with release

@@ -139,17 +139,21 @@ __device__ __forceinline__ void ReduceHalf(float* mean, float* m2, int lane, int
 }
 
 // Moments of one lane's 8 values per row of its tile block (mean and M2; RMSNorm: sum of
-// squares), reduced over the warp's 8 column groups by three transposing steps (lane bits
-// 16, 8, 4: 4, 2, then 1 row kept), after which the lane with column group c holds row
-// 8 rg + c of the tile; every lane writes that row's warp partial.
-template <NormDType kType, bool kRms>
-__device__ __forceinline__ void WarpMoments(const uint4* tile, int lane, int rg, int cg8, int warp,
-                                            float2 (*warp_stats)[kRtRows]) {
+// squares; row k of the block at tile[k * row_stride]), reduced over the warp's 8 column
+// groups by three transposing steps (4, 2, then 1 row kept), after which the lane with
+// column group c holds row 8 rg + c of the tile; every lane writes that row's warp
+// partial. kCgLane: the lane-index weight of one column group (the register-tile kernel's
+// lanes have cg8 = lane / 4, so 4; the stats-warp kernel's cg8 = lane % 8, so 1): the steps
+// exchange across lane bits 4 kCgLane, 2 kCgLane, kCgLane, i.e. always across column-group
+// bits 4, 2, 1, so both lane layouts merge the same partials in the same order.
+template <NormDType kType, bool kRms, int kCgLane>
+__device__ __forceinline__ void WarpMoments(const uint4* tile, int row_stride, int lane, int rg, int cg8,
+                                            int warp, float2 (*warp_stats)[kRtRows]) {
   float mean[8], m2[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     float v[8];
-    Unpack16<kType>(tile[k * blockDim.x], v);
+    Unpack16<kType>(tile[k * row_stride], v);
     if constexpr (kRms) {
       float s = 0.0f;
 #pragma unroll
@@ -171,9 +175,9 @@ __device__ __forceinline__ void WarpMoments(const uint4* tile, int lane, int rg,
       m2[k] = q;
     }
   }
-  ReduceHalf<kRms, 8>(mean, m2, lane, 16, 4.0f);  // rows 4b .. 4b + 3 (b = lane bit 16)
-  ReduceHalf<kRms, 4>(mean, m2, lane, 8, 8.0f);   // rows 4b + 2c + {0, 1}
-  ReduceHalf<kRms, 2>(mean, m2, lane, 4, 16.0f);  // row 4b + 2c + e = column group
+  ReduceHalf<kRms, 8>(mean, m2, lane, 4 * kCgLane, 4.0f);  // rows 4b .. 4b + 3 (b = cg8 bit 4)
+  ReduceHalf<kRms, 4>(mean, m2, lane, 2 * kCgLane, 8.0f);  // rows 4b + 2c + {0, 1}
+  ReduceHalf<kRms, 2>(mean, m2, lane, kCgLane, 16.0f);     // row 4b + 2c + e = column group
   warp_stats[warp][8 * rg + cg8] = make_float2(mean[0], m2[0]);
 }
 

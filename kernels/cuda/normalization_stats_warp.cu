@@ -1,25 +1,32 @@
 // Stats-warp LayerNorm / RMSNorm forward with the fused per-tensor FP8 output (contract:
-// kernels/normalization.h; selection: normalization_stats_warp.h). NOT yet run on a GPU
-// when written; bench/NOTES.md ("LN forward: analysis for the next kernel") says why it
-// exists and what it is expected to measure.
+// kernels/normalization.h; selection: normalization_stats_warp.h). The default forward
+// kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200, 16384 x 8192
+// BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md): 158-160 us
+// (3.36-3.40 TB/s) against 234 us for the register-tile kernel.
 //
-// Same tile, lanes, staging and arithmetic as the register-tile kernel
-// (normalization_register_tile.cu, helpers in normalization_register_tile_common.cuh), so
-// mu, rsigma, y, codes and amax equal that kernel's bit for bit. What differs is who waits
-// for the statistics:
-// - W compute warps (64 columns each) and one stats warp (warp W) per CTA of a cluster of
-//   S CTAs along the row. Compute warps: per-lane moments of tile i + 1 and their warp
-//   reduction into warp_stats[(i + 1) % 2], named-barrier arrive (no wait), then wait for
-//   row_stats[i % 2] and normalize / encode / store tile i. They never run a merge chain
-//   and never touch the cluster.
-// - The stats warp, one row per lane, per tile t: waits for the warp partials (named
-//   barrier), merges them in warp order (the register-tile kernel's CTA merge), pushes the
-//   CTA partial into slot t % 2 of every other CTA of the cluster with st.async (8 bytes per
-//   lane and CTA, completing transactions on the receiver's mbarrier full[t % 2]; its own
-//   slot by a plain store + mbarrier.complete_tx), waits for the S partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
+// Same tile (32 rows x 64 columns per compute warp, cluster of S CTAs along the row) and
+// arithmetic as the register-tile kernel (normalization_register_tile.cu, helpers in
+// normalization_register_tile_common.cuh), so mu, rsigma, y, codes and amax equal that
+// kernel's bit for bit (the lanes differ, the merge tree does not: WarpMoments). Per CTA:
+// - A producer warp (warp W + 1), one row per lane: per tile, one bulk copy (TMA) of the
+//   CTA's columns of each row into stage t % 3 (row-major), completing on staged[t % 3],
+//   after every compute warp released that stage (drained[t % 3]). Bulk copies reach L2 as
+//   whole-line requests: the per-thread 16-byte cp.async of the register-tile kernel made
+//   one request per 16 bytes (ncu: 15.6M L2 read requests and twice the read sectors,
+//   L2 tag lookups at 80% of peak, the limiter at 234 us).
+// - W compute warps (64 columns each; lanes 8 r .. 8 r + 7 read one 128-byte run of a row,
+//   so 16-byte shared loads are conflict-free): wait for staged[tile i + 1], per-lane moments
+//   of tile i + 1 and their warp reduction into warp_stats[(i + 1) % 2], named-barrier
+//   arrive (no wait), then wait for row_stats[i % 2] and normalize / encode / store tile i,
+//   then release its stage. They never run a merge chain and never touch the cluster.
+// - The stats warp (warp W), one row per lane, per tile t: waits for the warp partials
+//   (named barrier), merges them in warp order (the register-tile kernel's CTA merge),
+//   pushes the CTA partial into slot t % 2 of every other CTA of the cluster with st.async
+//   (8 bytes per lane and CTA, completing transactions on the receiver's mbarrier
+//   full[t % 2]; its own slot by a plain store + mbarrier.complete_tx), waits for the S
+//   partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
 //   (rank 0 also mu / rsigma) and arrives on the compute warps' named barrier. No cluster
-//   barrier and no GPU-scope fence per tile (the register-tile kernel's release arrive
-//   compiles to MEMBAR.ALL.GPU, which waits for the warp's outstanding stores).
+//   barrier and no GPU-scope fence per tile.
 // - Why two slots suffice: a CTA pushes its partial of tile t + 1 only after its stats warp
 //   consumed slot t % 2 (program order of one warp), and a peer can push tile t + 2 into
 //   slot t % 2 only after it received every CTA's partial of tile t + 1. full[s] is
@@ -28,6 +35,12 @@
 //   3 + t % 2 (statistics) alternate so an arrival for tile t + 1 can never join the
 //   instance of tile t - 1; warp_stats and row_stats are double-buffered by the same
 //   argument (each buffer is rewritten only after the barrier that follows its last read).
+//   A stage is refilled (tile t + 3) only after all W compute warps arrived on drained[t % 3]
+//   for tile t, and staged / drained phases alternate per use of a stage.
+// - Row groups: cluster y takes groups y, y + C, ... (C clusters), so the four 32-row groups
+//   whose columnwise codes share 128-byte lines are written at about the same time;
+//   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
+//   groups instead (measured 188 us: bench/NOTES.md).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -53,6 +66,8 @@ namespace cg = cooperative_groups;
 
 constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
 constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written
+constexpr int kStages = 3;           // x tiles in shared memory (64 KiB each at 16 warps)
+constexpr uint32_t kStageAlign = 1024;  // byte alignment of the first stage
 // mbarrier waits give up (trap) after this many polls, so that a broken protocol fails the
 // launch instead of hanging the process (a correct wait lasts microseconds).
 constexpr uint32_t kMaxPolls = 1u << 24;
@@ -97,20 +112,36 @@ __device__ __forceinline__ void MbarrierArriveExpect(uint32_t bar, uint32_t byte
                : "memory");
 }
 
-// Waits until the phase with `parity` of `bar` completed (acquire at cluster scope: the
-// bytes were written by other CTAs' st.async).
+// Waits until the phase with `parity` of `bar` completed. kCluster: acquire at cluster scope
+// (the bytes were written by other CTAs' st.async); it compiles to an L1 invalidation
+// (CCTL.IVALL) after the wait, which ncu showed as the compute warps' largest stall when
+// they used it per tile, so waits on what this CTA or its bulk copies wrote use the default
+// CTA scope.
+template <bool kCluster>
 __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
   for (uint32_t polls = 0;; ++polls) {
     uint32_t done;
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    if constexpr (kCluster) {
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n"
+          "}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n"
+          "}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
     if (done) return;
     if (polls >= kMaxPolls) __trap();
   }
@@ -133,6 +164,74 @@ __device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t byt
                : "memory");
 }
 
+// One plain arrive on this CTA's mbarrier `bar` (release at CTA scope).
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Bulk copy (the TMA unit) of `bytes` (a multiple of 16) from global `src` (16-byte
+// aligned) into this CTA's shared memory at `dst`, completing the bytes on mbarrier `bar`.
+__device__ __forceinline__ void BulkCopyRow(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// Codes of v[0..3] * scale (v[0] in the low byte), products by one FP32 multiply each, for
+// values the caller knows hold no NaN product: the two pair conversions merge into one word
+// without the shift and mask Encode4 spends (same cvt instructions, so the same codes).
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint32_t EncodeQuadFinite(const float v[4], float scale) {
+  const float s0 = __fmul_rn(v[0], scale), s1 = __fmul_rn(v[1], scale);
+  const float s2 = __fmul_rn(v[2], scale), s3 = __fmul_rn(v[3], scale);
+  uint32_t out;
+  if constexpr (kFormat == Fp8Format::kE4M3) {
+    asm("{\n .reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n"
+        " cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n mov.b32 %0, {l, h};\n}"
+        : "=r"(out) : "f"(s0), "f"(s1), "f"(s2), "f"(s3));
+  } else {
+    asm("{\n .reg .b16 l, h;\n cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n"
+        " cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n mov.b32 %0, {l, h};\n}"
+        : "=r"(out) : "f"(s0), "f"(s1), "f"(s2), "f"(s3));
+  }
+  return out;
+}
+
+// Normalizes this lane's 8 rows x 8 columns of a staged tile (row k at tile[k * row_stride],
+// its (mu, rsigma) at stats[k]) with the register-tile kernel's arithmetic; stores y rows
+// when kY, encodes codes into lo / hi (columns 0-3 / 4-7 of row k) when kQuantize (kPatch:
+// the NaN-aware encoder). Returns max |y| over the 64 values (NaN if any is NaN).
+template <NormDType kType, Fp8Format kFormat, bool kY, bool kQuantize, bool kPatch>
+__device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const uint4* tile, int row_stride,
+                                               const float2* stats, const float w[8], const float b[8],
+                                               int64_t row0, int64_t col, uint32_t* lo, uint32_t* hi) {
+  float tile_max = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float2 st = stats[k];
+    float v[8];
+    Unpack16<kType>(tile[k * row_stride], v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
+      tile_max = MaxNaN(tile_max, fabsf(v[e]));
+    }
+    if constexpr (kY) StoreY8(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+    if constexpr (kQuantize) {
+      if constexpr (kPatch) {
+        lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
+        hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v + 4, p.scale);
+      } else {
+        lo[k] = EncodeQuadFinite<kFormat>(v, p.scale);
+        hi[k] = EncodeQuadFinite<kFormat>(v + 4, p.scale);
+      }
+    }
+  }
+  return tile_max;
+}
+
 // Row groups of cluster y (of C = gridDim.y): with `contiguous`, the block
 // [y G / C, (y + 1) G / C) of the G groups in order, so one CTA writes all four 32-byte
 // sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
@@ -141,19 +240,32 @@ __device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t byt
 // Both give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template
 // flag, so the codes-only path carries no per-row y test).
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
-__global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
+__global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
   __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
   __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
   __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
+  __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
+  __shared__ alignas(8) uint64_t drained[kStages];        // every compute warp done with stage s
+  // The x tiles: stage s holds rows 0..31 of a tile, row-major, row_uint4 16-byte chunks
+  // (64 columns per compute warp, 8 chunks) per row.
+  extern __shared__ uint4 dynamic_smem[];
+  // The stages start at a 1024-byte boundary. The bulk copies' destination alignment matters:
+  // 16-byte aligned stages measured 180 us, 64-byte 164 us, 128-byte 160 us and 1024-byte
+  // 158 us on 16384 x 8192 (bench/NOTES.md).
+  constexpr uint32_t kAlignChunks = kStageAlign / 16;
+  uint4* const stages =
+      dynamic_smem + (kAlignChunks - (SharedAddress(dynamic_smem) / 16) % kAlignChunks) % kAlignChunks;
   cg::cluster_group cluster = cg::this_cluster();
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const int threads = static_cast<int>(blockDim.x);  // (g.warps + 1) * 32
+  const int stats_warp = g.warps, producer_warp = g.warps + 1;
+  const int threads = (g.warps + 1) * 32;  // the named barriers: compute warps + stats warp
   const int rank = static_cast<int>(blockIdx.x);
   const int active_warps = min(g.warps, g.units - rank * g.warps);
+  const int row_uint4 = g.warps * (kRtColsPerWarp / 8);
   const int64_t stride = gridDim.y;
   const int64_t first = blockIdx.y * g.row_groups / stride;
   int tiles = 0;
@@ -165,16 +277,39 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
   auto group_of = [&](int i) { return contiguous ? first + i : blockIdx.y + i * stride; };
   const uint32_t part_bytes = static_cast<uint32_t>(g.cluster * kRtRows * sizeof(float2));
 
-  if (warp == g.warps && lane == 0) {
+  if (warp == stats_warp && lane == 0) {
     MbarrierInit(SharedAddress(&full[0]), 1);
     MbarrierInit(SharedAddress(&full[1]), 1);
+    for (int s = 0; s < kStages; ++s) {
+      MbarrierInit(SharedAddress(&staged[s]), 1);           // the producer's arrive + bytes
+      MbarrierInit(SharedAddress(&drained[s]), g.warps);    // one arrive per compute warp
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     if (tiles > 0) MbarrierArriveExpect(SharedAddress(&full[0]), part_bytes);
     if (tiles > 1) MbarrierArriveExpect(SharedAddress(&full[1]), part_bytes);
   }
   cluster.sync();  // every CTA's barriers exist before any partial is pushed
 
-  if (warp == g.warps) {
+  if (warp == producer_warp) {
+    // ---- Producer warp: lane = row of the tile; one bulk copy of the CTA's columns per row
+    // (whole 128-byte lines, so L2 sees full-line requests), completing on staged[stage].
+    const uint32_t row_bytes = static_cast<uint32_t>(active_warps * kRtColsPerWarp * 2);
+    const int64_t col0 = static_cast<int64_t>(rank) * g.warps * kRtColsPerWarp;
+    const uint16_t* x = static_cast<const uint16_t*>(p.x);
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % kStages;
+      if (t >= kStages) MbarrierWait<false>(SharedAddress(&drained[s]), static_cast<uint32_t>(t / kStages - 1) & 1u);
+      const int64_t row0 = group_of(t) * kRtRows;
+      const int rows = p.rows - row0 < kRtRows ? static_cast<int>(p.rows - row0) : kRtRows;
+      const uint32_t bar = SharedAddress(&staged[s]);
+      if (lane == 0) MbarrierArriveExpect(bar, static_cast<uint32_t>(rows) * row_bytes);
+      __syncwarp();
+      if (lane < rows) {
+        BulkCopyRow(SharedAddress(stages + (s * kRtRows + lane) * row_uint4),
+                    x + (row0 + lane) * p.cols + col0, row_bytes, bar);
+      }
+    }
+  } else if (warp == stats_warp) {
     // ---- Stats warp: lane = row of the tile.
     const float cols_f = static_cast<float>(p.cols);
     for (int t = 0; t < tiles; ++t) {
@@ -196,7 +331,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
           PushPartial(ClusterAddress(slot, dst), make_float2(m, q), ClusterAddress(bar, dst));
         }
       }
-      MbarrierWait(bar, static_cast<uint32_t>(t >> 1) & 1u);
+      MbarrierWait<true>(bar, static_cast<uint32_t>(t >> 1) & 1u);
       float2 all[kRtMaxCluster];
 #pragma unroll
       for (int r = 0; r < kRtMaxCluster; ++r) {
@@ -224,35 +359,25 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
       NamedArrive<kStatsBarrier>(s, threads);
     }
   } else {
-    // ---- Compute warps.
-    const int rg = lane % 4;   // rows 8 rg .. 8 rg + 7 of the tile
-    const int cg8 = lane / 4;  // columns 8 cg8 .. 8 cg8 + 7 of the warp's 64
+    // ---- Compute warps. Lanes 8 r .. 8 r + 7 read one 128-byte run of a row, so each
+    // quarter-warp phase of a 16-byte shared load hits 32 distinct banks.
+    const int rg = lane / 8;   // rows 8 rg .. 8 rg + 7 of the tile
+    const int cg8 = lane % 8;  // columns 8 cg8 .. 8 cg8 + 7 of the warp's 64
     const bool warp_active = warp < active_warps;
     const int64_t col = static_cast<int64_t>(rank * g.warps + warp) * kRtColsPerWarp + 8 * cg8;
-    const uint16_t* x = static_cast<const uint16_t*>(p.x);
     const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
-
-    // Three staging buffers of 8 x 16 bytes per thread of the CTA (the stats warp's slots
-    // stay unused, so the register-tile helpers' blockDim.x strides apply unchanged).
-    extern __shared__ uint4 staging[];
-    const int stage_stride = 8 * blockDim.x;
-    auto slot_of = [&](int i) { return staging + (i % 3) * stage_stride + threadIdx.x; };
-    auto stage_tile = [&](int i) {
-      const int64_t grp = group_of(i);
-      const int64_t row = grp * kRtRows + 8 * rg;
-      // Tiles past this cluster's last are zero-filled, not read (with contiguous blocks
-      // their groups belong to the next cluster).
-      StageBlock(x, row, p.cols, col, warp_active && i < tiles && grp < g.row_groups && row < p.rows,
-                 slot_of(i));
+    // This thread's first chunk (row 8 rg, its 8 columns) in stage s.
+    auto block_of = [&](int i) {
+      return stages + ((i % kStages) * kRtRows + 8 * rg) * row_uint4 + warp * (kRtColsPerWarp / 8) + cg8;
+    };
+    auto wait_staged = [&](int i) {
+      MbarrierWait<false>(SharedAddress(&staged[i % kStages]), static_cast<uint32_t>(i / kStages) & 1u);
     };
 
     float amax = 0.0f;
     if (tiles > 0) {
-      stage_tile(0);
-      stage_tile(1);
-      stage_tile(2);
-      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-      WarpMoments<kType, kRms>(slot_of(0), lane, rg, cg8, warp, warp_stats[0]);
+      wait_staged(0);
+      if (warp_active) WarpMoments<kType, kRms, 1>(block_of(0), row_uint4, lane, rg, cg8, warp, warp_stats[0]);
       NamedArrive<kPartialsBarrier>(0, threads);
     }
 
@@ -280,59 +405,63 @@ __global__ void __launch_bounds__((kRtMaxWarps + 1) * 32, 1)
     for (int i = 0; i < tiles; ++i) {
       const int s = i & 1;
       if (i + 1 < tiles) {
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile i + 1 staged
-        WarpMoments<kType, kRms>(slot_of(i + 1), lane, rg, cg8, warp, warp_stats[s ^ 1]);
+        wait_staged(i + 1);
+        if (warp_active) {
+          WarpMoments<kType, kRms, 1>(block_of(i + 1), row_uint4, lane, rg, cg8, warp, warp_stats[s ^ 1]);
+        }
         NamedArrive<kPartialsBarrier>(s ^ 1, threads);
       }
-      NamedSync<kStatsBarrier>(s, threads);  // row_stats[s] of tile i
+      // row_stats[s] of tile i. A named barrier (the compute warps meet here every tile): an
+      // mbarrier that each warp waits on alone measured the same (bench/NOTES.md).
+      NamedSync<kStatsBarrier>(s, threads);
 
       const int64_t my_row = group_of(i) * kRtRows + 8 * rg;
       if (warp_active && my_row < p.rows) {
-        const uint4* const tile = slot_of(i);
-        uint32_t lo[8], hi[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float2 st = row_stats[s][8 * rg + k];
-          float v[8];
-          Unpack16<kType>(tile[k * blockDim.x], v);
-          float row_max = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
-            row_max = MaxNaN(row_max, fabsf(v[e]));
+        const uint4* const tile = block_of(i);
+        const float2* const stats = &row_stats[s][8 * rg];
+        if (quantize) {
+          uint32_t lo[8], hi[8];
+          float tile_max = NormalizeRows<kType, kFormat, kY, true, false>(p, tile, row_uint4, stats, w, b,
+                                                                         my_row, col, lo, hi);
+          if (tile_max != tile_max) {
+            // A NaN among these 64 values (rare): the same rows again with the encoder that
+            // maps NaN products to 0x7F (it gives the same codes for every other value). The
+            // empty asm hides that the pointers are the same, so the compiler reloads the
+            // tile here instead of keeping the 64 values of the first pass live for it.
+            const uint4* again = tile;
+            const float2* again_stats = stats;
+            asm volatile("" : "+l"(again), "+l"(again_stats));
+            NormalizeRows<kType, kFormat, false, true, true>(p, again, row_uint4, again_stats, w, b, my_row,
+                                                             col, lo, hi);
           }
-          amax = MaxNaN(amax, row_max);
-          const int64_t row = my_row + k;
-          if constexpr (kY) StoreY8(p.y, p.y_type, row * p.cols + col, v);
-          if (quantize) {
-            if (row_max != row_max) {  // a NaN: the patched encoder for this row
-              lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
-              hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v + 4, p.scale);
-            } else {
-              lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, false>(v, p.scale);
-              hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, false>(v + 4, p.scale);
-            }
-            if (p.rowwise != nullptr) {
-              *reinterpret_cast<uint2*>(p.rowwise + row * p.cols + col) = make_uint2(lo[k], hi[k]);
+          amax = MaxNaN(amax, tile_max);
+          if (p.rowwise != nullptr) {
+            uint8_t* out = p.rowwise + my_row * p.cols + col;
+#pragma unroll
+            for (int k = 0; k < 8; ++k, out += p.cols) {
+              *reinterpret_cast<uint2*>(out) = make_uint2(lo[k], hi[k]);
             }
           }
-        }
-        if (p.columnwise != nullptr) {
-          uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
-          Transpose4(lo[0], lo[1], lo[2], lo[3], first);
-          Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
-          Transpose4(lo[4], lo[5], lo[6], lo[7], second);
-          Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+          if (p.columnwise != nullptr) {
+            uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
+            Transpose4(lo[0], lo[1], lo[2], lo[3], first);
+            Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
+            Transpose4(lo[4], lo[5], lo[6], lo[7], second);
+            Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+            uint8_t* out = p.columnwise + col * p.rows + my_row;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            *reinterpret_cast<uint2*>(p.columnwise + (col + e) * p.rows + my_row) =
-                make_uint2(first[e], second[e]);
+            for (int e = 0; e < 8; ++e, out += p.rows) {
+              *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
+            }
           }
+        } else {
+          amax = MaxNaN(amax, NormalizeRows<kType, kFormat, kY, false, false>(p, tile, row_uint4, stats, w, b,
+                                                                            my_row, col, nullptr, nullptr));
         }
       }
-      stage_tile(i + 3);  // into tile i's slot, which this thread no longer reads
+      __syncwarp();  // the whole warp is done reading stage i % kStages
+      if (lane == 0) MbarrierArrive(SharedAddress(&drained[i % kStages]));
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
 
     if (p.amax_bits != nullptr) {
       // |y| max as FP32 bits: non-negative, so integer order is value order (NaN above Inf).
@@ -380,9 +509,8 @@ bool Covers(const NormForwardParams& p) {
   return true;
 }
 
-// Dynamic shared memory: three staging buffers of 8 x 16 bytes per thread (stats warp
-// included, see the kernel).
-int StagingBytes(int warps) { return 3 * 8 * 16 * 32 * (warps + 1); }
+// Dynamic shared memory: kStages x tiles of 32 rows x 64 columns per compute warp, 16-bit.
+int StagingBytes(int warps) { return kStages * kRtRows * warps * kRtColsPerWarp * 2 + kStageAlign; }
 
 // Resident CTAs per SM and active clusters for (kernel, warps, cluster), cached; raises the
 // kernel's dynamic shared-memory limit to what the largest CTA needs.
@@ -400,12 +528,12 @@ cudaError_t Occupancy(KernelFn kernel, int warps, int cluster, int* ctas_per_sm,
                                   StagingBytes(kRtMaxWarps));
     if (status != cudaSuccess) return status;
     int per_sm = 0;
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (warps + 1) * 32,
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (warps + 2) * 32,
                                                            StagingBytes(warps));
     if (status != cudaSuccess) return status;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(cluster, 1, 1);
-    config.blockDim = dim3((warps + 1) * 32, 1, 1);
+    config.blockDim = dim3((warps + 2) * 32, 1, 1);
     config.dynamicSmemBytes = StagingBytes(warps);
     cudaLaunchAttribute attribute;
     attribute.id = cudaLaunchAttributeClusterDimension;
@@ -437,7 +565,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
   g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
   g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));
   g.row_groups = CeilDiv(p.rows, kRtRows);
-  const bool contiguous = p.kernel != NormForwardKernel::kStatsWarpStrided;
+  const bool contiguous = p.kernel == NormForwardKernel::kStatsWarpContiguous;
 
   KernelFn kernel = nullptr;
   switch (p.x_type) {
@@ -475,7 +603,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(g.cluster, static_cast<unsigned>(clusters), 1);
-  config.blockDim = dim3((g.warps + 1) * 32, 1, 1);
+  config.blockDim = dim3((g.warps + 2) * 32, 1, 1);
   config.dynamicSmemBytes = StagingBytes(g.warps);
   config.stream = stream;
   cudaLaunchAttribute attribute;

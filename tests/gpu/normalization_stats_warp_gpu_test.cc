@@ -2,7 +2,7 @@
 // register-tile kernel and the CPU, through direct launches into poisoned buffers:
 // - plan: which kernel and row-group run each NormForwardKernel choice gets;
 // - the three choices (kAuto: stats warp, one block of consecutive row groups per cluster;
-//   kStatsWarpStrided: stats warp, the register tile's group order; kRegisterTile) write
+//   kStatsWarpContiguous: stats warp, consecutive groups per cluster; kRegisterTile) write
 //   the same bytes: y (FP32), rowwise and
 //   columnwise codes, mu, rsigma, amax and the scale inverses (same tile arithmetic and
 //   merge order by construction);
@@ -207,12 +207,12 @@ TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
   const Outputs automatic = Launch(NormForwardKernel::kAuto);
   EXPECT_TRUE(automatic.plan.stats_warp);
   EXPECT_TRUE(automatic.plan.register_tile);
-  EXPECT_TRUE(automatic.plan.contiguous_row_groups);
+  EXPECT_FALSE(automatic.plan.contiguous_row_groups);
   EXPECT_EQ(automatic.plan.rows_per_cta, 32);
   EXPECT_EQ(automatic.plan.ctas % automatic.plan.cluster_size, 0);
-  const Outputs strided = Launch(NormForwardKernel::kStatsWarpStrided);
-  EXPECT_TRUE(strided.plan.stats_warp);
-  EXPECT_FALSE(strided.plan.contiguous_row_groups);
+  const Outputs contiguous = Launch(NormForwardKernel::kStatsWarpContiguous);
+  EXPECT_TRUE(contiguous.plan.stats_warp);
+  EXPECT_TRUE(contiguous.plan.contiguous_row_groups);
   const Outputs register_tile = Launch(NormForwardKernel::kRegisterTile);
   EXPECT_FALSE(register_tile.plan.stats_warp);
   EXPECT_TRUE(register_tile.plan.register_tile);
@@ -222,8 +222,8 @@ TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
 
 TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
   const Outputs want = Launch(NormForwardKernel::kRegisterTile);
-  for (NormForwardKernel kernel : {NormForwardKernel::kAuto, NormForwardKernel::kStatsWarpStrided}) {
-    SCOPED_TRACE(kernel == NormForwardKernel::kAuto ? "kAuto" : "kStatsWarpStrided");
+  for (NormForwardKernel kernel : {NormForwardKernel::kAuto, NormForwardKernel::kStatsWarpContiguous}) {
+    SCOPED_TRACE(kernel == NormForwardKernel::kAuto ? "kAuto" : "kStatsWarpContiguous");
     const Outputs got = Launch(kernel);
     EXPECT_TRUE(got.y == want.y) << "y";
     EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
