@@ -1,6 +1,12 @@
 // LayerNorm / RMSNorm benchmarks (kernels/cuda/normalization_kernels.h), BF16 input:
 //   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
-//                            (read x; write 2 x n x h codes; mu, rsigma)
+//                            (read x; write 2 x n x h codes; mu, rsigma); the default
+//                            kernel choice (NormForwardKernel::kAuto: the stats-warp
+//                            kernel, row groups y, y + clusters, ... per cluster, where
+//                            it applies)
+//   layernorm_fwd_fp8_register_tile  the same on the register-tile kernel (kRegisterTile)
+//   layernorm_fwd_fp8_contiguous     the same on the stats-warp kernel with one block of
+//                            consecutive row groups per cluster (kStatsWarpContiguous)
 //   layernorm_fwd_fp8_codec  the same with the integer-codec encoder (always the shared-
 //                            memory tile kernel; the others take the register tile)
 //   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
@@ -32,7 +38,11 @@ using kernels::cuda::NormForwardParams;
 std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
-  return std::string(plan.register_tile ? "register " : "smem ") + "tile " +
+  return std::string(plan.stats_warp ? (plan.contiguous_row_groups
+                                            ? "stats-warp register tile (contiguous row groups) "
+                                            : "stats-warp register tile (strided row groups) ")
+                     : plan.register_tile ? "register tile "
+                                          : "smem tile ") +
          std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +
          ", cluster " + std::to_string(plan.cluster_size) + ", " + std::to_string(plan.ctas) +
          " CTAs (" + std::to_string(plan.ctas_per_sm) + "/SM), smem " +
@@ -80,6 +90,12 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   };
   const int64_t stats_ln = n * 8, stats_rms = n * 4;
   forward("layernorm_fwd_fp8", base, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams register_tile = base;
+  register_tile.kernel = kernels::cuda::NormForwardKernel::kRegisterTile;
+  forward("layernorm_fwd_fp8_register_tile", register_tile, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams contiguous = base;
+  contiguous.kernel = kernels::cuda::NormForwardKernel::kStatsWarpContiguous;
+  forward("layernorm_fwd_fp8_contiguous", contiguous, numel * 2 + numel * 2 + stats_ln);
   NormForwardParams codec = base;
   codec.encoder = Fp8Encoder::kCodec;
   forward("layernorm_fwd_fp8_codec", codec, numel * 2 + numel * 2 + stats_ln);

@@ -2,7 +2,9 @@
 // normalization_kernels.h).
 //
 // Forward: BF16 / FP16 shapes with cols a multiple of 64 (<= 8192) and rows a multiple of 8
-// go to the register-tile kernel (normalization_register_tile.cu); the rest to the
+// go to the stats-warp kernel (normalization_stats_warp.cu; not for MXFP8 output or with
+// params.kernel = kRegisterTile) or else the register-tile kernel
+// (normalization_register_tile.cu), which give the same bytes; the rest to the
 // shared-memory tile kernel here. Both read x once and write y (optional), mu, rsigma and
 // the per-tensor FP8 codes, rowwise and transposed (columnwise), with the amax.
 //
@@ -45,6 +47,7 @@
 
 #include "kernels/cuda/normalization_kernels.h"
 #include "kernels/cuda/normalization_register_tile.h"
+#include "kernels/cuda/normalization_stats_warp.h"
 #include "kernels/cuda/normalization_common.cuh"
 
 namespace teserve {
@@ -434,6 +437,8 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
   if (p.sm_margin < 0 || p.sm_margin >= limits.sms) return cudaErrorInvalidValue;
   const int usable_sms = limits.sms - p.sm_margin;
   bool handled = false;
+  status = StatsWarpForward(p, usable_sms, plan, stream, launch, &handled);
+  if (status != cudaSuccess || handled) return status;
   status = RegisterTileForward(p, usable_sms, plan, stream, launch, &handled);
   if (status != cudaSuccess || handled) return status;
 
@@ -470,6 +475,8 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
     plan->cluster_size = g.clustered ? g.slices : 1;
     plan->separate_stats = !g.clustered;
     plan->register_tile = false;
+    plan->stats_warp = false;
+    plan->contiguous_row_groups = false;
     plan->ctas = static_cast<int>(groups_in_flight * g.slices);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;

@@ -29,6 +29,17 @@ enum class NormDType { kFloat32, kFloat16, kBFloat16 };
 //   kCodec:    the integer codec itself (~30 integer ops per element).
 enum class Fp8Encoder { kHardware, kCodec };
 
+// Forward kernel choice for the shapes the register-tile kernels cover (outputs are equal
+// bit for bit; benchmarks and tests A/B them):
+//   kAuto:                the stats-warp kernel (normalization_stats_warp.cu) where it
+//                         applies, with the register-tile kernel's row-group order
+//                         (cluster y takes groups y, y + clusters, ...); else the
+//                         register-tile kernel;
+//   kRegisterTile:        never the stats-warp kernel;
+//   kStatsWarpContiguous: the stats-warp kernel, each cluster taking one block of
+//                         consecutive 32-row groups (measured slower: bench/NOTES.md).
+enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpContiguous };
+
 struct NormForwardParams {
   bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm
   const void* x = nullptr;       // [rows, cols]
@@ -62,6 +73,7 @@ struct NormForwardParams {
   bool mxfp8 = false;
   uint8_t* rowwise_e8m0 = nullptr;     // [rows, cols / 32], with rowwise
   uint8_t* columnwise_e8m0 = nullptr;  // [cols, rows / 32], with columnwise (rows % 32 == 0)
+  NormForwardKernel kernel = NormForwardKernel::kAuto;
 };
 
 // How LaunchNormForward splits the work (for tests and benchmarks).
@@ -73,6 +85,10 @@ struct NormForwardPlan {
   bool separate_stats = false;  // statistics by a separate kernel (rows too long for a cluster)
   bool register_tile = false;   // normalization_register_tile.cu's kernel (else the shared-
                                 // memory tile kernel)
+  bool stats_warp = false;      // normalization_stats_warp.cu's kernel (register_tile is set too:
+                                // same tile geometry, plus one stats warp per CTA)
+  bool contiguous_row_groups = false;  // each cluster takes one block of consecutive 32-row
+                                       // groups (else groups y, y + clusters, ...)
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

@@ -1,0 +1,184 @@
+// Internal to normalization_register_tile.cu and normalization_stats_warp.cu: the tile
+// geometry and the device helpers both register-tile forward kernels share (staging by
+// cp.async, per-lane moments and their warp reduction, Chan merges, the 8x8 code
+// transpose, y stores). Both kernels run exactly this arithmetic in the same order, so
+// they produce the same mu, rsigma, y and codes bit for bit.
+//
+// Included inside namespace teserve::kernels::cuda::{anonymous}, after
+// normalization_common.cuh.
+#ifndef TESERVE_KERNELS_CUDA_NORMALIZATION_REGISTER_TILE_COMMON_CUH_
+#define TESERVE_KERNELS_CUDA_NORMALIZATION_REGISTER_TILE_COMMON_CUH_
+
+constexpr int kRtRows = 32;          // rows per tile: 4 row groups of 8
+constexpr int kRtColsPerWarp = 64;   // 8 column groups of 8
+constexpr int kRtMaxWarps = 16;
+constexpr int kRtMaxCluster = 8;     // portable cluster size
+
+struct RtGeometry {
+  int warps = 0;    // warps per CTA that own columns (64 each)
+  int cluster = 0;  // CTAs per cluster (gridDim.x)
+  int units = 0;    // cols / 64
+  int64_t row_groups = 0;
+};
+
+__device__ __forceinline__ int64_t CeilDivDevice(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float MaxNaN(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Chan's merge of (mean_b, m2_b) over nb values into (mean_a, m2_a) over na values
+// (either count may be 0). For RMSNorm m2 is a plain sum of squares.
+template <bool kRms>
+__device__ __forceinline__ void MergeMoments(float& mean_a, float& m2_a, float& na, float mean_b,
+                                             float m2_b, float nb) {
+  if constexpr (kRms) {
+    m2_a += m2_b;
+  } else {
+    const float n = na + nb;
+    if (nb > 0.0f) {
+      if (na > 0.0f) {
+        // Approximate reciprocal (a few ulp, deterministic): the weights only scale the
+        // correction terms.
+        const float inv_n = __fdividef(1.0f, n);
+        const float d = mean_b - mean_a;
+        mean_a = fmaf(d, nb * inv_n, mean_a);
+        m2_a = fmaf(d * d, na * nb * inv_n, m2_a + m2_b);
+      } else {
+        mean_a = mean_b;
+        m2_a = m2_b;
+      }
+    }
+    na = n;
+  }
+}
+
+// Stages rows row .. row + 7 at columns col .. col + 7 into this thread's slots of a
+// staging buffer (16 bytes per row, slot k at stage[k * blockDim.x]); zeros when !valid.
+__device__ __forceinline__ void StageBlock(const uint16_t* x, int64_t row, int64_t cols, int64_t col,
+                                           bool valid, uint4* stage) {
+  const uint16_t* src = valid ? x + row * cols + col : x;
+  const uint32_t fill = valid ? 16u : 0u;  // 0: zero-fill
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + k * blockDim.x));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill)
+                 : "memory");
+    if (valid) src += cols;
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// 4x4 byte transpose: byte j of out[i] is byte i of in[j].
+__device__ __forceinline__ void Transpose4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t out[4]) {
+  const uint32_t t0 = __byte_perm(a0, a1, 0x5140);
+  const uint32_t t1 = __byte_perm(a2, a3, 0x5140);
+  const uint32_t t2 = __byte_perm(a0, a1, 0x7362);
+  const uint32_t t3 = __byte_perm(a2, a3, 0x7362);
+  out[0] = __byte_perm(t0, t1, 0x5410);
+  out[1] = __byte_perm(t0, t1, 0x7632);
+  out[2] = __byte_perm(t2, t3, 0x5410);
+  out[3] = __byte_perm(t2, t3, 0x7632);
+}
+
+// y[index .. index + 8) = v in `type` (index a multiple of 8, y 16-byte aligned).
+__device__ __forceinline__ void StoreY8(void* y, NormDType type, int64_t index, const float v[8]) {
+  if (type == NormDType::kFloat32) {
+    float4* out = reinterpret_cast<float4*>(static_cast<float*>(y) + index);
+    out[0] = make_float4(v[0], v[1], v[2], v[3]);
+    out[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      words[i] = FloatTo16(type, v[2 * i]) | (static_cast<uint32_t>(FloatTo16(type, v[2 * i + 1])) << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(y) + index) =
+        make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// Equal-count merge (n values on each side): symmetric, no division.
+template <bool kRms>
+__device__ __forceinline__ void MergeEqual(float& mean, float& m2, float other_mean, float other_m2,
+                                           float half_n) {
+  if constexpr (kRms) {
+    m2 += other_m2;
+  } else {
+    const float d = other_mean - mean;
+    m2 = fmaf(d * d, half_n, m2 + other_m2);
+    mean = (mean + other_mean) * 0.5f;
+  }
+}
+
+// One step of the warp's transposing reduction: lanes whose `bit` is set keep the upper
+// half of their kRowsHeld row partials and send the lower half to the partner lane (lane
+// ^ bit), the others the reverse; each merges what it kept with what it received.
+template <bool kRms, int kRowsHeld>
+__device__ __forceinline__ void ReduceHalf(float* mean, float* m2, int lane, int bit, float half_n) {
+  constexpr int kHalf = kRowsHeld / 2;
+  const bool upper = (lane & bit) != 0;
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float send_m2 = upper ? m2[j] : m2[kHalf + j];
+    const float keep_m2 = upper ? m2[kHalf + j] : m2[j];
+    const float recv_m2 = __shfl_xor_sync(0xFFFFFFFFu, send_m2, bit);
+    float keep_mean = 0.0f, recv_mean = 0.0f;
+    if constexpr (!kRms) {
+      const float send_mean = upper ? mean[j] : mean[kHalf + j];
+      keep_mean = upper ? mean[kHalf + j] : mean[j];
+      recv_mean = __shfl_xor_sync(0xFFFFFFFFu, send_mean, bit);
+    }
+    mean[j] = keep_mean;  // index j < kHalf: not read again in this step
+    m2[j] = keep_m2;
+    MergeEqual<kRms>(mean[j], m2[j], recv_mean, recv_m2, half_n);
+  }
+}
+
+// Moments of one lane's 8 values per row of its tile block (mean and M2; RMSNorm: sum of
+// squares; row k of the block at tile[k * row_stride]), reduced over the warp's 8 column
+// groups by three transposing steps (4, 2, then 1 row kept), after which the lane with
+// column group c holds row 8 rg + c of the tile; every lane writes that row's warp
+// partial. kCgLane: the lane-index weight of one column group (the register-tile kernel's
+// lanes have cg8 = lane / 4, so 4; the stats-warp kernel's cg8 = lane % 8, so 1): the steps
+// exchange across lane bits 4 kCgLane, 2 kCgLane, kCgLane, i.e. always across column-group
+// bits 4, 2, 1, so both lane layouts merge the same partials in the same order.
+template <NormDType kType, bool kRms, int kCgLane>
+__device__ __forceinline__ void WarpMoments(const uint4* tile, int row_stride, int lane, int rg, int cg8,
+                                            int warp, float2 (*warp_stats)[kRtRows]) {
+  float mean[8], m2[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    float v[8];
+    Unpack16<kType>(tile[k * row_stride], v);
+    if constexpr (kRms) {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s = fmaf(v[i], v[i], s);
+      mean[k] = 0.0f;
+      m2[k] = s;
+    } else {
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += v[i];
+      const float m = s * 0.125f;
+      float q = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float d = v[i] - m;
+        q = fmaf(d, d, q);
+      }
+      mean[k] = m;
+      m2[k] = q;
+    }
+  }
+  ReduceHalf<kRms, 8>(mean, m2, lane, 4 * kCgLane, 4.0f);  // rows 4b .. 4b + 3 (b = cg8 bit 4)
+  ReduceHalf<kRms, 4>(mean, m2, lane, 2 * kCgLane, 8.0f);  // rows 4b + 2c + {0, 1}
+  ReduceHalf<kRms, 2>(mean, m2, lane, kCgLane, 16.0f);     // row 4b + 2c + e = column group
+  warp_stats[warp][8 * rg + cg8] = make_float2(mean[0], m2[0]);
+}
+
+#endif  // TESERVE_KERNELS_CUDA_NORMALIZATION_REGISTER_TILE_COMMON_CUH_

@@ -1,0 +1,623 @@
+// Stats-warp LayerNorm / RMSNorm forward with the fused per-tensor FP8 output (contract:
+// kernels/normalization.h; selection: normalization_stats_warp.h). The default forward
+// kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200, 16384 x 8192
+// BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md): 158-160 us
+// (3.36-3.40 TB/s) against 234 us for the register-tile kernel.
+//
+// Same tile (32 rows x 64 columns per compute warp, cluster of S CTAs along the row) and
+// arithmetic as the register-tile kernel (normalization_register_tile.cu, helpers in
+// normalization_register_tile_common.cuh), so mu, rsigma, y, codes and amax equal that
+// kernel's bit for bit (the lanes differ, the merge tree does not: WarpMoments). Per CTA:
+// - A producer warp (warp W + 1), one row per lane: per tile, one bulk copy (TMA) of the
+//   CTA's columns of each row into stage t % 3 (row-major), completing on staged[t % 3],
+//   after every compute warp released that stage (drained[t % 3]). Bulk copies reach L2 as
+//   whole-line requests: the per-thread 16-byte cp.async of the register-tile kernel made
+//   one request per 16 bytes (ncu: 15.6M L2 read requests and twice the read sectors,
+//   L2 tag lookups at 80% of peak, the limiter at 234 us).
+// - W compute warps (64 columns each; lanes 8 r .. 8 r + 7 read one 128-byte run of a row,
+//   so 16-byte shared loads are conflict-free): wait for staged[tile i + 1], per-lane moments
+//   of tile i + 1 and their warp reduction into warp_stats[(i + 1) % 2], named-barrier
+//   arrive (no wait), then wait for row_stats[i % 2] and normalize / encode / store tile i,
+//   then release its stage. They never run a merge chain and never touch the cluster.
+// - The stats warp (warp W), one row per lane, per tile t: waits for the warp partials
+//   (named barrier), merges them in warp order (the register-tile kernel's CTA merge),
+//   pushes the CTA partial into slot t % 2 of every other CTA of the cluster with st.async
+//   (8 bytes per lane and CTA, completing transactions on the receiver's mbarrier
+//   full[t % 2]; its own slot by a plain store + mbarrier.complete_tx), waits for the S
+//   partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
+//   (rank 0 also mu / rsigma) and arrives on the compute warps' named barrier. No cluster
+//   barrier and no GPU-scope fence per tile.
+// - Why two slots suffice: a CTA pushes its partial of tile t + 1 only after its stats warp
+//   consumed slot t % 2 (program order of one warp), and a peer can push tile t + 2 into
+//   slot t % 2 only after it received every CTA's partial of tile t + 1. full[s] is
+//   re-armed (arrive + expect_tx) for tile t + 2 right after tile t was consumed, so
+//   transactions never land in the wrong phase. Named barriers 1 + t % 2 (partials) and
+//   3 + t % 2 (statistics) alternate so an arrival for tile t + 1 can never join the
+//   instance of tile t - 1; warp_stats and row_stats are double-buffered by the same
+//   argument (each buffer is rewritten only after the barrier that follows its last read).
+//   A stage is refilled (tile t + 3) only after all W compute warps arrived on drained[t % 3]
+//   for tile t, and staged / drained phases alternate per use of a stage.
+// - Row groups: cluster y takes groups y, y + C, ... (C clusters), so the four 32-row groups
+//   whose columnwise codes share 128-byte lines are written at about the same time;
+//   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
+//   groups instead (measured 188 us: bench/NOTES.md).
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/normalization_kernels.h"
+#include "kernels/cuda/normalization_stats_warp.h"
+#include "kernels/cuda/normalization_common.cuh"
+#include "kernels/quantize_math.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+#include "kernels/cuda/normalization_register_tile_common.cuh"
+
+constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
+constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written
+constexpr int kStages = 3;           // x tiles in shared memory (64 KiB each at 16 warps)
+constexpr uint32_t kStageAlign = 1024;  // byte alignment of the first stage
+// mbarrier waits give up (trap) after this many polls, so that a broken protocol fails the
+// launch instead of hanging the process (a correct wait lasts microseconds).
+constexpr uint32_t kMaxPolls = 1u << 24;
+
+// Named barrier kBase + parity (immediate ids, so ptxas reserves only the ids used).
+template <int kBase>
+__device__ __forceinline__ void NamedArrive(int parity, int threads) {
+  if (parity) {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(kBase + 1), "r"(threads) : "memory");
+  } else {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(kBase), "r"(threads) : "memory");
+  }
+}
+
+template <int kBase>
+__device__ __forceinline__ void NamedSync(int parity, int threads) {
+  if (parity) {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kBase + 1), "r"(threads) : "memory");
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kBase), "r"(threads) : "memory");
+  }
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Address of this CTA's shared-memory location `local` in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t ClusterAddress(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+
+__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Arrives once on `bar` and raises its expected transaction bytes of the current phase.
+__device__ __forceinline__ void MbarrierArriveExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the phase with `parity` of `bar` completed. kCluster: acquire at cluster scope
+// (the bytes were written by other CTAs' st.async); it compiles to an L1 invalidation
+// (CCTL.IVALL) after the wait, which ncu showed as the compute warps' largest stall when
+// they used it per tile, so waits on what this CTA or its bulk copies wrote use the default
+// CTA scope.
+template <bool kCluster>
+__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
+  for (uint32_t polls = 0;; ++polls) {
+    uint32_t done;
+    if constexpr (kCluster) {
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n"
+          "}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n"
+          "}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
+    if (done) return;
+    if (polls >= kMaxPolls) __trap();
+  }
+}
+
+// 8 bytes (mean, m2) into shared::cluster address `remote`, completing 8 transaction bytes
+// on the mbarrier at shared::cluster address `remote_bar` (same CTA as `remote`).
+__device__ __forceinline__ void PushPartial(uint32_t remote, float2 v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(
+          remote),
+      "f"(v.x), "f"(v.y), "r"(remote_bar)
+      : "memory");
+}
+
+// Completes `bytes` transaction bytes on this CTA's mbarrier `bar` (the CTA's own partial,
+// stored with a plain shared-memory store and read back by the same thread).
+__device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// One plain arrive on this CTA's mbarrier `bar` (release at CTA scope).
+__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Bulk copy (the TMA unit) of `bytes` (a multiple of 16) from global `src` (16-byte
+// aligned) into this CTA's shared memory at `dst`, completing the bytes on mbarrier `bar`.
+__device__ __forceinline__ void BulkCopyRow(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// Codes of v[0..3] * scale (v[0] in the low byte), products by one FP32 multiply each, for
+// values the caller knows hold no NaN product: the two pair conversions merge into one word
+// without the shift and mask Encode4 spends (same cvt instructions, so the same codes).
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint32_t EncodeQuadFinite(const float v[4], float scale) {
+  const float s0 = __fmul_rn(v[0], scale), s1 = __fmul_rn(v[1], scale);
+  const float s2 = __fmul_rn(v[2], scale), s3 = __fmul_rn(v[3], scale);
+  uint32_t out;
+  if constexpr (kFormat == Fp8Format::kE4M3) {
+    asm("{\n .reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n"
+        " cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n mov.b32 %0, {l, h};\n}"
+        : "=r"(out) : "f"(s0), "f"(s1), "f"(s2), "f"(s3));
+  } else {
+    asm("{\n .reg .b16 l, h;\n cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n"
+        " cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n mov.b32 %0, {l, h};\n}"
+        : "=r"(out) : "f"(s0), "f"(s1), "f"(s2), "f"(s3));
+  }
+  return out;
+}
+
+// Normalizes this lane's 8 rows x 8 columns of a staged tile (row k at tile[k * row_stride],
+// its (mu, rsigma) at stats[k]) with the register-tile kernel's arithmetic; stores y rows
+// when kY, encodes codes into lo / hi (columns 0-3 / 4-7 of row k) when kQuantize (kPatch:
+// the NaN-aware encoder). Returns max |y| over the 64 values (NaN if any is NaN).
+template <NormDType kType, Fp8Format kFormat, bool kY, bool kQuantize, bool kPatch>
+__device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const uint4* tile, int row_stride,
+                                               const float2* stats, const float w[8], const float b[8],
+                                               int64_t row0, int64_t col, uint32_t* lo, uint32_t* hi) {
+  float tile_max = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float2 st = stats[k];
+    float v[8];
+    Unpack16<kType>(tile[k * row_stride], v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
+      tile_max = MaxNaN(tile_max, fabsf(v[e]));
+    }
+    if constexpr (kY) StoreY8(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+    if constexpr (kQuantize) {
+      if constexpr (kPatch) {
+        lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
+        hi[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v + 4, p.scale);
+      } else {
+        lo[k] = EncodeQuadFinite<kFormat>(v, p.scale);
+        hi[k] = EncodeQuadFinite<kFormat>(v + 4, p.scale);
+      }
+    }
+  }
+  return tile_max;
+}
+
+// Row groups of cluster y (of C = gridDim.y): with `contiguous`, the block
+// [y G / C, (y + 1) G / C) of the G groups in order, so one CTA writes all four 32-byte
+// sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
+// column) except at block ends, instead of four clusters on different SMs writing one
+// sector each at the same time; else the register-tile kernel's order y, y + C, ...
+// Both give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template
+// flag, so the codes-only path carries no per-row y test).
+template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
+__global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
+    NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
+  __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
+  __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
+  __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
+  __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
+  __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
+  __shared__ alignas(8) uint64_t drained[kStages];        // every compute warp done with stage s
+  // The x tiles: stage s holds rows 0..31 of a tile, row-major, row_uint4 16-byte chunks
+  // (64 columns per compute warp, 8 chunks) per row.
+  extern __shared__ uint4 dynamic_smem[];
+  // The stages start at a 1024-byte boundary. The bulk copies' destination alignment matters:
+  // 16-byte aligned stages measured 180 us, 64-byte 164 us, 128-byte 160 us and 1024-byte
+  // 158 us on 16384 x 8192 (bench/NOTES.md).
+  constexpr uint32_t kAlignChunks = kStageAlign / 16;
+  uint4* const stages =
+      dynamic_smem + (kAlignChunks - (SharedAddress(dynamic_smem) / 16) % kAlignChunks) % kAlignChunks;
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int stats_warp = g.warps, producer_warp = g.warps + 1;
+  const int threads = (g.warps + 1) * 32;  // the named barriers: compute warps + stats warp
+  const int rank = static_cast<int>(blockIdx.x);
+  const int active_warps = min(g.warps, g.units - rank * g.warps);
+  const int row_uint4 = g.warps * (kRtColsPerWarp / 8);
+  const int64_t stride = gridDim.y;
+  const int64_t first = blockIdx.y * g.row_groups / stride;
+  int tiles = 0;
+  if (contiguous) {
+    tiles = static_cast<int>((blockIdx.y + 1) * g.row_groups / stride - first);
+  } else if (blockIdx.y < g.row_groups) {
+    tiles = static_cast<int>(CeilDivDevice(g.row_groups - blockIdx.y, stride));
+  }
+  auto group_of = [&](int i) { return contiguous ? first + i : blockIdx.y + i * stride; };
+  const uint32_t part_bytes = static_cast<uint32_t>(g.cluster * kRtRows * sizeof(float2));
+
+  if (warp == stats_warp && lane == 0) {
+    MbarrierInit(SharedAddress(&full[0]), 1);
+    MbarrierInit(SharedAddress(&full[1]), 1);
+    for (int s = 0; s < kStages; ++s) {
+      MbarrierInit(SharedAddress(&staged[s]), 1);           // the producer's arrive + bytes
+      MbarrierInit(SharedAddress(&drained[s]), g.warps);    // one arrive per compute warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (tiles > 0) MbarrierArriveExpect(SharedAddress(&full[0]), part_bytes);
+    if (tiles > 1) MbarrierArriveExpect(SharedAddress(&full[1]), part_bytes);
+  }
+  cluster.sync();  // every CTA's barriers exist before any partial is pushed
+
+  if (warp == producer_warp) {
+    // ---- Producer warp: lane = row of the tile; one bulk copy of the CTA's columns per row
+    // (whole 128-byte lines, so L2 sees full-line requests), completing on staged[stage].
+    const uint32_t row_bytes = static_cast<uint32_t>(active_warps * kRtColsPerWarp * 2);
+    const int64_t col0 = static_cast<int64_t>(rank) * g.warps * kRtColsPerWarp;
+    const uint16_t* x = static_cast<const uint16_t*>(p.x);
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % kStages;
+      if (t >= kStages) MbarrierWait<false>(SharedAddress(&drained[s]), static_cast<uint32_t>(t / kStages - 1) & 1u);
+      const int64_t row0 = group_of(t) * kRtRows;
+      const int rows = p.rows - row0 < kRtRows ? static_cast<int>(p.rows - row0) : kRtRows;
+      const uint32_t bar = SharedAddress(&staged[s]);
+      if (lane == 0) MbarrierArriveExpect(bar, static_cast<uint32_t>(rows) * row_bytes);
+      __syncwarp();
+      if (lane < rows) {
+        BulkCopyRow(SharedAddress(stages + (s * kRtRows + lane) * row_uint4),
+                    x + (row0 + lane) * p.cols + col0, row_bytes, bar);
+      }
+    }
+  } else if (warp == stats_warp) {
+    // ---- Stats warp: lane = row of the tile.
+    const float cols_f = static_cast<float>(p.cols);
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t & 1;
+      NamedSync<kPartialsBarrier>(s, threads);
+      float m = warp_stats[s][0][lane].x, q = warp_stats[s][0][lane].y;
+      float n = static_cast<float>(kRtColsPerWarp);
+      for (int i = 1; i < active_warps; ++i) {
+        const float2 part = warp_stats[s][i][lane];
+        MergeMoments<kRms>(m, q, n, part.x, part.y, static_cast<float>(kRtColsPerWarp));
+      }
+      const uint32_t slot = SharedAddress(&parts[s][rank][lane]);
+      const uint32_t bar = SharedAddress(&full[s]);
+      for (int dst = 0; dst < g.cluster; ++dst) {
+        if (dst == rank) {
+          parts[s][rank][lane] = make_float2(m, q);
+          MbarrierCompleteLocal(bar, sizeof(float2));
+        } else {
+          PushPartial(ClusterAddress(slot, dst), make_float2(m, q), ClusterAddress(bar, dst));
+        }
+      }
+      MbarrierWait<true>(bar, static_cast<uint32_t>(t >> 1) & 1u);
+      float2 all[kRtMaxCluster];
+#pragma unroll
+      for (int r = 0; r < kRtMaxCluster; ++r) {
+        if (r < g.cluster) all[r] = parts[s][r][lane];
+      }
+      m = all[0].x;
+      q = all[0].y;
+      n = static_cast<float>(kRtColsPerWarp * min(g.warps, g.units));
+#pragma unroll
+      for (int r = 1; r < kRtMaxCluster; ++r) {
+        if (r < g.cluster) {
+          MergeMoments<kRms>(m, q, n, all[r].x, all[r].y,
+                             static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - r * g.warps)));
+        }
+      }
+      const float rsigma = 1.0f / sqrtf(q / cols_f + p.eps);
+      row_stats[s][lane] = make_float2(kRms ? 0.0f : m, rsigma);
+      const int64_t row = group_of(t) * kRtRows + lane;
+      if (rank == 0 && row < p.rows) {
+        p.rsigma[row] = rsigma;
+        if (!kRms) p.mu[row] = m;
+      }
+      __syncwarp();  // every lane has read parts[s] before the slot is re-armed
+      if (lane == 0 && t + 2 < tiles) MbarrierArriveExpect(bar, part_bytes);
+      NamedArrive<kStatsBarrier>(s, threads);
+    }
+  } else {
+    // ---- Compute warps. Lanes 8 r .. 8 r + 7 read one 128-byte run of a row, so each
+    // quarter-warp phase of a 16-byte shared load hits 32 distinct banks.
+    const int rg = lane / 8;   // rows 8 rg .. 8 rg + 7 of the tile
+    const int cg8 = lane % 8;  // columns 8 cg8 .. 8 cg8 + 7 of the warp's 64
+    const bool warp_active = warp < active_warps;
+    const int64_t col = static_cast<int64_t>(rank * g.warps + warp) * kRtColsPerWarp + 8 * cg8;
+    const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
+    // This thread's first chunk (row 8 rg, its 8 columns) in stage s.
+    auto block_of = [&](int i) {
+      return stages + ((i % kStages) * kRtRows + 8 * rg) * row_uint4 + warp * (kRtColsPerWarp / 8) + cg8;
+    };
+    auto wait_staged = [&](int i) {
+      MbarrierWait<false>(SharedAddress(&staged[i % kStages]), static_cast<uint32_t>(i / kStages) & 1u);
+    };
+
+    float amax = 0.0f;
+    if (tiles > 0) {
+      wait_staged(0);
+      if (warp_active) WarpMoments<kType, kRms, 1>(block_of(0), row_uint4, lane, rg, cg8, warp, warp_stats[0]);
+      NamedArrive<kPartialsBarrier>(0, threads);
+    }
+
+    float w[8], b[8];  // this lane's 8 columns of the weight and bias
+    {
+      const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + (warp_active ? col : 0));
+      const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
+      w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
+      w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
+      if (p.zero_centered_gamma) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] += 1.0f;
+      }
+      if constexpr (kRms) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) b[e] = 0.0f;
+      } else {
+        const float4* beta4 = reinterpret_cast<const float4*>(p.beta + (warp_active ? col : 0));
+        const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
+        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
+        b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+      }
+    }
+
+    for (int i = 0; i < tiles; ++i) {
+      const int s = i & 1;
+      if (i + 1 < tiles) {
+        wait_staged(i + 1);
+        if (warp_active) {
+          WarpMoments<kType, kRms, 1>(block_of(i + 1), row_uint4, lane, rg, cg8, warp, warp_stats[s ^ 1]);
+        }
+        NamedArrive<kPartialsBarrier>(s ^ 1, threads);
+      }
+      // row_stats[s] of tile i. A named barrier (the compute warps meet here every tile): an
+      // mbarrier that each warp waits on alone measured the same (bench/NOTES.md).
+      NamedSync<kStatsBarrier>(s, threads);
+
+      const int64_t my_row = group_of(i) * kRtRows + 8 * rg;
+      if (warp_active && my_row < p.rows) {
+        const uint4* const tile = block_of(i);
+        const float2* const stats = &row_stats[s][8 * rg];
+        if (quantize) {
+          uint32_t lo[8], hi[8];
+          float tile_max = NormalizeRows<kType, kFormat, kY, true, false>(p, tile, row_uint4, stats, w, b,
+                                                                         my_row, col, lo, hi);
+          if (tile_max != tile_max) {
+            // A NaN among these 64 values (rare): the same rows again with the encoder that
+            // maps NaN products to 0x7F (it gives the same codes for every other value). The
+            // empty asm hides that the pointers are the same, so the compiler reloads the
+            // tile here instead of keeping the 64 values of the first pass live for it.
+            const uint4* again = tile;
+            const float2* again_stats = stats;
+            asm volatile("" : "+l"(again), "+l"(again_stats));
+            NormalizeRows<kType, kFormat, false, true, true>(p, again, row_uint4, again_stats, w, b, my_row,
+                                                             col, lo, hi);
+          }
+          amax = MaxNaN(amax, tile_max);
+          if (p.rowwise != nullptr) {
+            uint8_t* out = p.rowwise + my_row * p.cols + col;
+#pragma unroll
+            for (int k = 0; k < 8; ++k, out += p.cols) {
+              *reinterpret_cast<uint2*>(out) = make_uint2(lo[k], hi[k]);
+            }
+          }
+          if (p.columnwise != nullptr) {
+            uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
+            Transpose4(lo[0], lo[1], lo[2], lo[3], first);
+            Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
+            Transpose4(lo[4], lo[5], lo[6], lo[7], second);
+            Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+            uint8_t* out = p.columnwise + col * p.rows + my_row;
+#pragma unroll
+            for (int e = 0; e < 8; ++e, out += p.rows) {
+              *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
+            }
+          }
+        } else {
+          amax = MaxNaN(amax, NormalizeRows<kType, kFormat, kY, false, false>(p, tile, row_uint4, stats, w, b,
+                                                                            my_row, col, nullptr, nullptr));
+        }
+      }
+      __syncwarp();  // the whole warp is done reading stage i % kStages
+      if (lane == 0) MbarrierArrive(SharedAddress(&drained[i % kStages]));
+    }
+
+    if (p.amax_bits != nullptr) {
+      // |y| max as FP32 bits: non-negative, so integer order is value order (NaN above Inf).
+      const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
+      if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+      if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
+      if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
+    }
+  }
+  cluster.sync();  // no CTA leaves while a peer's st.async into it may be in flight
+}
+
+using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
+
+template <NormDType kType, Fp8Format kFormat, bool kY>
+KernelFn KernelForRms(bool rms) {
+  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY>
+             : NormForwardStatsWarpKernel<kType, kFormat, false, kY>;
+}
+
+template <NormDType kType, Fp8Format kFormat>
+KernelFn KernelForY(const NormForwardParams& p) {
+  return p.y != nullptr ? KernelForRms<kType, kFormat, true>(p.rms)
+                        : KernelForRms<kType, kFormat, false>(p.rms);
+}
+
+template <NormDType kType>
+KernelFn KernelFor(const NormForwardParams& p) {
+  return p.format == Fp8Format::kE4M3 ? KernelForY<kType, Fp8Format::kE4M3>(p)
+                                      : KernelForY<kType, Fp8Format::kE5M2>(p);
+}
+
+bool Covers(const NormForwardParams& p) {
+  if (p.kernel == NormForwardKernel::kRegisterTile) return false;
+  if (p.mxfp8 || p.x_type == NormDType::kFloat32 || p.encoder != Fp8Encoder::kHardware) return false;
+  if (p.rows <= 0 || p.rows % 8 != 0) return false;
+  if (p.cols % kRtColsPerWarp != 0 || p.cols > kRtColsPerWarp * kRtMaxWarps * kRtMaxCluster) return false;
+  if (!IsAligned(p.x, 16) || !IsAligned(p.gamma, 16)) return false;
+  if (!p.rms && !IsAligned(p.beta, 16)) return false;
+  if (p.y != nullptr && !IsAligned(p.y, 16)) return false;
+  if (p.rowwise != nullptr && !IsAligned(p.rowwise, 8)) return false;
+  if (p.columnwise != nullptr && !IsAligned(p.columnwise, 8)) return false;
+  return true;
+}
+
+// Dynamic shared memory: kStages x tiles of 32 rows x 64 columns per compute warp, 16-bit.
+int StagingBytes(int warps) { return kStages * kRtRows * warps * kRtColsPerWarp * 2 + kStageAlign; }
+
+// Resident CTAs per SM and active clusters for (kernel, warps, cluster), cached; raises the
+// kernel's dynamic shared-memory limit to what the largest CTA needs.
+cudaError_t Occupancy(KernelFn kernel, int warps, int cluster, int* ctas_per_sm, int* clusters) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int>, std::pair<int, int>> cache;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), warps, cluster);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  StagingBytes(kRtMaxWarps));
+    if (status != cudaSuccess) return status;
+    int per_sm = 0;
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (warps + 2) * 32,
+                                                           StagingBytes(warps));
+    if (status != cudaSuccess) return status;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(cluster, 1, 1);
+    config.blockDim = dim3((warps + 2) * 32, 1, 1);
+    config.dynamicSmemBytes = StagingBytes(warps);
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int active = 0;
+    status = cudaOccupancyMaxActiveClusters(&active, kernel, &config);
+    if (status != cudaSuccess) return status;
+    it = cache.emplace(key, std::make_pair(per_sm, active)).first;
+  }
+  *ctas_per_sm = it->second.first;
+  *clusters = it->second.second;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
+                             cudaStream_t stream, bool launch, bool* handled) {
+  *handled = false;
+  if (!Covers(p)) return cudaSuccess;
+  // The register-tile kernel's geometry (same tiles, so the same statistics order).
+  RtGeometry g;
+  g.units = static_cast<int>(p.cols / kRtColsPerWarp);
+  const int min_cluster = static_cast<int>(CeilDiv(g.units, kRtMaxWarps));
+  g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
+  g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));
+  g.row_groups = CeilDiv(p.rows, kRtRows);
+  const bool contiguous = p.kernel == NormForwardKernel::kStatsWarpContiguous;
+
+  KernelFn kernel = nullptr;
+  switch (p.x_type) {
+    case NormDType::kBFloat16: kernel = KernelFor<NormDType::kBFloat16>(p); break;
+    case NormDType::kFloat16: kernel = KernelFor<NormDType::kFloat16>(p); break;
+    default: return cudaSuccess;
+  }
+  int ctas_per_sm = 0, active_clusters = 0;
+  cudaError_t status = Occupancy(kernel, g.warps, g.cluster, &ctas_per_sm, &active_clusters);
+  if (status != cudaSuccess) return status;
+  const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
+  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return cudaSuccess;
+  int64_t clusters = std::min<int64_t>(active_clusters, fitting);
+  clusters = std::min<int64_t>(std::min<int64_t>(clusters, g.row_groups), 65535);
+  *handled = true;
+
+  if (plan != nullptr) {
+    plan->rows_per_cta = kRtRows;
+    plan->cols_per_cta = g.warps * kRtColsPerWarp;
+    plan->slices = g.cluster;
+    plan->cluster_size = g.cluster;
+    plan->separate_stats = false;
+    plan->register_tile = true;
+    plan->stats_warp = true;
+    plan->contiguous_row_groups = contiguous;
+    plan->ctas = static_cast<int>(clusters * g.cluster);
+    plan->ctas_per_sm = ctas_per_sm;
+    plan->usable_sms = usable_sms;
+    plan->shared_bytes = StagingBytes(g.warps);
+  }
+  if (!launch) return cudaSuccess;
+  if (p.amax_bits != nullptr) {
+    status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
+    if (status != cudaSuccess) return status;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(g.cluster, static_cast<unsigned>(clusters), 1);
+  config.blockDim = dim3((g.warps + 2) * 32, 1, 1);
+  config.dynamicSmemBytes = StagingBytes(g.warps);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = g.cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  status = cudaLaunchKernelEx(&config, kernel, p, g, contiguous);
+  if (status != cudaSuccess) return status;
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve

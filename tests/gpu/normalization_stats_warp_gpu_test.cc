@@ -1,0 +1,359 @@
+// The stats-warp forward kernel (kernels/cuda/normalization_stats_warp.cu) against the
+// register-tile kernel and the CPU, through direct launches into poisoned buffers:
+// - plan: which kernel and row-group run each NormForwardKernel choice gets;
+// - the three choices (kAuto: stats warp, one block of consecutive row groups per cluster;
+//   kStatsWarpContiguous: stats warp, consecutive groups per cluster; kRegisterTile) write
+//   the same bytes: y (FP32), rowwise and
+//   columnwise codes, mu, rsigma, amax and the scale inverses (same tile arithmetic and
+//   merge order by construction);
+// - against the CPU: y within the FP32 tolerance on its forward-error scale, codes exactly
+//   encode(y * scale) of the kernel's own y, the columnwise copy the transpose, amax
+//   max |y| bitwise;
+// - special rows: a NaN in a row (LayerNorm: also an Inf) makes the whole row NaN with code
+//   0x7F (amax NaN); in RMSNorm an Inf makes rsigma 0, so y is NaN at the Inf and +0
+//   elsewhere; a constant row (zero variance) gives y = beta exactly in LayerNorm, an
+//   all-zero row y = +0 in RMSNorm.
+// Shapes: the benchmark shape, partial 32-row groups, group counts that the clusters do not
+// divide, clusters of 1..8 CTAs.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+#if TESERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+#include "core/float_codec.h"
+#include "core/tensor.h"
+#include "kernels/cpu/cast_cpu.h"
+#include "kernels/cuda/normalization_kernels.h"
+#include "kernels/normalization.h"
+#include "tests/gpu/normalization_gpu_test_util.h"
+#include "tests/gpu/quantize_gpu_test_util.h"
+#include "tests/kernels/tolerances.h"
+#endif
+
+namespace teserve {
+namespace {
+
+#if TESERVE_WITH_CUDA
+
+using kernels::NormForwardOptions;
+using kernels::NormForwardResult;
+using kernels::NormType;
+using kernels::cuda::NormForwardKernel;
+using norm_gpu_test::AsDoubles;
+using norm_gpu_test::Bits;
+using norm_gpu_test::DeviceAlloc;
+using norm_gpu_test::Encode;
+using norm_gpu_test::ForwardScale;
+using norm_gpu_test::RandomInput;
+using norm_gpu_test::RandomVector;
+using norm_gpu_test::ShapeName;
+using testing::Floats;
+using testing::OnDevice;
+using testing_kernels::AllClose;
+
+struct StatsWarpCase {
+  NormType type;
+  DType dtype;  // BF16 or FP16
+  int64_t n, h;
+  DType format;
+  bool zero_centered;
+};
+
+std::string StatsWarpName(const ::testing::TestParamInfo<StatsWarpCase>& info) {
+  const StatsWarpCase& c = info.param;
+  return absl::StrCat(c.type == NormType::kLayerNorm ? "LayerNorm" : "RmsNorm", "_",
+                      DTypeName(c.dtype), "_", ShapeName(c.n, c.h), "_",
+                      c.format == DType::kFloat8E4M3 ? "E4M3" : "E5M2",
+                      c.zero_centered ? "_ZeroCentered" : "");
+}
+
+// Host copy of every output of one direct launch.
+struct Outputs {
+  kernels::cuda::NormForwardPlan plan;
+  std::vector<uint8_t> y, rowwise, columnwise, mu, rsigma, scale_inv, amax;
+};
+
+std::vector<uint8_t> ToHost(const void* device, int64_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+std::vector<float> AsFloats(const std::vector<uint8_t>& bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
+ protected:
+  void SetUp() override {
+    TESERVE_SKIP_WITHOUT_GPU();
+    const StatsWarpCase& c = GetParam();
+    const uint64_t seed = static_cast<uint64_t>(c.n * 977 + c.h);
+    Tensor x32 = RandomInput(DType::kFloat32, c.n, c.h, seed);
+    float* v = x32.data<float>();
+    // Special rows (all n >= 16 here): 1 holds a NaN, 2 an Inf, 4 a -Inf; 6 is constant
+    // (LayerNorm: zero variance) or all zero (RMSNorm); the last row is constant too.
+    v[1 * c.h + c.h / 3] = std::nanf("");
+    v[2 * c.h + c.h - 1] = INFINITY;
+    v[4 * c.h] = -INFINITY;
+    const float constant = layer_norm() ? 3.25f : 0.0f;
+    for (int64_t j = 0; j < c.h; ++j) {
+      v[6 * c.h + j] = constant;
+      v[(c.n - 1) * c.h + j] = constant;
+    }
+    special_ = {1, 2, 4};
+    constant_ = {6, c.n - 1};
+    host_x_ = kernels::cpu::CastFromFloat32(Context::Cpu(), x32, c.dtype).value();
+    gamma_ = c.zero_centered ? RandomVector(c.h, -0.5f, 0.5f, seed + 1)
+                             : RandomVector(c.h, 0.5f, 1.5f, seed + 1);
+    if (layer_norm()) beta_ = RandomVector(c.h, -1.0f, 1.0f, seed + 2);
+    x_ = OnDevice(host_x_);
+    gamma_gpu_ = OnDevice(gamma_);
+    if (layer_norm()) beta_gpu_ = OnDevice(beta_);
+    scale_ = DTypeMaxFinite(c.format) / 4.0f;  // |y| beyond 4 saturates
+  }
+
+  bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
+
+  Outputs Launch(NormForwardKernel kernel) const {
+    const StatsWarpCase& c = GetParam();
+    const int64_t numel = c.n * c.h;
+    void* y = nullptr;
+    uint8_t *rowwise = nullptr, *columnwise = nullptr;
+    float *mu = nullptr, *rsigma = nullptr, *scale_inv = nullptr;
+    uint32_t* amax = nullptr;
+    Outputs out;
+    EXPECT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&mu, c.n * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&rsigma, c.n * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(y, 0xFF, numel * 4), cudaSuccess);  // NaN
+    EXPECT_EQ(cudaMemset(rowwise, 0xA5, numel), cudaSuccess);
+    EXPECT_EQ(cudaMemset(columnwise, 0xA5, numel), cudaSuccess);
+    EXPECT_EQ(cudaMemset(mu, 0xFF, c.n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(rsigma, 0xFF, c.n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(scale_inv, 0xFF, 8), cudaSuccess);
+    EXPECT_EQ(cudaMemset(amax, 0xFF, 4), cudaSuccess);
+
+    kernels::cuda::NormForwardParams p;
+    p.rms = !layer_norm();
+    p.x = x_.raw_data();
+    p.x_type = c.dtype == DType::kFloat16 ? kernels::cuda::NormDType::kFloat16
+                                          : kernels::cuda::NormDType::kBFloat16;
+    p.rows = c.n;
+    p.cols = c.h;
+    p.gamma = gamma_gpu_.data<float>();
+    p.beta = layer_norm() ? beta_gpu_.data<float>() : nullptr;
+    p.eps = 1e-5f;
+    p.zero_centered_gamma = c.zero_centered;
+    p.y = y;
+    p.y_type = kernels::cuda::NormDType::kFloat32;
+    p.mu = layer_norm() ? mu : nullptr;
+    p.rsigma = rsigma;
+    p.format = c.format == DType::kFloat8E4M3 ? kernels::cuda::Fp8Format::kE4M3
+                                              : kernels::cuda::Fp8Format::kE5M2;
+    p.scale = scale_;
+    p.scale_inv = 1.0f / scale_;
+    p.rowwise = rowwise;
+    p.columnwise = columnwise;
+    p.rowwise_scale_inv = scale_inv;
+    p.columnwise_scale_inv = scale_inv + 1;
+    p.amax_bits = amax;
+    p.kernel = kernel;
+    EXPECT_EQ(kernels::cuda::PlanNormForward(p, &out.plan), cudaSuccess);
+    EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    out.y = ToHost(y, numel * 4);
+    out.rowwise = ToHost(rowwise, numel);
+    out.columnwise = ToHost(columnwise, numel);
+    if (layer_norm()) out.mu = ToHost(mu, c.n * 4);
+    out.rsigma = ToHost(rsigma, c.n * 4);
+    out.scale_inv = ToHost(scale_inv, 8);
+    out.amax = ToHost(amax, 4);
+    for (void* ptr : {y, static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                      static_cast<void*>(mu), static_cast<void*>(rsigma),
+                      static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
+      cudaFree(ptr);
+    }
+    return out;
+  }
+
+  bool IsSpecial(int64_t r) const {
+    return std::find(special_.begin(), special_.end(), r) != special_.end();
+  }
+
+  Tensor host_x_, gamma_, beta_;
+  Tensor x_, gamma_gpu_, beta_gpu_;
+  float scale_ = 1.0f;
+  std::vector<int64_t> special_, constant_;
+};
+
+TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
+  const Outputs automatic = Launch(NormForwardKernel::kAuto);
+  EXPECT_TRUE(automatic.plan.stats_warp);
+  EXPECT_TRUE(automatic.plan.register_tile);
+  EXPECT_FALSE(automatic.plan.contiguous_row_groups);
+  EXPECT_EQ(automatic.plan.rows_per_cta, 32);
+  EXPECT_EQ(automatic.plan.ctas % automatic.plan.cluster_size, 0);
+  const Outputs contiguous = Launch(NormForwardKernel::kStatsWarpContiguous);
+  EXPECT_TRUE(contiguous.plan.stats_warp);
+  EXPECT_TRUE(contiguous.plan.contiguous_row_groups);
+  const Outputs register_tile = Launch(NormForwardKernel::kRegisterTile);
+  EXPECT_FALSE(register_tile.plan.stats_warp);
+  EXPECT_TRUE(register_tile.plan.register_tile);
+  EXPECT_EQ(register_tile.plan.cluster_size, automatic.plan.cluster_size);
+  EXPECT_EQ(register_tile.plan.cols_per_cta, automatic.plan.cols_per_cta);
+}
+
+TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
+  const Outputs want = Launch(NormForwardKernel::kRegisterTile);
+  for (NormForwardKernel kernel : {NormForwardKernel::kAuto, NormForwardKernel::kStatsWarpContiguous}) {
+    SCOPED_TRACE(kernel == NormForwardKernel::kAuto ? "kAuto" : "kStatsWarpContiguous");
+    const Outputs got = Launch(kernel);
+    EXPECT_TRUE(got.y == want.y) << "y";
+    EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
+    EXPECT_TRUE(got.columnwise == want.columnwise) << "columnwise codes";
+    EXPECT_TRUE(got.mu == want.mu) << "mu";
+    EXPECT_TRUE(got.rsigma == want.rsigma) << "rsigma";
+    EXPECT_EQ(got.scale_inv, want.scale_inv);
+    EXPECT_EQ(got.amax, want.amax);
+  }
+}
+
+TEST_P(StatsWarpGpuTest, MatchesCpuAndEncodesItsOwnY) {
+  const StatsWarpCase& c = GetParam();
+  const Outputs gpu = Launch(NormForwardKernel::kAuto);
+  NormForwardOptions options;
+  options.eps = 1e-5f;
+  options.zero_centered_gamma = c.zero_centered;
+  options.y_dtype = DType::kFloat32;
+  ASSERT_OK_AND_ASSIGN(const NormForwardResult cpu,
+                       kernels::NormalizationForward(Context::Cpu(), c.type, host_x_, gamma_, beta_,
+                                                     options));
+  const std::vector<float> x = Floats(host_x_);
+  const std::vector<float> y = AsFloats(gpu.y);
+  const std::vector<float> y_cpu = Floats(cpu.y);
+  const std::vector<float> rsigma = AsFloats(gpu.rsigma);
+  const std::vector<float> rsigma_cpu = Floats(cpu.rsigma);
+  const float* g = gamma_.data<float>();
+  const float* b = layer_norm() ? beta_.data<float>() : nullptr;
+
+  // Finite rows against the CPU on the forward-error scale.
+  std::vector<double> mean_abs;
+  const std::vector<double> y_scale = ForwardScale(x, c.n, c.h, rsigma_cpu, g, b, c.zero_centered, &mean_abs);
+  const std::vector<float> mu = layer_norm() ? AsFloats(gpu.mu) : std::vector<float>();
+  const std::vector<float> mu_cpu = layer_norm() ? Floats(cpu.mu) : std::vector<float>();
+  std::vector<float> got_y, got_rsigma, got_mu;
+  std::vector<double> want_y, want_rsigma, want_mu, scale_y, scale_mu;
+  for (int64_t r = 0; r < c.n; ++r) {
+    if (IsSpecial(r)) continue;
+    got_rsigma.push_back(rsigma[r]);
+    want_rsigma.push_back(rsigma_cpu[r]);
+    if (layer_norm()) {
+      got_mu.push_back(mu[r]);
+      want_mu.push_back(mu_cpu[r]);
+      scale_mu.push_back(mean_abs[r]);
+    }
+    for (int64_t j = 0; j < c.h; ++j) {
+      got_y.push_back(y[r * c.h + j]);
+      want_y.push_back(y_cpu[r * c.h + j]);
+      scale_y.push_back(y_scale[r * c.h + j]);
+    }
+  }
+  EXPECT_TRUE(AllClose(got_rsigma, want_rsigma, DType::kFloat32));
+  if (layer_norm()) {
+    EXPECT_TRUE(AllClose(got_mu, want_mu, DType::kFloat32, scale_mu));
+  }
+  EXPECT_TRUE(AllClose(got_y, want_y, DType::kFloat32, scale_y));
+
+  // Codes: exactly encode(y * scale) of the kernel's own y; columnwise the transpose.
+  int64_t not_own = 0, not_transposed = 0, special_wrong = 0, constant_wrong = 0;
+  float amax = 0.0f;
+  bool amax_nan = false;
+  for (int64_t r = 0; r < c.n; ++r) {
+    const bool constant = std::find(constant_.begin(), constant_.end(), r) != constant_.end();
+    for (int64_t j = 0; j < c.h; ++j) {
+      const int64_t i = r * c.h + j;
+      if (std::isnan(y[i])) {
+        amax_nan = true;
+      } else {
+        amax = std::max(amax, std::fabs(y[i]));
+      }
+      if (gpu.rowwise[i] != Encode(c.format, y[i] * scale_)) ++not_own;
+      if (gpu.columnwise[j * c.n + r] != gpu.rowwise[i]) ++not_transposed;
+      if (IsSpecial(r)) {
+        // All NaN, except RMSNorm rows holding only an Inf: NaN there, +0 elsewhere.
+        const bool all_nan = layer_norm() || r == 1;
+        const bool want_nan = all_nan || std::isinf(x[i]);
+        if (want_nan ? !std::isnan(y[i]) || gpu.rowwise[i] != 0x7F : Bits(y[i]) != 0u) ++special_wrong;
+      }
+      if (constant) {
+        // LayerNorm: x - mu == 0 exactly, so y == beta; RMSNorm: x == 0, so y == +0.
+        const float want = layer_norm() ? b[j] : 0.0f;
+        if (Bits(y[i]) != Bits(want)) ++constant_wrong;
+      }
+    }
+  }
+  EXPECT_EQ(not_own, 0) << "codes that are not encode(y * scale)";
+  EXPECT_EQ(not_transposed, 0) << "columnwise codes that are not the transposed rowwise codes";
+  EXPECT_EQ(special_wrong, 0) << "elements of NaN / Inf rows off their closed form";
+  EXPECT_EQ(constant_wrong, 0) << "elements of constant rows that are not beta (LN) / +0 (RMS)";
+  ASSERT_TRUE(amax_nan);
+  uint32_t amax_bits = 0;
+  std::memcpy(&amax_bits, gpu.amax.data(), 4);
+  EXPECT_TRUE(std::isnan(AsFloats(gpu.amax)[0])) << "amax bits 0x" << std::hex << amax_bits;
+  const std::vector<float> scale_inv = AsFloats(gpu.scale_inv);
+  EXPECT_EQ(scale_inv[0], 1.0f / scale_);
+  EXPECT_EQ(scale_inv[1], 1.0f / scale_);
+  std::printf("[ %s ] max |y| of the finite rows %g\n", ShapeName(c.n, c.h).c_str(), amax);
+}
+
+std::vector<StatsWarpCase> StatsWarpCases() {
+  const NormType ln = NormType::kLayerNorm, rms = NormType::kRmsNorm;
+  const DType f16 = DType::kFloat16, bf16 = DType::kBFloat16;
+  const DType e4m3 = DType::kFloat8E4M3, e5m2 = DType::kFloat8E5M2;
+  return {
+      // The benchmark shape: cluster of 8 x 16 warps, 512 row groups.
+      {ln, bf16, 16384, 8192, e4m3, false},
+      {rms, bf16, 16384, 8192, e4m3, true},
+      // 129 row groups, the last one 8 rows; 122 groups, FP16; clusters of 8.
+      {ln, bf16, 4104, 8192, e5m2, false},
+      {rms, f16, 3904, 8192, e4m3, false},
+      // Cluster of 2 x 12 warps with a partial group, 7 CTAs of 15 warps with a 10-warp last
+      // CTA, one warp in a one-CTA cluster, and a cluster of 2 x 16 warps over 129 row
+      // groups (the last one 8 rows).
+      {ln, bf16, 40, 1536, e4m3, true},
+      {rms, f16, 64, 6400, e5m2, true},
+      {ln, f16, 16, 64, e4m3, false},
+      {ln, bf16, 4104, 2048, e5m2, false},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, StatsWarpGpuTest, ::testing::ValuesIn(StatsWarpCases()),
+                         StatsWarpName);
+
+#else
+
+TEST(StatsWarpGpu, SkippedWithoutCuda) {
+  TESERVE_SKIP_WITHOUT_GPU();
+}
+
+#endif  // TESERVE_WITH_CUDA
+
+}  // namespace
+}  // namespace teserve
