@@ -1,18 +1,19 @@
 // Branch-free FP4 E2M1 encoders for the NVFP4 kernels: the same codes as the integer
 // codec FloatToE2M1 (core/float_codec.h) and StochasticRoundToE2M1
-// (kernels/stochastic_rounding.h), in a handful of compares and selects instead of a
+// (kernels/stochastic_rounding.h) in about a dozen integer and FP32 operations instead of a
 // general rounding routine. tests/kernels/e2m1_encode_test.cc proves the equality on
 // every FP32 bit pattern (nearest) and on the NVFP4 range x a set of draws (stochastic).
 // One header for the CPU reference and the CUDA kernels (TESERVE_HD).
 //
-// Nearest (RNE, satfinite). With a = |y| (FP32 bits, sign cleared), the magnitude code
-// is the number of RNE decision points a lies above; a tie goes to the even code:
-//   0.25 (tie -> 0)  0.75 (tie -> 2)  1.25 (tie -> 2)  1.75 (tie -> 4)
-//   2.5  (tie -> 4)  3.5  (tie -> 6)  5    (tie -> 6)
-// so the code counts a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.
-// Compared as unsigned bit patterns, +Inf and every NaN lie above all of them (code 7,
-// the saturated 6); the sign bit is kept except for NaN, which FloatToE2M1 encodes as
-// plain 0x7.
+// Nearest (RNE, satfinite). With a = |y|, m = max(2^floor(log2 a), 1) (from the
+// exponent bits) and g = 1 / m * 2 (the inverse of the E2M1 quantum around a: 2 below
+// 2, 1 in [2, 4), 0.5 in [4, 8)):
+//   q    = RNE(a * g)            a * g + 2^23 in one FP32 rounding (a * g is exact)
+//   code = min(q + 2 log2 m, 7)  q indexes the binade (q = 4 at its top is the next
+//                                binade's first code), 7 saturates.
+// Huge magnitudes get a tiny g and a large offset (7); +Inf gives Inf * 0 = NaN and NaN
+// stays NaN, whose bits minus 2^23's exceed 7 as unsigned (7). The sign bit is kept
+// except for NaN, which FloatToE2M1 encodes as plain 0x7.
 //
 // Stochastic. For a < 6 the lower neighbour lo is a with its mantissa cut to one bit
 // (a >= 1), 0.5 (0.5 <= a < 1) or 0; its code is (bits(lo) >> 22) - 0xFC for lo >= 1.
@@ -44,15 +45,17 @@ TESERVE_HD uint32_t E2M1SignOf(uint32_t bits) {
 // == FloatToE2M1(y) for every y.
 TESERVE_HD uint32_t E2M1EncodeNearest(float y) {
   const uint32_t bits = FloatBits(y);
-  const uint32_t a = bits & 0x7FFFFFFFu;
-  const uint32_t code = static_cast<uint32_t>(a > 0x3E800000u) +   // 0.25
-                        static_cast<uint32_t>(a >= 0x3F400000u) +  // 0.75
-                        static_cast<uint32_t>(a > 0x3FA00000u) +   // 1.25
-                        static_cast<uint32_t>(a >= 0x3FE00000u) +  // 1.75
-                        static_cast<uint32_t>(a > 0x40200000u) +   // 2.5
-                        static_cast<uint32_t>(a >= 0x40600000u) +  // 3.5
-                        static_cast<uint32_t>(a > 0x40A00000u);    // 5
-  return code | E2M1SignOf(bits);
+  const uint32_t exp_bits = bits & 0x7F800000u;
+  const uint32_t m_bits = exp_bits > 0x3F800000u ? exp_bits : 0x3F800000u;
+  const float a = BitsToFloat(bits & 0x7FFFFFFFu);
+  const float g = BitsToFloat(0x7F800000u - m_bits);
+#if defined(__CUDA_ARCH__)
+  const float t = __fmaf_rn(a, g, 0x1p23f);
+#else
+  const float t = a * g + 0x1p23f;  // a * g is exact: one rounding
+#endif
+  const uint32_t q = FloatBits(t) - 0x4B000000u + ((m_bits - 0x3F800000u) >> 22);
+  return (q < 0x7u ? q : 0x7u) | E2M1SignOf(bits);
 }
 
 // == StochasticRoundToE2M1(y, u24) for every y and every draw u24 < 2^24.
