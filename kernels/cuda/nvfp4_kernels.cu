@@ -2,10 +2,11 @@
 // the unscaled E2M1 casts and the 16-point random Hadamard transform.
 //
 // Design:
-// - Bit-exactness with the CPU reference: block scales through kernels/quantize_math.h,
-//   E2M1 codes through the branch-free encoders of kernels/e2m1_encode.h (proven equal
-//   to the float_codec / stochastic_rounding references on the CPU by
-//   tests/kernels/e2m1_encode_test.cc; sm_90 has no E2M1 conversion instruction),
+// - Bit-exactness with the CPU reference: block scales (the arithmetic of
+//   kernels/quantize_math.h) and E2M1 codes through the branch-free codecs of
+//   kernels/e2m1_encode.h (proven equal to the float_codec / stochastic_rounding
+//   references on the CPU by tests/kernels/e2m1_encode_test.cc; sm_90 has no E2M1
+//   conversion instruction),
 //   stochastic draws from the counter-based RNG of kernels/stochastic_rounding.h keyed
 //   exactly like the CPU (copy id, linear index in the copy written; the counter is
 //   stepped by kGoldenGamma per element instead of multiplied out), and the RHT in the
@@ -301,7 +302,7 @@ __device__ __forceinline__ void QuantizeRowwise1D(const QuantizeArgs& a, const T
   float e_mine[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const Nvfp4BlockScale bs = Nvfp4BlockScaleOf(__uint_as_float(mine[k]), a.s, a.inv_s);
+    const Nvfp4BlockScale bs = Nvfp4BlockScaleFast(__uint_as_float(mine[k]), a.s, a.inv_s);
     e_mine[k] = bs.e;
     const int64_t r = p.row0 + ScatteredRow(q, k);
     if (r < rows && p.col0 < cols) a.rowwise_scales[r * (cols / kBlock) + p.col0 / kBlock] = bs.byte;
@@ -345,7 +346,7 @@ __device__ __forceinline__ void QuantizeColumnwise1D(const QuantizeArgs& a, cons
 #pragma unroll
     for (int i = 0; i < kBlock; ++i) w[i] = v[i][j];
     if (a.random_hadamard) ForwardRht(w, a.signs);
-    const Nvfp4BlockScale bs = Nvfp4BlockScaleOf(__uint_as_float(MaxMagnitude(w)), a.s, a.inv_s);
+    const Nvfp4BlockScale bs = Nvfp4BlockScaleFast(__uint_as_float(MaxMagnitude(w)), a.s, a.inv_s);
     uint64_t counter = 0;
     if (kStochastic) {
       counter = RandomCounter(a.columnwise_key, static_cast<uint64_t>(c * rows + p.row0));
@@ -384,7 +385,7 @@ __device__ __forceinline__ void Quantize2D(const QuantizeArgs& a, const TilePosi
   for (int offset = 1; offset < kBlockThreads; offset <<= 1) {
     m = max(m, __shfl_xor_sync(kFullMask, m, offset));
   }
-  const Nvfp4BlockScale bs = Nvfp4BlockScaleOf(__uint_as_float(m), a.s, a.inv_s);
+  const Nvfp4BlockScale bs = Nvfp4BlockScaleFast(__uint_as_float(m), a.s, a.inv_s);
   if (inside && p.col_thread % kBlockThreads == 0) {
     const int64_t br = p.row0 / kBlock;
     const int64_t bc = p.col0 / kBlock;
@@ -455,7 +456,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     for (int64_t b = threadIdx.x; b < bytes_per_row; b += blockDim.x) {
       const uint8_t byte = codes[r * bytes_per_row + b];
       const int64_t c = 2 * b;
-      const float sd = E4M3ToFloat(scales[scale_row + c / kBlock]);
+      const float sd = E4M3DecodeFast(scales[scale_row + c / kBlock]);
       out[r * cols + c] = __fmul_rn(__fmul_rn(E2M1ToFloat(byte & 0xFu), sd), inv_s);
       out[r * cols + c + 1] = __fmul_rn(__fmul_rn(E2M1ToFloat(byte >> 4), sd), inv_s);
     }

@@ -1,17 +1,19 @@
-// Exhaustive proofs that the branch-free E2M1 encoders of kernels/e2m1_encode.h give
-// the codes of the reference codecs:
+// Exhaustive proofs that the branch-free encoders of kernels/e2m1_encode.h give the
+// codes of the reference codecs:
 // - E2M1EncodeNearest == FloatToE2M1 on all 2^32 FP32 bit patterns;
 // - E2M1EncodeStochastic == StochasticRoundToE2M1 on every pattern of magnitude below
 //   8 (the block-scaled NVFP4 range and past the saturation point), both signs, times
 //   the draws 0, 1, 2^23 - 1, 2^23, 2^24 - 1 and a pattern-dependent one; every pattern
 //   (including Inf/NaN and huge magnitudes) with the pattern-dependent draw; and all
 //   2^24 draws for values around each grid point and rounding boundary;
+// - E4M3EncodeFast == FloatToE4M3 on all 2^32 patterns, E4M3DecodeFast == E4M3ToFloat
+//   on all 256 bytes, and Nvfp4BlockScaleFast == Nvfp4BlockScaleOf on sampled amaxes;
 // - the stepped counter of RandomCounter / RandomBits24OfCounter == RandomBits24.
 // The sweeps split the pattern range across threads.
 #include "kernels/e2m1_encode.h"
 
 #include <algorithm>
-#include <atomic>
+#include <cfloat>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "core/float_codec.h"
 #include "gtest/gtest.h"
+#include "kernels/quantize_math.h"
 #include "kernels/stochastic_rounding.h"
 
 namespace teserve {
@@ -136,6 +139,42 @@ TEST(E2M1Encode, StochasticEqualsReferenceForEveryDrawNearGridPointsAndBoundarie
     }
   });
   EXPECT_EQ(m.count, 0u) << Describe(m);
+}
+
+TEST(E2M1Encode, E4M3EncodeFastEqualsFloatToE4M3OnEveryFloat32Pattern) {
+  const Mismatch m = SweepPatterns(0, uint64_t{1} << 32, [](uint32_t bits, Mismatch* out) {
+    const float x = BitsToFloat(bits);
+    const uint32_t got = E4M3EncodeFast(x);
+    const uint32_t want = FloatToE4M3(x);
+    if (got != want) Record(bits, 0, got, want, out);
+  });
+  EXPECT_EQ(m.count, 0u) << Describe(m);
+}
+
+TEST(E2M1Encode, E4M3DecodeFastEqualsE4M3ToFloatOnEveryByte) {
+  for (uint32_t code = 0; code < 256; ++code) {
+    EXPECT_EQ(FloatBits(E4M3DecodeFast(code)), FloatBits(E4M3ToFloat(static_cast<uint8_t>(code))))
+        << "code 0x" << std::hex << code;
+  }
+}
+
+// The composition is equal by the two codec proofs; this checks the wiring on block
+// amaxes spread over all non-negative patterns (and NaN/Inf) for several global scales.
+TEST(E2M1Encode, Nvfp4BlockScaleFastEqualsNvfp4BlockScaleOf) {
+  const float scales[] = {1.0f, 2688.0f, 2688.0f / 3.75f, 2688.0f / 1e-30f, 1e-30f, FLT_MAX};
+  for (float s : scales) {
+    const float inv_s = 1.0f / s;
+    const Mismatch m = SweepPatterns(0, uint64_t{1} << 31, [&](uint32_t bits, Mismatch* out) {
+      if (bits % 61 != 0 && bits < 0x7F7FFFF0u) return;
+      const float amax = BitsToFloat(bits);
+      const Nvfp4BlockScale got = Nvfp4BlockScaleFast(amax, s, inv_s);
+      const Nvfp4BlockScale want = Nvfp4BlockScaleOf(amax, s, inv_s);
+      if (got.byte != want.byte || FloatBits(got.e) != FloatBits(want.e)) {
+        Record(bits, 0, got.byte, want.byte, out);
+      }
+    });
+    EXPECT_EQ(m.count, 0u) << "S " << s << ": " << Describe(m);
+  }
 }
 
 TEST(E2M1Encode, SteppedCounterGivesTheKeyedDraws) {
