@@ -12,16 +12,17 @@
 //   q    = RNE(a * g)            a * g + 2^23 in one FP32 rounding (a * g is exact)
 //   code = min(q + 2 log2 m, 7)  q indexes the binade (q = 4 at its top is the next
 //                                binade's first code), 7 saturates.
-// Huge magnitudes get a tiny g and a large offset (7); +Inf gives Inf * 0 = NaN and NaN
-// stays NaN, whose bits minus 2^23's exceed 7 as unsigned (7). The sign bit is kept
-// except for NaN, which FloatToE2M1 encodes as plain 0x7.
+// y is first clamped to min(y, 8) with NaN -> 8 (ClampE2M1Input), which changes no
+// code (all of y >= 6 and NaN encode as plain 0x7) and leaves only finite values and
+// -Inf; -Inf gets g = 0 and Inf * 0 = NaN, whose bits minus 2^23's exceed 7 as unsigned
+// (7, with the sign).
 //
 // Stochastic. For a < 6 the lower neighbour lo is a with its mantissa cut to one bit
 // (a >= 1), 0.5 (0.5 <= a < 1) or 0; its code is (bits(lo) >> 22) - 0xFC for lo >= 1.
 // The gap to the upper neighbour is 2^max(0, floor(log2 a)) / 2, so
 // p = (a - lo) * (1 / gap) is the exact quotient of StochasticRoundToE2M1 (a - lo is
-// exact, 1 / gap a power of two); round up when u24 * 2^-24 < p. a >= 6, Inf and NaN
-// take the nearest encoder's result (saturation; NaN -> 0x7).
+// exact, 1 / gap a power of two); round up when u24 * 2^-24 < p. After the same clamp,
+// a >= 6 and -Inf saturate to 7 (NaN -> plain 0x7).
 //
 // Block scales. E4M3EncodeFast is the same magic-number rounding with 3 mantissa bits
 // and E4M3's minimum normal 2^-6 (quantum 2^(max(floor(log2 a), -6) - 3), offset
@@ -46,31 +47,36 @@
 namespace teserve {
 namespace kernels {
 
-// Sign nibble bit of y's code: 0x8 for negative y, 0 for NaN (FloatToE2M1 drops it).
-TESERVE_HD uint32_t E2M1SignOf(uint32_t bits) {
-  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
-  return abs_bits > 0x7F800000u ? 0u : (bits >> 28) & 0x8u;
+// min(y, 8) with NaN -> 8: every code of y >= 6 is 7 and FloatToE2M1 encodes NaN as
+// plain 0x7, so the clamp removes the NaN case from the encoders without changing a
+// code (one FMNMX on the device).
+TESERVE_HD float ClampE2M1Input(float y) {
+#if defined(__CUDA_ARCH__)
+  return fminf(y, 8.0f);
+#else
+  return y < 8.0f ? y : 8.0f;
+#endif
 }
 
 // == FloatToE2M1(y) for every y.
 TESERVE_HD uint32_t E2M1EncodeNearest(float y) {
-  const uint32_t bits = FloatBits(y);
+  const float c = ClampE2M1Input(y);
+  const uint32_t bits = FloatBits(c);
   const uint32_t exp_bits = bits & 0x7F800000u;
   const uint32_t m_bits = exp_bits > 0x3F800000u ? exp_bits : 0x3F800000u;
-  const float a = BitsToFloat(bits & 0x7FFFFFFFu);
   const float g = BitsToFloat(0x7F800000u - m_bits);
 #if defined(__CUDA_ARCH__)
-  const float t = __fmaf_rn(a, g, 0x1p23f);
+  const float t = __fmaf_rn(fabsf(c), g, 0x1p23f);
 #else
-  const float t = a * g + 0x1p23f;  // a * g is exact: one rounding
+  const float t = BitsToFloat(bits & 0x7FFFFFFFu) * g + 0x1p23f;  // exact product: one rounding
 #endif
-  const uint32_t q = FloatBits(t) - 0x4B000000u + ((m_bits - 0x3F800000u) >> 22);
-  return (q < 0x7u ? q : 0x7u) | E2M1SignOf(bits);
+  const uint32_t q = FloatBits(t) - (0x4B000000u + 0xFEu) + (m_bits >> 22);
+  return (q < 0x7u ? q : 0x7u) | ((bits >> 28) & 0x8u);
 }
 
 // == StochasticRoundToE2M1(y, u24) for every y and every draw u24 < 2^24.
 TESERVE_HD uint32_t E2M1EncodeStochastic(float y, uint32_t u24) {
-  const uint32_t bits = FloatBits(y);
+  const uint32_t bits = FloatBits(ClampE2M1Input(y));
   const uint32_t a_bits = bits & 0x7FFFFFFFu;
   const float a = BitsToFloat(a_bits);
   // Lower neighbour and its magnitude code (meaningful for a < 6).
@@ -91,7 +97,7 @@ TESERVE_HD uint32_t E2M1EncodeStochastic(float y, uint32_t u24) {
   const float uniform = static_cast<float>(u24 & 0xFFFFFFu) * 0x1p-24f;
 #endif
   const uint32_t code = lo_code + static_cast<uint32_t>(uniform < p);
-  return (a_bits >= 0x40C00000u ? 0x7u : code) | E2M1SignOf(bits);
+  return (a_bits >= 0x40C00000u ? 0x7u : code) | ((bits >> 28) & 0x8u);
 }
 
 // == FloatToE4M3(x) for every x.
