@@ -21,7 +21,8 @@
 // (a >= 1), 0.5 (0.5 <= a < 1) or 0; its code is (bits(lo) >> 22) - 0xFC for lo >= 1.
 // The gap to the upper neighbour is 2^max(0, floor(log2 a)) / 2, so
 // p = (a - lo) * (1 / gap) is the exact quotient of StochasticRoundToE2M1 (a - lo is
-// exact, 1 / gap a power of two); round up when u24 * 2^-24 < p. After the same clamp,
+// exact, 1 / gap a power of two); round up when u24 * 2^-24 < p, evaluated as
+// u24 < (a - lo) * (2^24 / gap) (both sides scaled by 2^24, exactly). After the same clamp,
 // a >= 6 and -Inf saturate to 7 (NaN -> plain 0x7).
 //
 // Block scales. E4M3EncodeFast is the same magic-number rounding with 3 mantissa bits
@@ -86,17 +87,18 @@ TESERVE_HD uint32_t E2M1EncodeStochastic(float y, uint32_t u24) {
       at_least_one ? (a_bits & 0xFFC00000u) : (at_least_half ? 0x3F000000u : 0u);
   const uint32_t lo_code =
       at_least_one ? (lo_bits >> 22) - 0xFCu : static_cast<uint32_t>(at_least_half);
-  // 1 / gap: 2 below 2, 1 in [2, 4), 0.5 in [4, 8).
+  // 2^24 / gap: 2^25 below 2, 2^24 in [2, 4), 2^23 in [4, 8). u24 * 2^-24 < p is
+  // u24 < p * 2^24 (exact power-of-two scalings of both sides).
   const uint32_t exp_bits = a_bits & 0x7F800000u;
-  const uint32_t inv_gap_bits = 0x7F800000u - (exp_bits > 0x3F800000u ? exp_bits : 0x3F800000u);
+  const uint32_t scaled_inv_gap_bits =
+      (0x7F800000u + (24u << 23)) - (exp_bits > 0x3F800000u ? exp_bits : 0x3F800000u);
 #if defined(__CUDA_ARCH__)
-  const float p = __fmul_rn(__fsub_rn(a, BitsToFloat(lo_bits)), BitsToFloat(inv_gap_bits));
-  const float uniform = __fmul_rn(static_cast<float>(u24 & 0xFFFFFFu), 0x1p-24f);
+  const float p24 =
+      __fmul_rn(__fsub_rn(a, BitsToFloat(lo_bits)), BitsToFloat(scaled_inv_gap_bits));
 #else
-  const float p = (a - BitsToFloat(lo_bits)) * BitsToFloat(inv_gap_bits);
-  const float uniform = static_cast<float>(u24 & 0xFFFFFFu) * 0x1p-24f;
+  const float p24 = (a - BitsToFloat(lo_bits)) * BitsToFloat(scaled_inv_gap_bits);
 #endif
-  const uint32_t code = lo_code + static_cast<uint32_t>(uniform < p);
+  const uint32_t code = lo_code + static_cast<uint32_t>(static_cast<float>(u24 & 0xFFFFFFu) < p24);
   return (a_bits >= 0x40C00000u ? 0x7u : code) | ((bits >> 28) & 0x8u);
 }
 

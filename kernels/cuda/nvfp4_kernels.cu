@@ -147,9 +147,17 @@ __device__ __forceinline__ TilePosition PositionOf(int64_t cols) {
   const int64_t tiles_across = (cols + kTileCols - 1) / kTileCols;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
+  // blockIdx.x < 2^32: a 32-bit division unless a row of tiles is wider than any grid.
+  int64_t tile_row = 0;
+  int64_t tile_col = blockIdx.x;
+  if (tiles_across <= INT32_MAX) {
+    const uint32_t across = static_cast<uint32_t>(tiles_across);
+    tile_row = blockIdx.x / across;
+    tile_col = blockIdx.x - static_cast<uint32_t>(tile_row) * across;
+  }
   TilePosition p;
-  p.row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * kTileRows + warp * kBlock;
-  p.col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * kTileCols + lane * kColsPerThread;
+  p.row0 = tile_row * kTileRows + warp * kBlock;
+  p.col0 = tile_col * kTileCols + lane * kColsPerThread;
   p.col_thread = lane;
   return p;
 }
@@ -282,7 +290,9 @@ __device__ __forceinline__ void RowMaximaScatter(const uint32_t (&m)[kBlock], in
 __device__ __forceinline__ int ScatteredRow(int q, int k) { return 8 * (q & 1) + 4 * (q >> 1) + k; }
 
 // Position holding row i after RowMaximaScatter.
-__device__ __forceinline__ int PositionOfRow(int i) { return ((i >> 3) & 1) | (((i >> 2) & 1) << 1); }
+__device__ __forceinline__ int PositionOfRow(int i) {
+  return ((i >> 3) & 1) | (((i >> 2) & 1) << 1);
+}
 
 // 1D rowwise copy of the thread's 16 x 4 values (cols % 16 == 0: the thread's 4 columns
 // are all inside x or all outside). Each of the 4 threads of a block computes the
@@ -305,7 +315,9 @@ __device__ __forceinline__ void QuantizeRowwise1D(const QuantizeArgs& a, const T
     const Nvfp4BlockScale bs = Nvfp4BlockScaleFast(__uint_as_float(mine[k]), a.s, a.inv_s);
     e_mine[k] = bs.e;
     const int64_t r = p.row0 + ScatteredRow(q, k);
-    if (r < rows && p.col0 < cols) a.rowwise_scales[r * (cols / kBlock) + p.col0 / kBlock] = bs.byte;
+    if (r < rows && p.col0 < cols) {
+      a.rowwise_scales[r * (cols / kBlock) + p.col0 / kBlock] = bs.byte;
+    }
   }
   const bool inside_cols = p.col0 < cols;
   uint64_t counter = 0;
@@ -327,7 +339,8 @@ __device__ __forceinline__ void QuantizeRowwise1D(const QuantizeArgs& a, const T
     }
     if (kStochastic) counter += row_step;
     if (r < rows && inside_cols) {
-      *reinterpret_cast<uint16_t*>(a.rowwise + (r * cols + p.col0) / 2) = static_cast<uint16_t>(word);
+      *reinterpret_cast<uint16_t*>(a.rowwise + (r * cols + p.col0) / 2) =
+          static_cast<uint16_t>(word);
     }
   }
 }
@@ -541,16 +554,24 @@ cudaError_t LaunchAmaxTyped(const AmaxArgs& args, unsigned blocks, cudaStream_t 
 template <SourceType kType, bool kVectorizedLoads>
 cudaError_t LaunchQuantizeVariant(const QuantizeArgs& args, bool two_d, bool stochastic,
                                   unsigned blocks, cudaStream_t stream) {
+  constexpr bool k2D = true;
+  constexpr bool k1D = false;
+  constexpr bool kStochastic = true;
+  constexpr bool kNearest = false;
   if (two_d) {
     if (stochastic) {
-      Nvfp4QuantizeKernel<kType, kVectorizedLoads, true, true><<<blocks, kThreads, 0, stream>>>(args);
+      Nvfp4QuantizeKernel<kType, kVectorizedLoads, k2D, kStochastic>
+          <<<blocks, kThreads, 0, stream>>>(args);
     } else {
-      Nvfp4QuantizeKernel<kType, kVectorizedLoads, true, false><<<blocks, kThreads, 0, stream>>>(args);
+      Nvfp4QuantizeKernel<kType, kVectorizedLoads, k2D, kNearest>
+          <<<blocks, kThreads, 0, stream>>>(args);
     }
   } else if (stochastic) {
-    Nvfp4QuantizeKernel<kType, kVectorizedLoads, false, true><<<blocks, kThreads, 0, stream>>>(args);
+    Nvfp4QuantizeKernel<kType, kVectorizedLoads, k1D, kStochastic>
+        <<<blocks, kThreads, 0, stream>>>(args);
   } else {
-    Nvfp4QuantizeKernel<kType, kVectorizedLoads, false, false><<<blocks, kThreads, 0, stream>>>(args);
+    Nvfp4QuantizeKernel<kType, kVectorizedLoads, k1D, kNearest>
+        <<<blocks, kThreads, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }
