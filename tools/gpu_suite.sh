@@ -12,6 +12,7 @@
 # an otherwise idle GPU. A stage that is not asked for is skipped, so one host call can
 # run the checks and a second one the benchmarks (each call has a time limit).
 #
+# Exits 1 when a test, a memcheck run or the benchmark driver failed (see summary.txt).
 # Writes OUTDIR/tests.log (every test's output), OUTDIR/memcheck.log, OUTDIR/bench.log,
 # OUTDIR/bench.json and OUTDIR/summary.txt (one line per binary with its exit code and
 # the gtest counts summed over shards).
@@ -19,6 +20,10 @@ set -uo pipefail
 bundle=${1:?bundle folder}
 out=${2:?output folder}
 stage=${3:-all}
+case $stage in
+  tests | memcheck | check | bench | all) ;;
+  *) echo "unknown stage '$stage' (tests, memcheck, check, bench or all)" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 # shellcheck disable=SC1091
 source "$bundle/env.sh"
@@ -64,7 +69,7 @@ run_memcheck() {
   for test in "$bundle"/bin/*_test; do
     name=$(basename "$test")
     ( compute-sanitizer --tool memcheck --error-exitcode 3 "$test" --gtest_brief=1 \
-          --gtest_filter='-*16384*:*Large*:*Huge*' > "$work/$name.memcheck" 2>&1
+          --gtest_filter='-*16384*:*4x2048x8192*:*Large*:*Huge*' > "$work/$name.memcheck" 2>&1
       echo $? > "$work/$name.memcheck.rc" ) &
     pids+=($!)
   done
@@ -99,3 +104,5 @@ if [[ $stage == all || $stage == bench ]] && ls "$bundle"/bin/*_bench > /dev/nul
 fi
 rm -rf "$work"
 cat "$summary"
+# Exit 1 when any line of summary.txt reports a non-zero rc or failed tests.
+if grep -E ' rc=[1-9]|failed=[1-9]' "$summary" > /dev/null; then exit 1; fi

@@ -1,7 +1,7 @@
 // Register-tiled MXFP8 quantization (rowwise + transposed columnwise + amax, optional
 // dbias partial sums) for rows and cols multiples of 32; contract: kernels/block_quantize.h.
 //
-// Layout (the FP8 cast-transpose tile of cast_kernels.cu): one 128-row tile per 256-thread
+// Layout (the FP8 cast-transpose tile of cast_transpose_tile_kernels.cu): one 128-row tile per 256-thread
 // block, 4 warps down x 2 across; lane l owns 8 consecutive rows (l % 4 picks them) and
 // one 16-byte load per row: 8 BF16 or 4 FP32 columns (l / 4 picks them). So
 //   - a rowwise 32-element block is 4 (BF16) or 8 (FP32) lanes of one warp: its amax is

@@ -91,6 +91,9 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
       return InvalidField("options.dbias", absl::StrCat("FLOAT32 [", x.dim(1), "]"),
                           absl::StrCat(DTypeName(d.dtype()), " ", ShapeToString(d.shape())));
     }
+    if (d.device() != x.device()) {
+      return InvalidField("options.dbias.device", x.device().ToString(), d.device().ToString());
+    }
   }
   RegisterCudaAllocator();
   ScopedDevice device(x.device().index);

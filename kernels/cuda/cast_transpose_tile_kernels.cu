@@ -8,7 +8,7 @@
 //   permutes (two 4 x 4 transposes per 4-column group) into 8-byte columnwise stores of 8
 //   source rows; the 4 lanes along rows write 32 contiguous bytes of each transposed row.
 // - Codes: q = cvt.rn.satfinite(x * scale) (Hopper's pair conversion, the encoder of
-//   normalization_kernels.cu that its GPU test compares with core/float_codec.h for every
+//   the normalization kernels (normalization_common.cuh) that its GPU test compares with core/float_codec.h for every
 //   FP32 input), the product one FP32 multiply (__fmul_rn). satfinite saturates overflow
 //   and +-Inf like the codec; NaN products get the codec's 0x7F, patched only in threads
 //   whose fragment holds Inf or NaN (or when the scale is not finite), the only cases in

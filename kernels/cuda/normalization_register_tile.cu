@@ -340,7 +340,10 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     cta_merge(next_buf);
     // Only warp 0 wrote what the cluster reads (cta_stats): it arrives with release
     // semantics, the other warps relaxed (their shared-memory hazards are ordered by the
-    // block barriers).
+    // block barriers). The last warp's remote reads of cta_stats (cluster_merge) are
+    // ordered before the owner's overwrite two tiles later only by program order and the
+    // data dependence of the merge, not formally by this relaxed arrive; a release arrive
+    // on that warp would make it formal (not changed: not re-measured on a GPU).
     if (warp == 0) {
       asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
     } else {
