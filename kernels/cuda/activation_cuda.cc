@@ -101,26 +101,7 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   if (options.quantize) {
     const PerTensorQuantizeOptions& q = options.quantize_options;
     ASSIGN_OR_RETURN(p.format, Fp8FormatOf("options.quantize_options.format", q.format));
-    QuantizedTensor& fp8 = out.fp8;
-    fp8.shape = {rows, k};
-    fp8.format = q.format;
-    fp8.mode = ScalingMode::kPerTensor;
-    p.scale = q.scale;
-    p.scale_inv = 1.0f / q.scale;
-    if (q.rowwise) {
-      ASSIGN_OR_RETURN(fp8.rowwise_data, Tensor::Zeros(q.format, {rows, k}, device));
-      ASSIGN_OR_RETURN(fp8.rowwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
-      p.rowwise = fp8.rowwise_data.data<uint8_t>();
-      p.rowwise_scale_inv = fp8.rowwise_scale_inv.data<float>();
-    }
-    if (q.columnwise) {
-      ASSIGN_OR_RETURN(fp8.columnwise_data, Tensor::Zeros(q.format, {k, rows}, device));
-      ASSIGN_OR_RETURN(fp8.columnwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
-      p.columnwise = fp8.columnwise_data.data<uint8_t>();
-      p.columnwise_scale_inv = fp8.columnwise_scale_inv.data<float>();
-    }
-    ASSIGN_OR_RETURN(amax_bits, Tensor::Zeros(DType::kInt32, {1}, device));
-    p.amax_bits = amax_bits.data<uint32_t>();
+    RETURN_IF_ERROR(AllocatePerTensorFp8(rows, k, q, device, &out.fp8, &amax_bits, &p));
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchActivationForward(p, stream));

@@ -7,13 +7,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cuda/cast_kernels.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_tensor_checks.h"
 #include "kernels/cuda/scoped_device.h"
 
 namespace teserve {
@@ -21,50 +21,20 @@ namespace kernels {
 namespace cuda {
 namespace {
 
-constexpr char kSourceTypes[] = "FLOAT32 or BFLOAT16";
-constexpr char kFp8Formats[] = "FLOAT8_E4M3 or FLOAT8_E5M2";
-
-cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
-
-absl::Status CheckOnCuda(absl::string_view name, const Tensor& t) {
-  if (!t.defined()) return InvalidField(name, "a tensor", "an undefined tensor");
-  if (t.device().type != DeviceType::kCuda) {
-    return InvalidField(absl::StrCat(name, ".device"), "a CUDA device", t.device().ToString());
-  }
-  return absl::OkStatus();
-}
-
+// FP32 or BF16 source of any rank (CheckSource in cuda_tensor_checks.h also asks rank 2).
 absl::StatusOr<SourceType> SourceTypeOf(const Tensor& x) {
   switch (x.dtype()) {
     case DType::kFloat32: return SourceType::kFloat32;
     case DType::kBFloat16: return SourceType::kBFloat16;
-    default: return InvalidField("x.dtype", kSourceTypes, DTypeName(x.dtype()));
+    default: return InvalidField("x.dtype", "FLOAT32 or BFLOAT16", DTypeName(x.dtype()));
   }
 }
 
-absl::StatusOr<Fp8Format> Fp8FormatOf(absl::string_view field, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat8E4M3: return Fp8Format::kE4M3;
-    case DType::kFloat8E5M2: return Fp8Format::kE5M2;
-    default: return InvalidField(field, kFp8Formats, DTypeName(dtype));
-  }
-}
-
-// Copies the device amax bits to the host after the stream's work, as a float.
-absl::StatusOr<float> ReadAmax(const Tensor& amax_bits, cudaStream_t stream) {
-  uint32_t bits = 0;
-  TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bits, amax_bits.raw_data(), sizeof(bits),
-                                               cudaMemcpyDeviceToHost, stream));
-  TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  float amax;
-  std::memcpy(&amax, &bits, sizeof(amax));
-  return amax;
-}
 
 }  // namespace
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
-  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const SourceType type, SourceTypeOf(x));
   RegisterCudaAllocator();
   ScopedDevice device(x.device().index);
@@ -73,19 +43,19 @@ absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchAmax(x.raw_data(), type, x.numel(),
                                           amax_bits.data<uint32_t>(), stream));
-  return ReadAmax(amax_bits, stream);
+  return ReadAmaxBits(amax_bits.data<uint32_t>(), stream);
 }
 
 absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tensor& x,
                                                   const PerTensorQuantizeOptions& options) {
-  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const SourceType type, SourceTypeOf(x));
   if (x.rank() != 2) {
     return InvalidField("x.shape", "rank 2", ShapeToString(x.shape()));
   }
   ASSIGN_OR_RETURN(const Fp8Format format, Fp8FormatOf("options.format", options.format));
   if (options.dbias != nullptr) {
-    RETURN_IF_ERROR(CheckOnCuda("options.dbias", *options.dbias));
+    RETURN_IF_ERROR(CheckOnCudaDevice("options.dbias", *options.dbias));
     const Tensor& d = *options.dbias;
     if (d.dtype() != DType::kFloat32 || d.shape() != Shape{x.dim(1)}) {
       return InvalidField("options.dbias", absl::StrCat("FLOAT32 [", x.dim(1), "]"),
@@ -100,33 +70,16 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   TESERVE_CUDA_RETURN_IF_ERROR(device.status());
 
   QuantizedTensor q;
-  q.shape = {x.dim(0), x.dim(1)};
-  q.format = options.format;
-  q.mode = ScalingMode::kPerTensor;
   QuantizeLaunchParams params;
   params.x = x.raw_data();
   params.type = type;
-  params.rows = q.rows();
-  params.cols = q.cols();
-  params.scale = options.scale;
-  params.scale_inv = 1.0f / options.scale;
+  params.rows = x.dim(0);
+  params.cols = x.dim(1);
   params.format = format;
-  if (options.rowwise) {
-    ASSIGN_OR_RETURN(q.rowwise_data, Tensor::Zeros(options.format, {q.rows(), q.cols()}, x.device()));
-    ASSIGN_OR_RETURN(q.rowwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, x.device()));
-    params.rowwise = q.rowwise_data.data<uint8_t>();
-    params.rowwise_scale_inv = q.rowwise_scale_inv.data<float>();
-  }
-  if (options.columnwise) {
-    ASSIGN_OR_RETURN(q.columnwise_data,
-                     Tensor::Zeros(options.format, {q.cols(), q.rows()}, x.device()));
-    ASSIGN_OR_RETURN(q.columnwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, x.device()));
-    params.columnwise = q.columnwise_data.data<uint8_t>();
-    params.columnwise_scale_inv = q.columnwise_scale_inv.data<float>();
-  }
-  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
-  params.amax_bits = amax_bits.data<uint32_t>();
-  Tensor dbias_workspace;  // freed after ReadAmax has synchronized the stream
+  Tensor amax_bits;
+  RETURN_IF_ERROR(
+      AllocatePerTensorFp8(params.rows, params.cols, options, x.device(), &q, &amax_bits, &params));
+  Tensor dbias_workspace;  // freed after ReadAmaxBits has synchronized the stream
   if (options.dbias != nullptr) {
     params.dbias = options.dbias->data<float>();
     ASSIGN_OR_RETURN(dbias_workspace,
@@ -136,7 +89,7 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchQuantizePerTensor(params, stream));
-  ASSIGN_OR_RETURN(q.amax, ReadAmax(amax_bits, stream));
+  ASSIGN_OR_RETURN(q.amax, ReadAmaxBits(params.amax_bits, stream));
   return q;
 }
 
@@ -145,8 +98,8 @@ absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, 
   const char* data_name = rowwise ? "q.rowwise_data" : "q.columnwise_data";
   const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
   const Tensor& scale_inv = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
-  RETURN_IF_ERROR(CheckOnCuda(data_name, data));
-  RETURN_IF_ERROR(CheckOnCuda(rowwise ? "q.rowwise_scale_inv" : "q.columnwise_scale_inv",
+  RETURN_IF_ERROR(CheckOnCudaDevice(data_name, data));
+  RETURN_IF_ERROR(CheckOnCudaDevice(rowwise ? "q.rowwise_scale_inv" : "q.columnwise_scale_inv",
                               scale_inv));
   ASSIGN_OR_RETURN(const Fp8Format format,
                    Fp8FormatOf(absl::StrCat(data_name, ".dtype"), data.dtype()));
@@ -178,7 +131,7 @@ absl::StatusOr<ConvertType> ConvertTypeOf(absl::string_view field, DType dtype) 
 }
 
 absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
-  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("x.dtype", x.dtype()));
   RegisterCudaAllocator();
   ScopedDevice device(x.device().index);
@@ -190,7 +143,7 @@ absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype) {
-  RETURN_IF_ERROR(CheckOnCuda("x", x));
+  RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   if (x.dtype() != DType::kFloat32) return InvalidField("x.dtype", "FLOAT32", DTypeName(x.dtype()));
   ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("dtype", dtype));
   RegisterCudaAllocator();
@@ -224,7 +177,7 @@ absl::StatusOr<Tensor> CopyToDevice(const Context& ctx, const Tensor& host, Devi
 }
 
 absl::StatusOr<Tensor> CopyToHost(const Context& ctx, const Tensor& device_tensor) {
-  RETURN_IF_ERROR(CheckOnCuda("device_tensor", device_tensor));
+  RETURN_IF_ERROR(CheckOnCudaDevice("device_tensor", device_tensor));
   ScopedDevice scoped(device_tensor.device().index);
   TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
   ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(device_tensor.dtype(), device_tensor.shape()));

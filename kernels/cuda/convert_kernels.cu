@@ -17,44 +17,49 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
 
-struct Fp16Decode {
-  __device__ static float Apply(uint16_t c) { return Fp16ToFloat(c); }
+// One codec per stored type: its code word and the core/float_codec.h pair.
+template <ConvertType kType>
+struct Codec;
+template <>
+struct Codec<ConvertType::kFloat16> {
+  using Code = uint16_t;
+  __device__ static float Decode(Code c) { return Fp16ToFloat(c); }
+  __device__ static Code Encode(float x) { return FloatToFp16(x); }
 };
-struct Bf16Decode {
-  __device__ static float Apply(uint16_t c) { return Bf16ToFloat(c); }
+template <>
+struct Codec<ConvertType::kBFloat16> {
+  using Code = uint16_t;
+  __device__ static float Decode(Code c) { return Bf16ToFloat(c); }
+  __device__ static Code Encode(float x) { return FloatToBf16(x); }
 };
-struct E4M3Decode {
-  __device__ static float Apply(uint8_t c) { return E4M3ToFloat(c); }
+template <>
+struct Codec<ConvertType::kE4M3> {
+  using Code = uint8_t;
+  __device__ static float Decode(Code c) { return E4M3ToFloat(c); }
+  __device__ static Code Encode(float x) { return FloatToE4M3(x); }
 };
-struct E5M2Decode {
-  __device__ static float Apply(uint8_t c) { return E5M2ToFloat(c); }
-};
-struct Fp16Encode {
-  __device__ static uint16_t Apply(float x) { return FloatToFp16(x); }
-};
-struct Bf16Encode {
-  __device__ static uint16_t Apply(float x) { return FloatToBf16(x); }
-};
-struct E4M3Encode {
-  __device__ static uint8_t Apply(float x) { return FloatToE4M3(x); }
-};
-struct E5M2Encode {
-  __device__ static uint8_t Apply(float x) { return FloatToE5M2(x); }
+template <>
+struct Codec<ConvertType::kE5M2> {
+  using Code = uint8_t;
+  __device__ static float Decode(Code c) { return E5M2ToFloat(c); }
+  __device__ static Code Encode(float x) { return FloatToE5M2(x); }
 };
 
-template <typename Code, typename Op>
-__global__ void __launch_bounds__(kThreads) DecodeKernel(const Code* src, int64_t n, float* dst) {
+template <ConvertType kType>
+__global__ void __launch_bounds__(kThreads)
+    DecodeKernel(const typename Codec<kType>::Code* src, int64_t n, float* dst) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    dst[i] = Op::Apply(src[i]);
+    dst[i] = Codec<kType>::Decode(src[i]);
   }
 }
 
-template <typename Code, typename Op>
-__global__ void __launch_bounds__(kThreads) EncodeKernel(const float* src, int64_t n, Code* dst) {
+template <ConvertType kType>
+__global__ void __launch_bounds__(kThreads)
+    EncodeKernel(const float* src, int64_t n, typename Codec<kType>::Code* dst) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    dst[i] = Op::Apply(src[i]);
+    dst[i] = Codec<kType>::Encode(src[i]);
   }
 }
 
@@ -63,50 +68,46 @@ int BlocksFor(int64_t n) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
 }
 
+template <ConvertType kType>
+cudaError_t Decode(const void* src, int64_t n, float* dst, cudaStream_t stream) {
+  using Code = typename Codec<kType>::Code;
+  DecodeKernel<kType><<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const Code*>(src), n, dst);
+  return cudaGetLastError();
+}
+
+template <ConvertType kType>
+cudaError_t Encode(const float* src, int64_t n, void* dst, cudaStream_t stream) {
+  using Code = typename Codec<kType>::Code;
+  EncodeKernel<kType><<<BlocksFor(n), kThreads, 0, stream>>>(src, n, static_cast<Code*>(dst));
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchToFloat32(const void* src, ConvertType type, int64_t n, float* dst, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  const int blocks = BlocksFor(n);
   switch (type) {
     case ConvertType::kFloat32:
       return cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
-    case ConvertType::kFloat16:
-      DecodeKernel<uint16_t, Fp16Decode><<<blocks, kThreads, 0, stream>>>(static_cast<const uint16_t*>(src), n, dst);
-      break;
-    case ConvertType::kBFloat16:
-      DecodeKernel<uint16_t, Bf16Decode><<<blocks, kThreads, 0, stream>>>(static_cast<const uint16_t*>(src), n, dst);
-      break;
-    case ConvertType::kE4M3:
-      DecodeKernel<uint8_t, E4M3Decode><<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), n, dst);
-      break;
-    case ConvertType::kE5M2:
-      DecodeKernel<uint8_t, E5M2Decode><<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), n, dst);
-      break;
+    case ConvertType::kFloat16: return Decode<ConvertType::kFloat16>(src, n, dst, stream);
+    case ConvertType::kBFloat16: return Decode<ConvertType::kBFloat16>(src, n, dst, stream);
+    case ConvertType::kE4M3: return Decode<ConvertType::kE4M3>(src, n, dst, stream);
+    case ConvertType::kE5M2: return Decode<ConvertType::kE5M2>(src, n, dst, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchFromFloat32(const float* src, int64_t n, ConvertType type, void* dst, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  const int blocks = BlocksFor(n);
   switch (type) {
     case ConvertType::kFloat32:
       return cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
-    case ConvertType::kFloat16:
-      EncodeKernel<uint16_t, Fp16Encode><<<blocks, kThreads, 0, stream>>>(src, n, static_cast<uint16_t*>(dst));
-      break;
-    case ConvertType::kBFloat16:
-      EncodeKernel<uint16_t, Bf16Encode><<<blocks, kThreads, 0, stream>>>(src, n, static_cast<uint16_t*>(dst));
-      break;
-    case ConvertType::kE4M3:
-      EncodeKernel<uint8_t, E4M3Encode><<<blocks, kThreads, 0, stream>>>(src, n, static_cast<uint8_t*>(dst));
-      break;
-    case ConvertType::kE5M2:
-      EncodeKernel<uint8_t, E5M2Encode><<<blocks, kThreads, 0, stream>>>(src, n, static_cast<uint8_t*>(dst));
-      break;
+    case ConvertType::kFloat16: return Encode<ConvertType::kFloat16>(src, n, dst, stream);
+    case ConvertType::kBFloat16: return Encode<ConvertType::kBFloat16>(src, n, dst, stream);
+    case ConvertType::kE4M3: return Encode<ConvertType::kE4M3>(src, n, dst, stream);
+    case ConvertType::kE5M2: return Encode<ConvertType::kE5M2>(src, n, dst, stream);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace cuda

@@ -1,6 +1,7 @@
-// Small host-side helpers shared by the CUDA wrappers of the block-scaled recipes
-// (block_quantize_cuda.cc, nvfp4_cuda.cc): device and dtype checks that name the field
-// and say expected vs got, the stream of a Context, and reading a device amax.
+// Small host-side helpers shared by the CUDA op wrappers (cast, block quantize, NVFP4,
+// activation, normalization): device and dtype checks that name the field and say
+// expected vs got, the stream of a Context, the per-tensor FP8 outputs of a fused cast,
+// and reading a device amax.
 #ifndef TESERVE_KERNELS_CUDA_CUDA_TENSOR_CHECKS_H_
 #define TESERVE_KERNELS_CUDA_CUDA_TENSOR_CHECKS_H_
 
@@ -14,8 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/context.h"
+#include "core/quantized_tensor.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/cast.h"
 #include "kernels/cuda/cast_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -51,6 +54,37 @@ inline absl::StatusOr<Fp8Format> Fp8FormatOf(absl::string_view field, DType dtyp
     case DType::kFloat8E5M2: return Fp8Format::kE5M2;
     default: return InvalidField(field, "FLOAT8_E4M3 or FLOAT8_E5M2", DTypeName(dtype));
   }
+}
+
+// The per-tensor FP8 outputs of a fused cast of an [rows, cols] result on `device`: the
+// copies `q` asks for (codes, rowwise [rows, cols] / columnwise [cols, rows], and a
+// one-element scale_inv each) in *fp8 with its shape, format and mode, a zeroed amax word
+// in *amax_bits, and in *p (a launch-parameter struct with these fields) their pointers,
+// scale and scale_inv = 1 / scale. The caller sets p->format.
+template <typename Params>
+absl::Status AllocatePerTensorFp8(int64_t rows, int64_t cols, const PerTensorQuantizeOptions& q,
+                                  Device device, QuantizedTensor* fp8, Tensor* amax_bits,
+                                  Params* p) {
+  fp8->shape = {rows, cols};
+  fp8->format = q.format;
+  fp8->mode = ScalingMode::kPerTensor;
+  p->scale = q.scale;
+  p->scale_inv = 1.0f / q.scale;
+  if (q.rowwise) {
+    ASSIGN_OR_RETURN(fp8->rowwise_data, Tensor::Zeros(q.format, {rows, cols}, device));
+    ASSIGN_OR_RETURN(fp8->rowwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
+    p->rowwise = fp8->rowwise_data.template data<uint8_t>();
+    p->rowwise_scale_inv = fp8->rowwise_scale_inv.template data<float>();
+  }
+  if (q.columnwise) {
+    ASSIGN_OR_RETURN(fp8->columnwise_data, Tensor::Zeros(q.format, {cols, rows}, device));
+    ASSIGN_OR_RETURN(fp8->columnwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
+    p->columnwise = fp8->columnwise_data.template data<uint8_t>();
+    p->columnwise_scale_inv = fp8->columnwise_scale_inv.template data<float>();
+  }
+  ASSIGN_OR_RETURN(*amax_bits, Tensor::Zeros(DType::kInt32, {1}, device));
+  p->amax_bits = amax_bits->template data<uint32_t>();
+  return absl::OkStatus();
 }
 
 // The FP32 amax held as magnitude bits in device memory, after the stream's work. Any

@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +13,7 @@
 #include "kernels/block_quantize.h"
 #include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_tensor_checks.h"
 #include "kernels/cuda/normalization_kernels.h"
 #include "kernels/cuda/scoped_device.h"
 
@@ -21,8 +21,6 @@ namespace teserve {
 namespace kernels {
 namespace cuda {
 namespace {
-
-cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 // Defined tensors must sit on `device` (a CUDA device); undefined ones are skipped.
 absl::Status CheckOn(absl::string_view name, const Tensor& t, Device device) {
@@ -125,36 +123,13 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
   }
   if (options.quantize) {
     const PerTensorQuantizeOptions& q = options.quantize_options;
-    QuantizedTensor& fp8 = out.fp8;
-    fp8.shape = {n, h};
-    fp8.format = q.format;
-    fp8.mode = ScalingMode::kPerTensor;
     p.format = q.format == DType::kFloat8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
-    p.scale = q.scale;
-    p.scale_inv = 1.0f / q.scale;
-    if (q.rowwise) {
-      ASSIGN_OR_RETURN(fp8.rowwise_data, Tensor::Zeros(q.format, {n, h}, device));
-      ASSIGN_OR_RETURN(fp8.rowwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
-      p.rowwise = fp8.rowwise_data.data<uint8_t>();
-      p.rowwise_scale_inv = fp8.rowwise_scale_inv.data<float>();
-    }
-    if (q.columnwise) {
-      ASSIGN_OR_RETURN(fp8.columnwise_data, Tensor::Zeros(q.format, {h, n}, device));
-      ASSIGN_OR_RETURN(fp8.columnwise_scale_inv, Tensor::Zeros(DType::kFloat32, {1}, device));
-      p.columnwise = fp8.columnwise_data.data<uint8_t>();
-      p.columnwise_scale_inv = fp8.columnwise_scale_inv.data<float>();
-    }
-    ASSIGN_OR_RETURN(amax_bits, Tensor::Zeros(DType::kInt32, {1}, device));
-    p.amax_bits = amax_bits.data<uint32_t>();
+    RETURN_IF_ERROR(AllocatePerTensorFp8(n, h, q, device, &out.fp8, &amax_bits, &p));
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchNormForward(p, stream));
   if (options.quantize || options.mxfp8) {
-    uint32_t bits = 0;
-    TESERVE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&bits, p.amax_bits, sizeof(bits), cudaMemcpyDeviceToHost, stream));
-    TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    std::memcpy(&out.fp8.amax, &bits, sizeof(bits));
+    ASSIGN_OR_RETURN(out.fp8.amax, ReadAmaxBits(p.amax_bits, stream));
   }
   return out;
 }

@@ -18,8 +18,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/test_util.h"
 
 #if TESERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -308,10 +310,8 @@ TEST(BlockQuantizeDbiasGpu, DirectEntryRejectsMisplacedDbias) {
   kernels::Mxfp8QuantizeOptions o;
   o.dbias = &on_host;
   const auto host_dbias = kernels::cuda::QuantizeMxfp8(testing::GpuContext(), x, o);
-  ASSERT_EQ(host_dbias.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(host_dbias.status().message().find("options.dbias.device: expected a CUDA device"),
-            absl::string_view::npos)
-      << host_dbias.status();
+  EXPECT_THAT(host_dbias, testing_kernels::HasError(absl::StatusCode::kInvalidArgument,
+                                                    "options.dbias.device: expected a CUDA device"));
   kernels::BlockScalingQuantizeOptions b;
   b.dbias = &short_one;
   const auto wrong_shape = kernels::cuda::QuantizeBlockScaling(testing::GpuContext(), x, b);

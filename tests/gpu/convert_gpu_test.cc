@@ -8,12 +8,14 @@
 #include <cstring>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "core/context.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/cast.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/test_util.h"
 
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/cast_cuda.h"
@@ -143,14 +145,12 @@ TEST(ConvertGpu, RejectsHostTensorsAndUnsupportedTypes) {
   TESERVE_SKIP_WITHOUT_GPU();
   const Tensor host = Tensor::Zeros(DType::kFloat32, {2, 2}).value();
   const auto on_host = kernels::cuda::CastFromFloat32(Gpu(), host, DType::kBFloat16);
-  EXPECT_EQ(on_host.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(on_host.status().message().find("x.device: expected a CUDA device, got cpu"), absl::string_view::npos)
-      << on_host.status();
+  EXPECT_THAT(on_host, testing_kernels::HasError(absl::StatusCode::kInvalidArgument,
+                                                 "x.device: expected a CUDA device, got cpu"));
   ASSERT_OK_AND_ASSIGN(const Tensor d_x, kernels::cuda::CopyToDevice(Gpu(), host, Device::Cuda(0)));
   const auto e2m1 = kernels::cuda::CastFromFloat32(Gpu(), d_x, DType::kFloat4E2M1);
-  EXPECT_EQ(e2m1.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(e2m1.status().message().find("dtype: expected FLOAT32, FLOAT16"), absl::string_view::npos)
-      << e2m1.status();
+  EXPECT_THAT(e2m1, testing_kernels::HasError(absl::StatusCode::kInvalidArgument,
+                                              "dtype: expected FLOAT32, FLOAT16"));
   const auto ints = kernels::cuda::ToFloat32(
       Gpu(), Tensor::Borrow(const_cast<void*>(d_x.raw_data()), DType::kInt32, {2, 2}, Device::Cuda(0)));
   EXPECT_NE(ints.status().message().find("x.dtype: expected FLOAT32, FLOAT16"), absl::string_view::npos)

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/test_util.h"
 
 #if TESERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -269,17 +271,13 @@ TEST(Nvfp4Gpu, EmptyTensorGivesZeroAmaxAndUnitScale) {
 TEST(Nvfp4Gpu, RejectsHostTensorsAndIndivisibleShapes) {
   ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::FromFloats(std::vector<float>(256), {16, 16}));
   const auto on_host = kernels::cuda::QuantizeNvfp4(GpuContext(), host, {});
-  ASSERT_EQ(on_host.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(on_host.status().message().find("x.device: expected a CUDA device, got cpu"),
-            absl::string_view::npos)
-      << on_host.status();
+  EXPECT_THAT(on_host, testing_kernels::HasError(absl::StatusCode::kInvalidArgument,
+                                                 "x.device: expected a CUDA device, got cpu"));
   std::vector<float> floats(16 * 40);
   const Tensor odd = Tensor::Borrow(floats.data(), DType::kFloat32, {16, 40}, Device::Cuda(0));
   const auto indivisible = kernels::cuda::QuantizeNvfp4(GpuContext(), odd, {});
-  ASSERT_EQ(indivisible.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(indivisible.status().message().find("x.shape[1]: expected a multiple of 16"),
-            absl::string_view::npos)
-      << indivisible.status();
+  EXPECT_THAT(indivisible, testing_kernels::HasError(absl::StatusCode::kInvalidArgument,
+                                                     "x.shape[1]: expected a multiple of 16"));
 }
 
 #else  // !TESERVE_WITH_CUDA
