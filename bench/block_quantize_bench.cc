@@ -179,6 +179,15 @@ void RunShape(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result
         return s != cudaSuccess ? s : kernels::cuda::LaunchNvfp4Quantize(nv, nullptr);
       },
       "amax pass + quantize pass (x read twice, counted twice)");
+  add("nvfp4_amax_pass_rht_bf16", "bf16", in16,
+      [&] {
+        return kernels::cuda::LaunchNvfp4Amax(x16, SourceType::kBFloat16, rows, cols, signs, amax,
+                                              amax + 1, nullptr);
+      },
+      "amax pass only (x and RHT(x^T))");
+  add("nvfp4_quantize_pass_1d_rht_rowwise_columnwise_bf16", "bf16", in16 + 2.0 * nv_copy,
+      [nv] { return kernels::cuda::LaunchNvfp4Quantize(nv, nullptr); },
+      "quantize pass only, round to nearest");
   Nvfp4QuantizeLaunchParams sr = nv;
   sr.random_hadamard = false;
   sr.stochastic_rounding = true;
