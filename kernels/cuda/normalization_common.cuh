@@ -247,6 +247,24 @@ cudaError_t ResidentCtasPerSm(Kernel kernel, int shared_bytes, int* ctas) {
   return cudaSuccess;
 }
 
+// Launch configuration of `grid` CTAs of `threads` threads in clusters of `cluster` CTAs
+// along x; `attribute` receives the cluster dimension and must outlive the configuration.
+inline cudaLaunchConfig_t ClusterLaunchConfig(dim3 grid, int cluster, int threads, int shared_bytes,
+                                              cudaStream_t stream, cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads, 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = cluster;
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 template <typename Kernel>
 cudaError_t MaxActiveClusters(Kernel kernel, int shared_bytes, int cluster, int* clusters) {
   int device = 0;
@@ -258,17 +276,9 @@ cudaError_t MaxActiveClusters(Kernel kernel, int shared_bytes, int cluster, int*
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(cluster, 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = shared_bytes;
     cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = cluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config =
+        ClusterLaunchConfig(dim3(cluster, 1, 1), cluster, kThreads, shared_bytes, nullptr, &attribute);
     int n = 0;
     status = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
     if (status != cudaSuccess) return status;

@@ -502,18 +502,10 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
     status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(g.slices, static_cast<unsigned>(groups_in_flight), 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
   cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = g.clustered ? g.slices : 1;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config =
+      ClusterLaunchConfig(dim3(g.slices, static_cast<unsigned>(groups_in_flight), 1), g.clustered ? g.slices : 1,
+                          kThreads, shared_bytes, stream, &attribute);
   status = cudaLaunchKernelEx(&config, tile_kernel, p, g);
   if (status != cudaSuccess) return status;
   return cudaGetLastError();

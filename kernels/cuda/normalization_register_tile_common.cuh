@@ -181,4 +181,93 @@ __device__ __forceinline__ void WarpMoments(const uint4* tile, int row_stride, i
   warp_stats[warp][8 * rg + cg8] = make_float2(mean[0], m2[0]);
 }
 
+// ---- Host side of both launchers.
+
+// 64 columns per warp, as few CTAs per row as kRtMaxWarps warps per CTA allow, the warps
+// spread evenly (every CTA gets at least one), 32-row groups.
+inline RtGeometry RtGeometryFor(int64_t rows, int64_t cols) {
+  RtGeometry g;
+  g.units = static_cast<int>(cols / kRtColsPerWarp);
+  const int min_cluster = static_cast<int>(CeilDiv(g.units, kRtMaxWarps));
+  g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
+  g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));
+  g.row_groups = CeilDiv(rows, kRtRows);
+  return g;
+}
+
+// Resident CTAs per SM and active clusters of `kernel` with `threads` threads and
+// `shared_bytes` of dynamic shared memory per CTA in clusters of `cluster`, cached; raises
+// the kernel's dynamic shared-memory limit to `max_shared_bytes` first.
+template <typename Kernel>
+cudaError_t RtOccupancy(Kernel kernel, int threads, int shared_bytes, int max_shared_bytes, int cluster,
+                        int* ctas_per_sm, int* clusters) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int>, std::pair<int, int>> cache;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, cluster);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_bytes);
+    if (status != cudaSuccess) return status;
+    int per_sm = 0;
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes);
+    if (status != cudaSuccess) return status;
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config =
+        ClusterLaunchConfig(dim3(cluster, 1, 1), cluster, threads, shared_bytes, nullptr, &attribute);
+    int active = 0;
+    status = cudaOccupancyMaxActiveClusters(&active, kernel, &config);
+    if (status != cudaSuccess) return status;
+    it = cache.emplace(key, std::make_pair(per_sm, active)).first;
+  }
+  *ctas_per_sm = it->second.first;
+  *clusters = it->second.second;
+  return cudaSuccess;
+}
+
+// Clusters to launch: as many as are active at once and fit on usable_sms, at most one per
+// row group (and 65535); 0 when none fits.
+inline int64_t RtClusters(const RtGeometry& g, int usable_sms, int ctas_per_sm, int active_clusters) {
+  const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
+  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return 0;
+  const int64_t clusters = std::min<int64_t>(active_clusters, fitting);
+  return std::min<int64_t>(std::min<int64_t>(clusters, g.row_groups), 65535);
+}
+
+// The plan fields both kernels fill alike (the caller sets stats_warp and
+// contiguous_row_groups).
+inline void FillRtPlan(const RtGeometry& g, int64_t clusters, int ctas_per_sm, int usable_sms, int shared_bytes,
+                       NormForwardPlan* plan) {
+  plan->rows_per_cta = kRtRows;
+  plan->cols_per_cta = g.warps * kRtColsPerWarp;
+  plan->slices = g.cluster;
+  plan->cluster_size = g.cluster;
+  plan->separate_stats = false;
+  plan->register_tile = true;
+  plan->ctas = static_cast<int>(clusters * g.cluster);
+  plan->ctas_per_sm = ctas_per_sm;
+  plan->usable_sms = usable_sms;
+  plan->shared_bytes = shared_bytes;
+}
+
+// Zeroes the amax word (when given) and launches `kernel` on `clusters` clusters of
+// g.cluster CTAs (grid g.cluster x clusters).
+template <typename... Params, typename... Args>
+cudaError_t LaunchRtClusters(void (*kernel)(Params...), const RtGeometry& g, int64_t clusters, int threads,
+                             int shared_bytes, uint32_t* amax_bits, cudaStream_t stream, Args... args) {
+  if (amax_bits != nullptr) {
+    const cudaError_t status = cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream);
+    if (status != cudaSuccess) return status;
+  }
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = ClusterLaunchConfig(dim3(g.cluster, static_cast<unsigned>(clusters), 1),
+                                                        g.cluster, threads, shared_bytes, stream, &attribute);
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
+  if (status != cudaSuccess) return status;
+  return cudaGetLastError();
+}
+
 #endif  // TESERVE_KERNELS_CUDA_NORMALIZATION_REGISTER_TILE_COMMON_CUH_

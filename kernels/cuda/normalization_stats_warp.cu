@@ -512,45 +512,6 @@ bool Covers(const NormForwardParams& p) {
 // Dynamic shared memory: kStages x tiles of 32 rows x 64 columns per compute warp, 16-bit.
 int StagingBytes(int warps) { return kStages * kRtRows * warps * kRtColsPerWarp * 2 + kStageAlign; }
 
-// Resident CTAs per SM and active clusters for (kernel, warps, cluster), cached; raises the
-// kernel's dynamic shared-memory limit to what the largest CTA needs.
-cudaError_t Occupancy(KernelFn kernel, int warps, int cluster, int* ctas_per_sm, int* clusters) {
-  int device = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return status;
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int, int>, std::pair<int, int>> cache;
-  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), warps, cluster);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  StagingBytes(kRtMaxWarps));
-    if (status != cudaSuccess) return status;
-    int per_sm = 0;
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (warps + 2) * 32,
-                                                           StagingBytes(warps));
-    if (status != cudaSuccess) return status;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(cluster, 1, 1);
-    config.blockDim = dim3((warps + 2) * 32, 1, 1);
-    config.dynamicSmemBytes = StagingBytes(warps);
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = cluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int active = 0;
-    status = cudaOccupancyMaxActiveClusters(&active, kernel, &config);
-    if (status != cudaSuccess) return status;
-    it = cache.emplace(key, std::make_pair(per_sm, active)).first;
-  }
-  *ctas_per_sm = it->second.first;
-  *clusters = it->second.second;
-  return cudaSuccess;
-}
 
 }  // namespace
 
@@ -559,12 +520,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
   *handled = false;
   if (!Covers(p)) return cudaSuccess;
   // The register-tile kernel's geometry (same tiles, so the same statistics order).
-  RtGeometry g;
-  g.units = static_cast<int>(p.cols / kRtColsPerWarp);
-  const int min_cluster = static_cast<int>(CeilDiv(g.units, kRtMaxWarps));
-  g.warps = static_cast<int>(CeilDiv(g.units, min_cluster));
-  g.cluster = static_cast<int>(CeilDiv(g.units, g.warps));
-  g.row_groups = CeilDiv(p.rows, kRtRows);
+  const RtGeometry g = RtGeometryFor(p.rows, p.cols);
   const bool contiguous = p.kernel == NormForwardKernel::kStatsWarpContiguous;
 
   KernelFn kernel = nullptr;
@@ -573,49 +529,22 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     case NormDType::kFloat16: kernel = KernelFor<NormDType::kFloat16>(p); break;
     default: return cudaSuccess;
   }
+  const int threads = (g.warps + 2) * 32;
   int ctas_per_sm = 0, active_clusters = 0;
-  cudaError_t status = Occupancy(kernel, g.warps, g.cluster, &ctas_per_sm, &active_clusters);
+  const cudaError_t status = RtOccupancy(kernel, threads, StagingBytes(g.warps), StagingBytes(kRtMaxWarps), g.cluster,
+                                         &ctas_per_sm, &active_clusters);
   if (status != cudaSuccess) return status;
-  const int64_t fitting = static_cast<int64_t>(usable_sms) * ctas_per_sm / g.cluster;
-  if (ctas_per_sm < 1 || active_clusters < 1 || fitting < 1) return cudaSuccess;
-  int64_t clusters = std::min<int64_t>(active_clusters, fitting);
-  clusters = std::min<int64_t>(std::min<int64_t>(clusters, g.row_groups), 65535);
+  const int64_t clusters = RtClusters(g, usable_sms, ctas_per_sm, active_clusters);
+  if (clusters == 0) return cudaSuccess;
   *handled = true;
 
   if (plan != nullptr) {
-    plan->rows_per_cta = kRtRows;
-    plan->cols_per_cta = g.warps * kRtColsPerWarp;
-    plan->slices = g.cluster;
-    plan->cluster_size = g.cluster;
-    plan->separate_stats = false;
-    plan->register_tile = true;
+    FillRtPlan(g, clusters, ctas_per_sm, usable_sms, StagingBytes(g.warps), plan);
     plan->stats_warp = true;
     plan->contiguous_row_groups = contiguous;
-    plan->ctas = static_cast<int>(clusters * g.cluster);
-    plan->ctas_per_sm = ctas_per_sm;
-    plan->usable_sms = usable_sms;
-    plan->shared_bytes = StagingBytes(g.warps);
   }
   if (!launch) return cudaSuccess;
-  if (p.amax_bits != nullptr) {
-    status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
-    if (status != cudaSuccess) return status;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(g.cluster, static_cast<unsigned>(clusters), 1);
-  config.blockDim = dim3((g.warps + 2) * 32, 1, 1);
-  config.dynamicSmemBytes = StagingBytes(g.warps);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = g.cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  status = cudaLaunchKernelEx(&config, kernel, p, g, contiguous);
-  if (status != cudaSuccess) return status;
-  return cudaGetLastError();
+  return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g, contiguous);
 }
 
 }  // namespace cuda
