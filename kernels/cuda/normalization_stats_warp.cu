@@ -199,10 +199,34 @@ __device__ __forceinline__ uint32_t EncodeQuadFinite(const float v[4], float sca
   return out;
 }
 
+// y[index .. index + 8) = v (index a multiple of 8, y 16-byte aligned) with the hardware's
+// pair conversions (cvt.rn.bf16x2 / cvt.rn.f16x2: one instruction per two values instead of
+// the integer rounding of FloatToBf16). For every non-NaN value they round as StoreY8 does
+// (to nearest even, subnormals kept, overflow to Inf); NaNs may differ in sign and payload,
+// so tiles holding a NaN are stored again with StoreY8 (NormalizeRows' kPatch pass).
+__device__ __forceinline__ void StoreY8Pairs(void* y, NormDType type, int64_t index, const float v[8]) {
+  if (type == NormDType::kFloat32) {
+    StoreY8(y, type, index, v);
+    return;
+  }
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (type == NormDType::kBFloat16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(words[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    } else {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(words[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    }
+  }
+  StoreGlobal16(static_cast<uint16_t*>(y) + index, words[0], words[1], words[2], words[3]);
+}
+
 // Normalizes this lane's 8 rows x 8 columns of a staged tile (row k at tile[k * row_stride],
 // its (mu, rsigma) at stats[k]) with the register-tile kernel's arithmetic; stores y rows
-// when kY, encodes codes into lo / hi (columns 0-3 / 4-7 of row k) when kQuantize (kPatch:
-// the NaN-aware encoder). Returns max |y| over the 64 values (NaN if any is NaN).
+// when kY, encodes codes into lo / hi (columns 0-3 / 4-7 of row k) when kQuantize. kPatch
+// (the pass for tiles holding a NaN): y by the exact per-value conversion and the encoder
+// that maps NaN products to 0x7F; else the pair conversions and the encoder for finite
+// products. Returns max |y| over the 64 values (NaN if any is NaN).
 template <NormDType kType, Fp8Format kFormat, bool kY, bool kQuantize, bool kPatch>
 __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const uint4* tile, int row_stride,
                                                const float2* stats, const float w[8], const float b[8],
@@ -218,7 +242,13 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
       v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
       tile_max = MaxNaN(tile_max, fabsf(v[e]));
     }
-    if constexpr (kY) StoreY8(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+    if constexpr (kY) {
+      if constexpr (kPatch) {
+        StoreY8(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+      } else {
+        StoreY8Pairs(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+      }
+    }
     if constexpr (kQuantize) {
       if constexpr (kPatch) {
         lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
@@ -425,14 +455,15 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
                                                                          my_row, col, lo, hi);
           if (tile_max != tile_max) {
             // A NaN among these 64 values (rare): the same rows again with the encoder that
-            // maps NaN products to 0x7F (it gives the same codes for every other value). The
-            // empty asm hides that the pointers are the same, so the compiler reloads the
-            // tile here instead of keeping the 64 values of the first pass live for it.
+            // maps NaN products to 0x7F (it gives the same codes for every other value) and
+            // the exact y conversion. The empty asm hides that the pointers are the same, so
+            // the compiler reloads the tile here instead of keeping the 64 values of the
+            // first pass live for it.
             const uint4* again = tile;
             const float2* again_stats = stats;
             asm volatile("" : "+l"(again), "+l"(again_stats));
-            NormalizeRows<kType, kFormat, false, true, true>(p, again, row_uint4, again_stats, w, b, my_row,
-                                                             col, lo, hi);
+            NormalizeRows<kType, kFormat, kY, true, true>(p, again, row_uint4, again_stats, w, b, my_row, col,
+                                                          lo, hi);
           }
           amax = MaxNaN(amax, tile_max);
           if (p.rowwise != nullptr) {
@@ -455,8 +486,16 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
             }
           }
         } else {
-          amax = MaxNaN(amax, NormalizeRows<kType, kFormat, kY, false, false>(p, tile, row_uint4, stats, w, b,
-                                                                            my_row, col, nullptr, nullptr));
+          const float tile_max = NormalizeRows<kType, kFormat, kY, false, false>(p, tile, row_uint4, stats, w, b,
+                                                                                my_row, col, nullptr, nullptr);
+          if (kY && tile_max != tile_max) {  // y again with the exact conversion (see above)
+            const uint4* again = tile;
+            const float2* again_stats = stats;
+            asm volatile("" : "+l"(again), "+l"(again_stats));
+            NormalizeRows<kType, kFormat, kY, false, true>(p, again, row_uint4, again_stats, w, b, my_row, col,
+                                                           nullptr, nullptr);
+          }
+          amax = MaxNaN(amax, tile_max);
         }
       }
       __syncwarp();  // the whole warp is done reading stage i % kStages
