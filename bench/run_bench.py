@@ -516,9 +516,11 @@ def main():
     cpp_args = [f"--shapes={args.shapes}", f"--iters={args.iters}", f"--warmup={args.warmup}"]
     rows = []
     device = None
+    failed = []
     for bench in args.benches.split(","):
         out = run_cpp(args.bin_dir, bench, cpp_args, args.timeout)
         if out is None:
+            failed.append(bench)
             continue
         device = out.get("device", device)
         for r in out["results"]:
@@ -570,7 +572,10 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "torch": torch_version, "copy_reference_tbps": COPY_TBPS,
-                       "results": rows, "table": lines}, f, indent=1)
+                       "results": rows, "table": lines, "failed_benches": failed}, f, indent=1)
+    if failed:
+        print(f"failed, timed out or missing: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

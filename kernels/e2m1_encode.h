@@ -120,7 +120,9 @@ TESERVE_HD uint32_t E4M3EncodeFast(float x) {
   return (q < 0x7Eu ? q : 0x7Eu) | ((bits >> 24) & 0x80u);
 }
 
-// == E4M3ToFloat(code) bit for bit, for every byte.
+// == E4M3ToFloat(code) bit for bit, for every byte. The subnormal codes (mag < 8) go
+// through an FP32 subnormal operand (mag << 20), so this must not be compiled with
+// flush-to-zero (-ftz=true / --use_fast_math): it would decode them as 0.
 TESERVE_HD float E4M3DecodeFast(uint32_t code) {
   const uint32_t mag = code & 0x7Fu;
   const uint32_t sign = (code & 0x80u) << 24;

@@ -12,10 +12,11 @@
 # an otherwise idle GPU. A stage that is not asked for is skipped, so one host call can
 # run the checks and a second one the benchmarks (each call has a time limit).
 #
-# Environment: SHARDS (above); TEST_TIMEOUT, seconds one test shard or one memcheck run may
-# take before it is killed (default 600; a hang then shows as rc=124 instead of eating the
-# host call); MEMCHECK_EXCLUDE, the gtest patterns kept out of memcheck (default: the
-# benchmark-size cases).
+# Environment: SHARDS (above); TEST_TIMEOUT, seconds one test shard may take before it is
+# killed (default 600; a hang then shows as rc=124 instead of eating the host call; SIGKILL
+# 30 s after SIGTERM); MEMCHECK_TIMEOUT, the same for one (unsharded, ~100x slower)
+# memcheck run (default 1200); MEMCHECK_EXCLUDE, the gtest patterns kept out of memcheck
+# (default: the benchmark-size cases; set it empty to memcheck everything).
 #
 # Exits 1 when a test, a memcheck run or the benchmark driver failed (see summary.txt).
 # Writes OUTDIR/tests.log (every test's output), OUTDIR/memcheck.log, OUTDIR/bench.log,
@@ -36,7 +37,8 @@ summary="$out/summary.txt"
 shards=${SHARDS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}
 work=$(mktemp -d)
 test_timeout=${TEST_TIMEOUT:-600}
-memcheck_exclude=${MEMCHECK_EXCLUDE:-'*16384*:*4x2048x8192*:*Large*:*Huge*'}
+memcheck_timeout=${MEMCHECK_TIMEOUT:-1200}
+memcheck_exclude=${MEMCHECK_EXCLUDE-'*16384*:*4x2048x8192*:*Large*:*Huge*'}
 if [[ ! -f "$summary" ]]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$summary"
   echo "commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)" >> "$summary"
@@ -60,7 +62,7 @@ run_tests() {
     name=$(basename "$test")
     pids=()
     for ((i = 0; i < shards; ++i)); do
-      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$test_timeout" "$test" --gtest_brief=1 > "$work/$name.$i" 2>&1 &
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout -k 30 "$test_timeout" "$test" --gtest_brief=1 > "$work/$name.$i" 2>&1 &
       pids+=($!)
     done
     rc=0
@@ -75,7 +77,7 @@ run_memcheck() {
   local pids=()
   for test in "$bundle"/bin/*_test; do
     name=$(basename "$test")
-    ( timeout "$test_timeout" compute-sanitizer --tool memcheck --error-exitcode 3 "$test" --gtest_brief=1 \
+    ( timeout -k 30 "$memcheck_timeout" compute-sanitizer --tool memcheck --error-exitcode 3 "$test" --gtest_brief=1 \
           --gtest_filter="-$memcheck_exclude" > "$work/$name.memcheck" 2>&1
       echo $? > "$work/$name.memcheck.rc" ) &
     pids+=($!)

@@ -4,9 +4,11 @@
 // Design:
 // - Bit-exactness with the CPU reference: block scales (the arithmetic of
 //   kernels/quantize_math.h) and E2M1 codes through the branch-free codecs of
-//   kernels/e2m1_encode.h (proven equal to the float_codec / stochastic_rounding
-//   references on the CPU by tests/kernels/e2m1_encode_test.cc; sm_90 has no E2M1
-//   conversion instruction),
+//   kernels/e2m1_encode.h (their host branch proven equal to the float_codec /
+//   stochastic_rounding references on the CPU by tests/kernels/e2m1_encode_test.cc; the
+//   device branch spells the same IEEE operations with intrinsics, and nvfp4_gpu_test
+//   compares the kernels' output with the CPU bit for bit; sm_90 has no E2M1 conversion
+//   instruction),
 //   stochastic draws from the counter-based RNG of kernels/stochastic_rounding.h keyed
 //   exactly like the CPU (copy id, linear index in the copy written; the counter is
 //   stepped by kGoldenGamma per element instead of multiplied out), and the RHT in the
