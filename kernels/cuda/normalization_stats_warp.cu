@@ -524,7 +524,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
       if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
     }
-    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+    if (!kMx && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {  // MXFP8: E8M0 scales only
       if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
       if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
     }
