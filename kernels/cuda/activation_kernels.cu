@@ -71,13 +71,7 @@ constexpr int kTileRowPadBytes = 4;
 
 // Hardware pair conversion: code of a in the low byte, b in the high byte.
 __device__ __forceinline__ uint32_t CvtPair(bool e4m3, float a, float b) {
-  uint16_t packed;
-  if (e4m3) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  }
-  return packed;
+  return e4m3 ? CvtPair<Fp8Format::kE4M3>(a, b) : CvtPair<Fp8Format::kE5M2>(a, b);
 }
 
 // Codes of v[0..3] packed little-endian (element k in byte k), exactly core/float_codec.h's.
@@ -296,17 +290,6 @@ __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t ind
   }
 }
 
-// Hardware pair conversion for a fixed format (see CvtPair).
-template <Fp8Format kFormat>
-__device__ __forceinline__ uint32_t CvtPairOf(float a, float b) {
-  uint16_t packed;
-  if constexpr (kFormat == Fp8Format::kE4M3) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  }
-  return packed;
-}
 
 enum class TileEncode { kHardware, kHardwarePatchNan, kCodec };
 
@@ -329,7 +312,7 @@ __device__ __forceinline__ void EncodeRow(const float (&y)[kUnit], float scale, 
         word |= code << (8 * i);
       }
     } else {
-      word = CvtPairOf<kFormat>(s[0], s[1]) | (CvtPairOf<kFormat>(s[2], s[3]) << 16);
+      word = CvtPair<kFormat>(s[0], s[1]) | (CvtPair<kFormat>(s[2], s[3]) << 16);
       if constexpr (kEncode == TileEncode::kHardwarePatchNan) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (p.amax_bits != nullptr) {
-    const uint32_t block_amax = BlockMax(local_amax);
+    const uint32_t block_amax = BlockMax<kThreads>(local_amax);
     if (threadIdx.x == 0 && block_amax != 0u) atomicMax(p.amax_bits, block_amax);
   }
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {

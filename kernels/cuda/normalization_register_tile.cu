@@ -147,25 +147,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
   cluster_merge(0, 0);
 
   float w[8], b[8];  // this lane's 8 columns of the weight and bias
-  {
-    const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + (warp_active ? col : 0));
-    const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
-    w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
-    w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
-    if (p.zero_centered_gamma) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) w[e] += 1.0f;
-    }
-    if constexpr (kRms) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) b[e] = 0.0f;
-    } else {
-      const float4* beta4 = reinterpret_cast<const float4*>(p.beta + (warp_active ? col : 0));
-      const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
-      b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
-      b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-    }
-  }
+  LoadAffine8<kRms>(p, warp_active ? col : 0, w, b);
   float amax = 0.0f;
   for (int i = 0; i < tiles; ++i) {
     const int buf = i & 1;

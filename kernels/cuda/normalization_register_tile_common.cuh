@@ -71,6 +71,29 @@ __device__ __forceinline__ void StageBlock(const uint16_t* x, int64_t row, int64
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// This lane's 8 columns of the weight (+1 with zero_centered_gamma) and bias (0 for
+// RMSNorm) from column `col` (a warp with no columns reads column 0 and never uses them).
+template <bool kRms>
+__device__ __forceinline__ void LoadAffine8(const NormForwardParams& p, int64_t col, float w[8], float b[8]) {
+  const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + col);
+  const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
+  w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
+  w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
+  if (p.zero_centered_gamma) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[e] += 1.0f;
+  }
+  if constexpr (kRms) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) b[e] = 0.0f;
+  } else {
+    const float4* beta4 = reinterpret_cast<const float4*>(p.beta + col);
+    const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
+    b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
+    b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+  }
+}
+
 // 4x4 byte transpose: byte j of out[i] is byte i of in[j].
 __device__ __forceinline__ void Transpose4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                            uint32_t out[4]) {
