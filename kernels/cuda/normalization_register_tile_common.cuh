@@ -94,19 +94,6 @@ __device__ __forceinline__ void LoadAffine8(const NormForwardParams& p, int64_t 
   }
 }
 
-// 4x4 byte transpose: byte j of out[i] is byte i of in[j].
-__device__ __forceinline__ void Transpose4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint32_t out[4]) {
-  const uint32_t t0 = __byte_perm(a0, a1, 0x5140);
-  const uint32_t t1 = __byte_perm(a2, a3, 0x5140);
-  const uint32_t t2 = __byte_perm(a0, a1, 0x7362);
-  const uint32_t t3 = __byte_perm(a2, a3, 0x7362);
-  out[0] = __byte_perm(t0, t1, 0x5410);
-  out[1] = __byte_perm(t0, t1, 0x7632);
-  out[2] = __byte_perm(t2, t3, 0x5410);
-  out[3] = __byte_perm(t2, t3, 0x7632);
-}
-
 // y[index .. index + 8) = v in `type` (index a multiple of 8, y 16-byte aligned).
 __device__ __forceinline__ void StoreY8(void* y, NormDType type, int64_t index, const float v[8]) {
   if (type == NormDType::kFloat32) {

@@ -430,10 +430,10 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
           }
           if (p.columnwise != nullptr) {
             uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
-            Transpose4(lo[0], lo[1], lo[2], lo[3], first);
-            Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
-            Transpose4(lo[4], lo[5], lo[6], lo[7], second);
-            Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+            Transpose4x4(lo, first);
+            Transpose4x4(hi, first + 4);
+            Transpose4x4(lo + 4, second);
+            Transpose4x4(hi + 4, second + 4);
             uint8_t* out = p.columnwise + col * p.rows + my_row;
 #pragma unroll
             for (int e = 0; e < 8; ++e, out += p.rows) {
