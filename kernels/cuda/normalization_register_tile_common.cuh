@@ -1,8 +1,9 @@
 // Internal to normalization_register_tile.cu and normalization_stats_warp.cu: the tile
-// geometry and the device helpers both register-tile forward kernels share (staging by
-// cp.async, per-lane moments and their warp reduction, Chan merges, the 8x8 code
-// transpose, y stores). Both kernels run exactly this arithmetic in the same order, so
-// they produce the same mu, rsigma, y and codes bit for bit.
+// geometry and the helpers both register-tile forward kernels share (cp.async staging of
+// the register-tile kernel, per-lane moments and their warp reduction, Chan merges, the
+// gamma/beta load, y stores, and the host-side planning and launch). Both kernels run
+// exactly this arithmetic in the same order, so they produce the same mu, rsigma, y and
+// codes bit for bit.
 //
 // Included inside namespace teserve::kernels::cuda::{anonymous}, after
 // normalization_common.cuh.
