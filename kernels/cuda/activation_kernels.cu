@@ -71,13 +71,7 @@ constexpr int kTileRowPadBytes = 4;
 
 // Hardware pair conversion: code of a in the low byte, b in the high byte.
 __device__ __forceinline__ uint32_t CvtPair(bool e4m3, float a, float b) {
-  uint16_t packed;
-  if (e4m3) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  }
-  return packed;
+  return e4m3 ? CvtPair<Fp8Format::kE4M3>(a, b) : CvtPair<Fp8Format::kE5M2>(a, b);
 }
 
 // Codes of v[0..3] packed little-endian (element k in byte k), exactly core/float_codec.h's.
@@ -297,17 +291,6 @@ __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t ind
   }
 }
 
-// Hardware pair conversion for a fixed format (see CvtPair).
-template <Fp8Format kFormat>
-__device__ __forceinline__ uint32_t CvtPairOf(float a, float b) {
-  uint16_t packed;
-  if constexpr (kFormat == Fp8Format::kE4M3) {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  } else {
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(b), "f"(a));
-  }
-  return packed;
-}
 
 enum class TileEncode { kHardware, kHardwarePatchNan, kCodec };
 
@@ -330,7 +313,7 @@ __device__ __forceinline__ void EncodeRow(const float (&y)[kUnit], float scale, 
         word |= code << (8 * i);
       }
     } else {
-      word = CvtPairOf<kFormat>(s[0], s[1]) | (CvtPairOf<kFormat>(s[2], s[3]) << 16);
+      word = CvtPair<kFormat>(s[0], s[1]) | (CvtPair<kFormat>(s[2], s[3]) << 16);
       if constexpr (kEncode == TileEncode::kHardwarePatchNan) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -352,19 +335,6 @@ __device__ __forceinline__ void EncodeRowAs(ActFp8Encoder encoder, bool patch, c
   } else {
     EncodeRow<kFormat, TileEncode::kHardware>(y, scale, codes);
   }
-}
-
-// 4x4 byte transpose: in[k] holds row k's codes of 4 columns (column i in byte i); out[i]
-// holds column i's codes of the 4 rows (row k in byte k).
-__device__ __forceinline__ void Transpose4x4(const uint32_t (&in)[4], uint32_t (&out)[4]) {
-  const uint32_t a0 = __byte_perm(in[0], in[1], 0x5140);  // r0c0 r1c0 r0c1 r1c1
-  const uint32_t a1 = __byte_perm(in[0], in[1], 0x7362);  // r0c2 r1c2 r0c3 r1c3
-  const uint32_t a2 = __byte_perm(in[2], in[3], 0x5140);  // r2c0 r3c0 r2c1 r3c1
-  const uint32_t a3 = __byte_perm(in[2], in[3], 0x7362);  // r2c2 r3c2 r2c3 r3c3
-  out[0] = __byte_perm(a0, a2, 0x5410);
-  out[1] = __byte_perm(a0, a2, 0x7632);
-  out[2] = __byte_perm(a1, a3, 0x5410);
-  out[3] = __byte_perm(a1, a3, 0x7632);
 }
 
 // max(a, b), NaN if either is NaN (sm_80+).

@@ -149,19 +149,6 @@ struct Fragment<SourceType::kFloat32> {
   }
 };
 
-// 4x4 byte transpose: in[k] holds row k's codes of 4 columns (column i in byte i); out[i]
-// holds column i's codes of the 4 rows (row k in byte k).
-__device__ __forceinline__ void Transpose4x4(const uint32_t in[4], uint32_t out[4]) {
-  const uint32_t a0 = __byte_perm(in[0], in[1], 0x5140);  // r0c0 r1c0 r0c1 r1c1
-  const uint32_t a1 = __byte_perm(in[0], in[1], 0x7362);  // r0c2 r1c2 r0c3 r1c3
-  const uint32_t a2 = __byte_perm(in[2], in[3], 0x5140);  // r2c0 r3c0 r2c1 r3c1
-  const uint32_t a3 = __byte_perm(in[2], in[3], 0x7362);  // r2c2 r3c2 r2c3 r3c3
-  out[0] = __byte_perm(a0, a2, 0x5410);
-  out[1] = __byte_perm(a0, a2, 0x7632);
-  out[2] = __byte_perm(a1, a3, 0x5410);
-  out[3] = __byte_perm(a1, a3, 0x7632);
-}
-
 // Encodes the fragment's 8 x 8 values: codes[k][g] = row k, group g (column i in byte i).
 template <SourceType kType, Fp8Format kFormat, bool kPatchNan>
 __device__ __forceinline__ void EncodeFragment(const Fragment<kType>& f, float scale,

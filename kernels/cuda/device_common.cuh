@@ -27,6 +27,20 @@ __device__ __forceinline__ uint32_t MagnitudeBits(float v) {
   return __float_as_uint(v) & kMagnitudeMask;
 }
 
+// 4x4 byte transpose: in[k] holds row k's codes of 4 columns (column i in byte i); out[i]
+// holds column i's codes of the 4 rows (row k in byte k). The FP8 cast-transpose,
+// activation and normalization kernels build their columnwise stores with it.
+__device__ __forceinline__ void Transpose4x4(const uint32_t in[4], uint32_t out[4]) {
+  const uint32_t a0 = __byte_perm(in[0], in[1], 0x5140);  // r0c0 r1c0 r0c1 r1c1
+  const uint32_t a1 = __byte_perm(in[0], in[1], 0x7362);  // r0c2 r1c2 r0c3 r1c3
+  const uint32_t a2 = __byte_perm(in[2], in[3], 0x5140);  // r2c0 r3c0 r2c1 r3c1
+  const uint32_t a3 = __byte_perm(in[2], in[3], 0x7362);  // r2c2 r3c2 r2c3 r3c3
+  out[0] = __byte_perm(a0, a2, 0x5410);
+  out[1] = __byte_perm(a0, a2, 0x7632);
+  out[2] = __byte_perm(a1, a3, 0x5410);
+  out[3] = __byte_perm(a1, a3, 0x7632);
+}
+
 // Max over the block, valid in thread 0. Every thread of the block must call it.
 template <int kBlockThreads>
 __device__ uint32_t BlockMax(uint32_t value) {

@@ -164,20 +164,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// Max over the block, valid in thread 0; every thread must call it.
-__device__ uint32_t BlockMax(uint32_t value) {
-  __shared__ uint32_t warp_max[kWarps];
-  value = __reduce_max_sync(0xFFFFFFFFu, value);
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < kWarps ? warp_max[lane] : 0u;
-    value = __reduce_max_sync(0xFFFFFFFFu, value);
-  }
-  return value;
-}
 
 
 // ---------------------------------------------------------------------------------------

@@ -292,13 +292,9 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       if (p.columnwise != nullptr) {
-        // 4x4 byte transpose: word i holds column cbase + i for rows rbase .. rbase + 3.
-        const uint32_t t0 = __byte_perm(row_codes[0], row_codes[1], 0x5140);
-        const uint32_t t1 = __byte_perm(row_codes[2], row_codes[3], 0x5140);
-        const uint32_t t2 = __byte_perm(row_codes[0], row_codes[1], 0x7362);
-        const uint32_t t3 = __byte_perm(row_codes[2], row_codes[3], 0x7362);
-        const uint32_t columns[4] = {__byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632),
-                                     __byte_perm(t2, t3, 0x5410), __byte_perm(t2, t3, 0x7632)};
+        // Word i holds column cbase + i for rows rbase .. rbase + 3.
+        uint32_t columns[4];
+        Transpose4x4(row_codes, columns);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           *reinterpret_cast<uint32_t*>(code_tile + SwizzleColumn(cbase + i) * kTileRows + rbase) =
@@ -336,7 +332,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (p.amax_bits != nullptr) {
-    const uint32_t block_amax = BlockMax(local_amax);
+    const uint32_t block_amax = BlockMax<kThreads>(local_amax);
     if (threadIdx.x == 0 && block_amax != 0u) atomicMax(p.amax_bits, block_amax);
   }
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {

@@ -148,25 +148,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
   cluster_merge(0, 0);
 
   float w[8], b[8];  // this lane's 8 columns of the weight and bias
-  {
-    const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + (warp_active ? col : 0));
-    const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
-    w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
-    w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
-    if (p.zero_centered_gamma) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) w[e] += 1.0f;
-    }
-    if constexpr (kRms) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) b[e] = 0.0f;
-    } else {
-      const float4* beta4 = reinterpret_cast<const float4*>(p.beta + (warp_active ? col : 0));
-      const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
-      b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
-      b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-    }
-  }
+  LoadAffine8<kRms>(p, warp_active ? col : 0, w, b);
   float amax = 0.0f;
   for (int i = 0; i < tiles; ++i) {
     const int buf = i & 1;
@@ -225,10 +207,10 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
       }
       if (p.columnwise != nullptr) {
         uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
-        Transpose4(lo[0], lo[1], lo[2], lo[3], first);
-        Transpose4(hi[0], hi[1], hi[2], hi[3], first + 4);
-        Transpose4(lo[4], lo[5], lo[6], lo[7], second);
-        Transpose4(hi[4], hi[5], hi[6], hi[7], second + 4);
+        Transpose4x4(lo, first);
+        Transpose4x4(hi, first + 4);
+        Transpose4x4(lo + 4, second);
+        Transpose4x4(hi + 4, second + 4);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           *reinterpret_cast<uint2*>(p.columnwise + (col + e) * p.rows + my_row) =

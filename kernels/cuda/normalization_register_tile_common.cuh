@@ -1,8 +1,9 @@
 // Internal to normalization_register_tile.cu and normalization_stats_warp.cu: the tile
-// geometry and the device helpers both register-tile forward kernels share (staging by
-// cp.async, per-lane moments and their warp reduction, Chan merges, the 8x8 code
-// transpose, y stores). Both kernels run exactly this arithmetic in the same order, so
-// they produce the same mu, rsigma, y and codes bit for bit.
+// geometry and the helpers both register-tile forward kernels share (cp.async staging of
+// the register-tile kernel, per-lane moments and their warp reduction, Chan merges, the
+// gamma/beta load, y stores, and the host-side planning and launch). Both kernels run
+// exactly this arithmetic in the same order, so they produce the same mu, rsigma, y and
+// codes bit for bit.
 //
 // Included inside namespace teserve::kernels::cuda::{anonymous}, after
 // normalization_common.cuh.
@@ -71,17 +72,27 @@ __device__ __forceinline__ void StageBlock(const uint16_t* x, int64_t row, int64
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-// 4x4 byte transpose: byte j of out[i] is byte i of in[j].
-__device__ __forceinline__ void Transpose4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint32_t out[4]) {
-  const uint32_t t0 = __byte_perm(a0, a1, 0x5140);
-  const uint32_t t1 = __byte_perm(a2, a3, 0x5140);
-  const uint32_t t2 = __byte_perm(a0, a1, 0x7362);
-  const uint32_t t3 = __byte_perm(a2, a3, 0x7362);
-  out[0] = __byte_perm(t0, t1, 0x5410);
-  out[1] = __byte_perm(t0, t1, 0x7632);
-  out[2] = __byte_perm(t2, t3, 0x5410);
-  out[3] = __byte_perm(t2, t3, 0x7632);
+// This lane's 8 columns of the weight (+1 with zero_centered_gamma) and bias (0 for
+// RMSNorm) from column `col` (a warp with no columns reads column 0 and never uses them).
+template <bool kRms>
+__device__ __forceinline__ void LoadAffine8(const NormForwardParams& p, int64_t col, float w[8], float b[8]) {
+  const float4* gamma4 = reinterpret_cast<const float4*>(p.gamma + col);
+  const float4 g0 = __ldg(gamma4), g1 = __ldg(gamma4 + 1);
+  w[0] = g0.x, w[1] = g0.y, w[2] = g0.z, w[3] = g0.w;
+  w[4] = g1.x, w[5] = g1.y, w[6] = g1.z, w[7] = g1.w;
+  if (p.zero_centered_gamma) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[e] += 1.0f;
+  }
+  if constexpr (kRms) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) b[e] = 0.0f;
+  } else {
+    const float4* beta4 = reinterpret_cast<const float4*>(p.beta + col);
+    const float4 b0 = __ldg(beta4), b1 = __ldg(beta4 + 1);
+    b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
+    b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+  }
 }
 
 // y[index .. index + 8) = v in `type` (index a multiple of 8, y 16-byte aligned).
