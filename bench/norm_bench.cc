@@ -12,7 +12,8 @@
 //   rmsnorm_fwd_fp8          RMSNorm forward, same outputs (no mu)
 //   layernorm_fwd_fp8_rowwise  LN forward, rowwise codes only
 //   layernorm_fwd_mxfp8      LN forward, MXFP8 E4M3 rowwise 1x32 + columnwise 32x1 codes,
-//                            E8M0 scales and amax, no y (the fused register-tile path)
+//                            E8M0 scales and amax, no y (fused: the stats-warp kernel)
+//   layernorm_fwd_mxfp8_register_tile  the same on the register-tile kernel
 //   layernorm_fwd_bf16       LN forward, y in BF16, no quantization
 //   layernorm_bwd            dx (BF16), dgamma, dbeta from dy, x (BF16), mu, rsigma
 //   rmsnorm_bwd              dx (BF16), dgamma from dy, x (BF16), rsigma
@@ -115,6 +116,9 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
     mxfp8.rowwise_e8m0 = rowwise_e8m0;
     mxfp8.columnwise_e8m0 = columnwise_e8m0;
     forward("layernorm_fwd_mxfp8", mxfp8, numel * 2 + numel * 2 + numel / 16 + stats_ln);
+    NormForwardParams mxfp8_register_tile = mxfp8;
+    mxfp8_register_tile.kernel = kernels::cuda::NormForwardKernel::kRegisterTile;
+    forward("layernorm_fwd_mxfp8_register_tile", mxfp8_register_tile, numel * 2 + numel * 2 + numel / 16 + stats_ln);
   }
   NormForwardParams plain = base;
   plain.rowwise = plain.columnwise = nullptr;

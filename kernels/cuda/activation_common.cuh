@@ -15,6 +15,7 @@
 #include "core/float_codec.h"
 #include "kernels/activation_math.h"
 #include "kernels/cuda/activation_kernels.h"
+#include "kernels/cuda/device_common.cuh"
 
 namespace teserve {
 namespace kernels {
@@ -88,7 +89,7 @@ __device__ __forceinline__ void StoreValues(void* base, ActDType type, int64_t i
   if (type == ActDType::kFloat32) {
     float* p = static_cast<float*>(base) + index;
     if (vectorized) {
-      if (valid[0]) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+      if (valid[0]) StoreGlobal16(p, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
     } else {
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
@@ -103,8 +104,7 @@ __device__ __forceinline__ void StoreValues(void* base, ActDType type, int64_t i
   for (int k = 0; k < kVec; ++k) h[k] = Narrow16(type, v[k]);
   if (vectorized) {
     if (valid[0]) {
-      *reinterpret_cast<uint2*>(p) =
-          make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+      StoreGlobal8(p, h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
     }
   } else {
 #pragma unroll

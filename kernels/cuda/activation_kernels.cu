@@ -269,7 +269,8 @@ __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t ind
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
       if (valid[g]) {
-        *reinterpret_cast<float4*>(p + g * kStride) = make_float4(v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]);
+        StoreGlobal16(p + g * kStride, __float_as_uint(v[4 * g]), __float_as_uint(v[4 * g + 1]),
+                      __float_as_uint(v[4 * g + 2]), __float_as_uint(v[4 * g + 3]));
       }
     }
     return;
@@ -281,11 +282,11 @@ __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t ind
   }
   uint16_t* p = static_cast<uint16_t*>(base) + index;
   if constexpr (kStride == 4) {  // 8 adjacent columns: one 16-byte store
-    if (valid[0]) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    if (valid[0]) StoreGlobal16(p, w[0], w[1], w[2], w[3]);
   } else {
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
-      if (valid[g]) *reinterpret_cast<uint2*>(p + g * kStride) = make_uint2(w[2 * g], w[2 * g + 1]);
+      if (valid[g]) StoreGlobal8(p + g * kStride, w[2 * g], w[2 * g + 1]);
     }
   }
 }

@@ -58,6 +58,20 @@ __device__ uint32_t BlockMax(uint32_t value) {
   return value;
 }
 
+// One 16-byte global store (st.global.v4.b32; p 16-byte aligned). Spelled out because for
+// the uint4 / float4 assignments of the normalization and activation kernels' y stores
+// (a run-time FP32 / 16-bit type switch around them) the compiler emitted four 4-byte
+// stores (PTX st.global.u32 / .f32): four times the store instructions and L2 requests.
+__device__ __forceinline__ void StoreGlobal16(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+// One 8-byte global store (st.global.v2.b32; p 8-byte aligned), for the same reason.
+__device__ __forceinline__ void StoreGlobal8(void* p, uint32_t a, uint32_t b) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+
 // Hopper's pair conversion: codes of a (low byte) and b (high byte). satfinite saturates
 // finite overflow and +-Inf to +-max as core/float_codec.h does; NaN is left to the
 // caller. The normalization GPU test compared it with the codec for every FP32 input.

@@ -68,8 +68,9 @@ struct NormForwardParams {
   // MXFP8 output instead of the per-tensor one (kernels/block_quantize.h's QuantizeMxfp8 of
   // the FP32 y): rowwise / columnwise receive the codes of 1x32 / 32x1 blocks, the E8M0
   // scales below, amax_bits max |y|; scale, scale_inv and the FP32 *_scale_inv are unused.
-  // Only the register-tile kernel computes it (normalization_register_tile.h says which
-  // shapes); Plan/LaunchNormForward return cudaErrorNotSupported for any other shape.
+  // Only the register-tile kernels compute it (the stats-warp kernel by default, the
+  // register-tile one with kRegisterTile; normalization_register_tile.h says which shapes);
+  // Plan/LaunchNormForward return cudaErrorNotSupported for any other shape.
   bool mxfp8 = false;
   uint8_t* rowwise_e8m0 = nullptr;     // [rows, cols / 32], with rowwise
   uint8_t* columnwise_e8m0 = nullptr;  // [cols, rows / 32], with columnwise (rows % 32 == 0)

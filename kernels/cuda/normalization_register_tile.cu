@@ -4,8 +4,9 @@
 // Covers BF16 / FP16 x with cols a multiple of 64 up to 8192 and rows a multiple of 8,
 // the hardware FP8 encoder; LaunchNormForward uses the shared-memory tile kernel
 // (normalization_forward_kernels.cu) for everything else. By default (NormForwardKernel::
-// kAuto) only MXFP8 outputs come here: the stats-warp kernel (normalization_stats_warp.cu)
-// runs the same tile arithmetic for the rest.
+// kAuto) nothing comes here: the stats-warp kernel (normalization_stats_warp.cu) runs the
+// same tile arithmetic, MXFP8 included (normalization_register_tile_mxfp8.cuh is shared);
+// kRegisterTile selects this kernel for comparison.
 // - Tile: 32 rows x (64 W) columns per CTA of W <= 16 warps; a row of h columns is split
 //   over a cluster of S = ceil(h / (64 W)) <= 8 CTAs. Each lane holds 8 rows x 8 columns
 //   (8 x 16 bytes); lane = 4 * column group +
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
     const int64_t my_row = (blockIdx.y + i * stride) * kRtRows + 8 * rg;
     if constexpr (kMx) {
       if (warp_active) {  // warp-uniform: Mxfp8Tile shuffles across the warp
-        Mxfp8Tile<kType, kFormat>(p, slot_of(i), &row_stats[buf][8 * rg], w, b, lane, my_row,
+        Mxfp8Tile<kType, kFormat, 4, 8, 1, 2>(p, slot_of(i), blockDim.x, &row_stats[buf][8 * rg], w, b, lane, my_row,
                                   my_row < p.rows, col, blockIdx.y + i * stride, amax);
       }
     } else if (warp_active && my_row < p.rows) {

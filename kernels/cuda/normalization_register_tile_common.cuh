@@ -98,17 +98,17 @@ __device__ __forceinline__ void LoadAffine8(const NormForwardParams& p, int64_t 
 // y[index .. index + 8) = v in `type` (index a multiple of 8, y 16-byte aligned).
 __device__ __forceinline__ void StoreY8(void* y, NormDType type, int64_t index, const float v[8]) {
   if (type == NormDType::kFloat32) {
-    float4* out = reinterpret_cast<float4*>(static_cast<float*>(y) + index);
-    out[0] = make_float4(v[0], v[1], v[2], v[3]);
-    out[1] = make_float4(v[4], v[5], v[6], v[7]);
+    float* out = static_cast<float*>(y) + index;
+    StoreGlobal16(out, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    StoreGlobal16(out + 4, __float_as_uint(v[4]), __float_as_uint(v[5]), __float_as_uint(v[6]),
+                  __float_as_uint(v[7]));
   } else {
     uint32_t words[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       words[i] = FloatTo16(type, v[2 * i]) | (static_cast<uint32_t>(FloatTo16(type, v[2 * i + 1])) << 16);
     }
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(y) + index) =
-        make_uint4(words[0], words[1], words[2], words[3]);
+    StoreGlobal16(static_cast<uint16_t*>(y) + index, words[0], words[1], words[2], words[3]);
   }
 }
 

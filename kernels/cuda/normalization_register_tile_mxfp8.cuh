@@ -1,15 +1,19 @@
-// MXFP8 output of the register-tile forward kernel (normalization_register_tile.cu, kMx):
+// MXFP8 output of the register-tile forward kernels (normalization_register_tile.cu and
+// normalization_stats_warp.cu, kMx):
 // per-lane block maxima, E8M0 codes through kernels/quantize_math.h, and the codes of one
-// tile. Only normalization_register_tile.cu includes this, inside its unnamed namespace
-// after its own helpers (MaxNaN, StoreY8; Unpack16, Encode2, CvtPair from
+// tile. Those two files include this, inside their unnamed namespace after their helpers
+// (MaxNaN, StoreY8 from normalization_register_tile_common.cuh; Unpack16, Encode2, CvtPair from
 // normalization_common.cuh; Mxfp8ScaleCode, Mxfp8EncodeFactor from kernels/quantize_math.h,
 // which it includes at the top), so this file includes nothing itself.
 //
-// A lane holds rows row0 .. row0 + 7 and columns col .. col + 7 of the tile (lane =
-// 4 * column group + row group). It shares each 1x32 row block with the 3 lanes of the
-// same row group whose column groups form an aligned quad (lane bits 4 and 8), and each
-// 32x1 column block with the 3 lanes of its column group (lane bits 1 and 2: the tile's 32
-// rows are exactly one block, since rows % 32 == 0 whenever the columnwise copy is asked).
+// A lane holds rows row0 .. row0 + 7 and columns col .. col + 7 of the tile (row k of its
+// block at tile[k * row_stride]). It shares each 1x32 row block with the 3 lanes of the
+// same row group whose column groups form an aligned quad (lane bits kRowBit0, kRowBit1),
+// and each 32x1 column block with the 3 lanes of its column group (lane bits kColBit0,
+// kColBit1: the tile's 32 rows are exactly one block, since rows % 32 == 0 whenever the
+// columnwise copy is asked). The register-tile kernel's lanes (lane = 4 * column group +
+// row group) use bits 4, 8 / 1, 2; the stats-warp kernel's (lane = 8 * row group + column
+// group) 1, 2 / 8, 16.
 // Per block: amax (max.NaN over the 32 |y|) -> Mxfp8ScaleCode -> Mxfp8EncodeFactor ->
 // codes = cvt.rn.satfinite(y * factor), NaN patched to 0x7F only in blocks whose code is
 // 0xFF (the only blocks where y * factor can be NaN). The factor multiply is the IEEE
@@ -19,9 +23,9 @@
 
 // y of row k of this lane's block, exactly as the per-tensor path computes it.
 template <NormDType kType>
-__device__ __forceinline__ void NormalizeRow8(const uint4* tile, int k, float2 st, const float w[8],
-                                              const float b[8], float v[8]) {
-  Unpack16<kType>(tile[k * blockDim.x], v);
+__device__ __forceinline__ void NormalizeRow8(const uint4* tile, int row_stride, int k, float2 st,
+                                              const float w[8], const float b[8], float v[8]) {
+  Unpack16<kType>(tile[k * row_stride], v);
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
 }
@@ -80,8 +84,8 @@ __device__ __forceinline__ uint32_t EncodeScaledPair(float a, float b, bool nan_
 // columns col .. col + 7; tile row group grp). Every lane of the warp calls it (shuffles).
 // Pass 1 normalizes for the block maxima and the tensor amax; pass 2 normalizes again
 // (same instructions, same values), writes y and the codes.
-template <NormDType kType, Fp8Format kFormat>
-__device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint4* tile,
+template <NormDType kType, Fp8Format kFormat, int kRowBit0, int kRowBit1, int kColBit0, int kColBit1>
+__device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint4* tile, int row_stride,
                                           const float2* stats, const float w[8], const float b[8],
                                           int lane, int64_t row0, bool row_valid, int64_t col,
                                           int64_t grp, float& amax) {
@@ -91,7 +95,7 @@ __device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     float v[8];
-    NormalizeRow8<kType>(tile, k, stats[k], w, b, v);
+    NormalizeRow8<kType>(tile, row_stride, k, stats[k], w, b, v);
     float m = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -110,22 +114,22 @@ __device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint
 
   uint2 row_codes = make_uint2(0u, 0u), col_codes = make_uint2(0u, 0u);
   if (p.rowwise != nullptr) {
-    QuadMaxTransposed(row_max, lane, 4, 8);
+    QuadMaxTransposed(row_max, lane, kRowBit0, kRowBit1);
     uint32_t own = 0;
-    row_codes = QuadCodes<kFormat>(row_max, lane, 4, 8, &own);
+    row_codes = QuadCodes<kFormat>(row_max, lane, kRowBit0, kRowBit1, &own);
     if (row_valid) {
-      const int64_t first = row0 + 4 * ((lane >> 2) & 1) + 2 * ((lane >> 3) & 1);
+      const int64_t first = row0 + 4 * ((lane / kRowBit0) & 1) + 2 * ((lane / kRowBit1) & 1);
       const int64_t blocks = p.cols / 32;
       p.rowwise_e8m0[first * blocks + col / 32] = static_cast<uint8_t>(own & 0xFFu);
       p.rowwise_e8m0[(first + 1) * blocks + col / 32] = static_cast<uint8_t>(own >> 8);
     }
   }
   if (p.columnwise != nullptr) {
-    QuadMaxTransposed(col_max, lane, 1, 2);
+    QuadMaxTransposed(col_max, lane, kColBit0, kColBit1);
     uint32_t own = 0;
-    col_codes = QuadCodes<kFormat>(col_max, lane, 1, 2, &own);
+    col_codes = QuadCodes<kFormat>(col_max, lane, kColBit0, kColBit1, &own);
     if (row_valid) {
-      const int64_t first = col + 4 * (lane & 1) + 2 * ((lane >> 1) & 1);
+      const int64_t first = col + 4 * ((lane / kColBit0) & 1) + 2 * ((lane / kColBit1) & 1);
       const int64_t blocks = p.rows / 32;
       p.columnwise_e8m0[first * blocks + grp] = static_cast<uint8_t>(own & 0xFFu);
       p.columnwise_e8m0[(first + 1) * blocks + grp] = static_cast<uint8_t>(own >> 8);
@@ -140,7 +144,7 @@ __device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     float v[8];
-    NormalizeRow8<kType>(tile, k, stats[k], w, b, v);
+    NormalizeRow8<kType>(tile, row_stride, k, stats[k], w, b, v);
     const int64_t row = row0 + k;
     if (row_valid && p.y != nullptr) StoreY8(p.y, p.y_type, row * p.cols + col, v);
     if (p.rowwise != nullptr) {

@@ -1,8 +1,10 @@
-// Stats-warp LayerNorm / RMSNorm forward with the fused per-tensor FP8 output (contract:
-// kernels/normalization.h; selection: normalization_stats_warp.h). The default forward
-// kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200, 16384 x 8192
-// BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md): 158-160 us
-// (3.36-3.40 TB/s) against 234 us for the register-tile kernel.
+// Stats-warp LayerNorm / RMSNorm forward with the fused per-tensor FP8 or MXFP8 output
+// (contract: kernels/normalization.h; selection: normalization_stats_warp.h). The default
+// forward kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200,
+// 16384 x 8192 BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md):
+// 158-163 us (3.29-3.40 TB/s) against 234 us for the register-tile kernel. The MXFP8 output
+// (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) was added
+// without a GPU run (branch ln-mxfp8).
 //
 // Same tile (32 rows x 64 columns per compute warp, cluster of S CTAs along the row) and
 // arithmetic as the register-tile kernel (normalization_register_tile.cu, helpers in
@@ -63,6 +65,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 #include "kernels/cuda/normalization_register_tile_common.cuh"
+#include "kernels/cuda/normalization_register_tile_mxfp8.cuh"
 
 constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
 constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written
@@ -199,10 +202,34 @@ __device__ __forceinline__ uint32_t EncodeQuadFinite(const float v[4], float sca
   return out;
 }
 
+// y[index .. index + 8) = v (index a multiple of 8, y 16-byte aligned) with the hardware's
+// pair conversions (cvt.rn.bf16x2 / cvt.rn.f16x2: one instruction per two values instead of
+// the integer rounding of FloatToBf16). For every non-NaN value they round as StoreY8 does
+// (to nearest even, subnormals kept, overflow to Inf); NaNs may differ in sign and payload,
+// so tiles holding a NaN are stored again with StoreY8 (NormalizeRows' kPatch pass).
+__device__ __forceinline__ void StoreY8Pairs(void* y, NormDType type, int64_t index, const float v[8]) {
+  if (type == NormDType::kFloat32) {
+    StoreY8(y, type, index, v);
+    return;
+  }
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (type == NormDType::kBFloat16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(words[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    } else {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(words[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
+    }
+  }
+  StoreGlobal16(static_cast<uint16_t*>(y) + index, words[0], words[1], words[2], words[3]);
+}
+
 // Normalizes this lane's 8 rows x 8 columns of a staged tile (row k at tile[k * row_stride],
 // its (mu, rsigma) at stats[k]) with the register-tile kernel's arithmetic; stores y rows
-// when kY, encodes codes into lo / hi (columns 0-3 / 4-7 of row k) when kQuantize (kPatch:
-// the NaN-aware encoder). Returns max |y| over the 64 values (NaN if any is NaN).
+// when kY, encodes codes into lo / hi (columns 0-3 / 4-7 of row k) when kQuantize. kPatch
+// (the pass for tiles holding a NaN): y by the exact per-value conversion and the encoder
+// that maps NaN products to 0x7F; else the pair conversions and the encoder for finite
+// products. Returns max |y| over the 64 values (NaN if any is NaN).
 template <NormDType kType, Fp8Format kFormat, bool kY, bool kQuantize, bool kPatch>
 __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const uint4* tile, int row_stride,
                                                const float2* stats, const float w[8], const float b[8],
@@ -218,7 +245,13 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
       v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
       tile_max = MaxNaN(tile_max, fabsf(v[e]));
     }
-    if constexpr (kY) StoreY8(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+    if constexpr (kY) {
+      if constexpr (kPatch) {
+        StoreY8(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+      } else {
+        StoreY8Pairs(p.y, p.y_type, (row0 + k) * p.cols + col, v);
+      }
+    }
     if constexpr (kQuantize) {
       if constexpr (kPatch) {
         lo[k] = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
@@ -239,7 +272,7 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
 // sector each at the same time; else the register-tile kernel's order y, y + C, ...
 // Both give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template
 // flag, so the codes-only path carries no per-row y test).
-template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
+template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY, bool kMx>
 __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
@@ -402,47 +435,66 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       NamedSync<kStatsBarrier>(s, threads);
 
       const int64_t my_row = group_of(i) * kRtRows + 8 * rg;
-      if (warp_active && my_row < p.rows) {
-        const uint4* const tile = block_of(i);
-        const float2* const stats = &row_stats[s][8 * rg];
-        if (quantize) {
-          uint32_t lo[8], hi[8];
-          float tile_max = NormalizeRows<kType, kFormat, kY, true, false>(p, tile, row_uint4, stats, w, b,
-                                                                         my_row, col, lo, hi);
-          if (tile_max != tile_max) {
-            // A NaN among these 64 values (rare): the same rows again with the encoder that
-            // maps NaN products to 0x7F (it gives the same codes for every other value). The
-            // empty asm hides that the pointers are the same, so the compiler reloads the
-            // tile here instead of keeping the 64 values of the first pass live for it.
-            const uint4* again = tile;
-            const float2* again_stats = stats;
-            asm volatile("" : "+l"(again), "+l"(again_stats));
-            NormalizeRows<kType, kFormat, false, true, true>(p, again, row_uint4, again_stats, w, b, my_row,
-                                                             col, lo, hi);
-          }
-          amax = MaxNaN(amax, tile_max);
-          if (p.rowwise != nullptr) {
-            uint8_t* out = p.rowwise + my_row * p.cols + col;
-#pragma unroll
-            for (int k = 0; k < 8; ++k, out += p.cols) {
-              *reinterpret_cast<uint2*>(out) = make_uint2(lo[k], hi[k]);
+      if constexpr (kMx) {
+        // MXFP8 (kernels/cuda/normalization_register_tile_mxfp8.cuh, this kernel's lane bits:
+        // row blocks across cg8 bits 0-1 = lane bits 1, 2; column blocks across rg = lane
+        // bits 8, 16). Every lane of an active warp takes part (shuffles); y at run time.
+        if (warp_active) {
+          Mxfp8Tile<kType, kFormat, 1, 2, 8, 16>(p, block_of(i), row_uint4, &row_stats[s][8 * rg], w, b, lane, my_row,
+                                                my_row < p.rows, col, group_of(i), amax);
+        }
+      } else {
+        if (warp_active && my_row < p.rows) {
+          const uint4* const tile = block_of(i);
+          const float2* const stats = &row_stats[s][8 * rg];
+          if (quantize) {
+            uint32_t lo[8], hi[8];
+            float tile_max = NormalizeRows<kType, kFormat, kY, true, false>(p, tile, row_uint4, stats, w, b,
+                                                                           my_row, col, lo, hi);
+            if (tile_max != tile_max) {
+              // A NaN among these 64 values (rare): the same rows again with the encoder that
+              // maps NaN products to 0x7F (it gives the same codes for every other value) and
+              // the exact y conversion. The empty asm hides that the pointers are the same, so
+              // the compiler reloads the tile here instead of keeping the 64 values of the
+              // first pass live for it.
+              const uint4* again = tile;
+              const float2* again_stats = stats;
+              asm volatile("" : "+l"(again), "+l"(again_stats));
+              NormalizeRows<kType, kFormat, kY, true, true>(p, again, row_uint4, again_stats, w, b, my_row, col,
+                                                            lo, hi);
             }
-          }
-          if (p.columnwise != nullptr) {
-            uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
-            Transpose4x4(lo, first);
-            Transpose4x4(hi, first + 4);
-            Transpose4x4(lo + 4, second);
-            Transpose4x4(hi + 4, second + 4);
-            uint8_t* out = p.columnwise + col * p.rows + my_row;
+            amax = MaxNaN(amax, tile_max);
+            if (p.rowwise != nullptr) {
+              uint8_t* out = p.rowwise + my_row * p.cols + col;
 #pragma unroll
-            for (int e = 0; e < 8; ++e, out += p.rows) {
-              *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
+              for (int k = 0; k < 8; ++k, out += p.cols) {
+                *reinterpret_cast<uint2*>(out) = make_uint2(lo[k], hi[k]);
+              }
             }
+            if (p.columnwise != nullptr) {
+              uint32_t first[8], second[8];  // rows 0-3 and 4-7 of columns col .. col + 7
+              Transpose4x4(lo, first);
+              Transpose4x4(hi, first + 4);
+              Transpose4x4(lo + 4, second);
+              Transpose4x4(hi + 4, second + 4);
+              uint8_t* out = p.columnwise + col * p.rows + my_row;
+#pragma unroll
+              for (int e = 0; e < 8; ++e, out += p.rows) {
+                *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
+              }
+            }
+          } else {
+            const float tile_max = NormalizeRows<kType, kFormat, kY, false, false>(p, tile, row_uint4, stats, w, b,
+                                                                                  my_row, col, nullptr, nullptr);
+            if (kY && tile_max != tile_max) {  // y again with the exact conversion (see above)
+              const uint4* again = tile;
+              const float2* again_stats = stats;
+              asm volatile("" : "+l"(again), "+l"(again_stats));
+              NormalizeRows<kType, kFormat, kY, false, true>(p, again, row_uint4, again_stats, w, b, my_row, col,
+                                                             nullptr, nullptr);
+            }
+            amax = MaxNaN(amax, tile_max);
           }
-        } else {
-          amax = MaxNaN(amax, NormalizeRows<kType, kFormat, kY, false, false>(p, tile, row_uint4, stats, w, b,
-                                                                            my_row, col, nullptr, nullptr));
         }
       }
       __syncwarp();  // the whole warp is done reading stage i % kStages
@@ -454,7 +506,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
       if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
     }
-    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+    if (!kMx && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {  // MXFP8: E8M0 scales only
       if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;
       if (p.columnwise_scale_inv != nullptr) *p.columnwise_scale_inv = p.scale_inv;
     }
@@ -464,16 +516,19 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 
 using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
 
-template <NormDType kType, Fp8Format kFormat, bool kY>
+template <NormDType kType, Fp8Format kFormat, bool kY, bool kMx>
 KernelFn KernelForRms(bool rms) {
-  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY>
-             : NormForwardStatsWarpKernel<kType, kFormat, false, kY>;
+  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY, kMx>
+             : NormForwardStatsWarpKernel<kType, kFormat, false, kY, kMx>;
 }
 
+// The MXFP8 instantiations take y at run time (Mxfp8Tile tests p.y), so kY only splits the
+// per-tensor ones.
 template <NormDType kType, Fp8Format kFormat>
 KernelFn KernelForY(const NormForwardParams& p) {
-  return p.y != nullptr ? KernelForRms<kType, kFormat, true>(p.rms)
-                        : KernelForRms<kType, kFormat, false>(p.rms);
+  if (p.mxfp8) return KernelForRms<kType, kFormat, false, true>(p.rms);
+  return p.y != nullptr ? KernelForRms<kType, kFormat, true, false>(p.rms)
+                        : KernelForRms<kType, kFormat, false, false>(p.rms);
 }
 
 template <NormDType kType>
@@ -484,7 +539,7 @@ KernelFn KernelFor(const NormForwardParams& p) {
 
 bool Covers(const NormForwardParams& p) {
   if (p.kernel == NormForwardKernel::kRegisterTile) return false;
-  if (p.mxfp8 || p.x_type == NormDType::kFloat32 || p.encoder != Fp8Encoder::kHardware) return false;
+  if (p.x_type == NormDType::kFloat32 || p.encoder != Fp8Encoder::kHardware) return false;
   if (p.rows <= 0 || p.rows % 8 != 0) return false;
   if (p.cols % kRtColsPerWarp != 0 || p.cols > kRtColsPerWarp * kRtMaxWarps * kRtMaxCluster) return false;
   if (!IsAligned(p.x, 16) || !IsAligned(p.gamma, 16)) return false;
@@ -492,6 +547,11 @@ bool Covers(const NormForwardParams& p) {
   if (p.y != nullptr && !IsAligned(p.y, 16)) return false;
   if (p.rowwise != nullptr && !IsAligned(p.rowwise, 8)) return false;
   if (p.columnwise != nullptr && !IsAligned(p.columnwise, 8)) return false;
+  if (p.mxfp8) {  // as the register-tile kernel: whole 32x1 column blocks, scales for each copy
+    if (p.rowwise == nullptr && p.columnwise == nullptr) return false;
+    if (p.rowwise != nullptr && p.rowwise_e8m0 == nullptr) return false;
+    if (p.columnwise != nullptr && (p.columnwise_e8m0 == nullptr || p.rows % kRtRows != 0)) return false;
+  }
   return true;
 }
 

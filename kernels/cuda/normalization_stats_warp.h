@@ -16,8 +16,8 @@ namespace cuda {
 // Plans (and with launch = true, launches on `stream`) the stats-warp forward for `p` on
 // `usable_sms` multiprocessors. *handled is false (and nothing is launched) when the kernel
 // does not cover `p`: the register-tile kernel's conditions (x BF16/FP16, cols a multiple
-// of 64 up to 8192, rows a multiple of 8, aligned pointers, the hardware encoder) and no
-// MXFP8 output, or a cluster that does not fit on the usable SMs. The caller has validated
+// of 64 up to 8192, rows a multiple of 8, aligned pointers, the hardware encoder; for MXFP8
+// output the same block conditions), or a cluster that does not fit on the usable SMs. The caller has validated
 // p and written nothing yet; amax is zeroed here when launched.
 cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
                              cudaStream_t stream, bool launch, bool* handled);

@@ -97,6 +97,26 @@ TEST(DeviceCodec, EncodesLikeTheHostCodec) {
   }
 }
 
+// The pair conversions of the normalization kernels' 16-bit y stores
+// (normalization_stats_warp.cu, StoreY8Pairs) round every non-NaN FP32 value as the
+// per-value conversions they replace, and put the second operand in the low half.
+TEST(DeviceCodec, PairConversionsRoundLikeThePerValueOnesForEveryFloat) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  unsigned long long* mismatches = nullptr;
+  uint32_t* first = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), 2 * sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&first), 2 * sizeof(uint32_t)), cudaSuccess);
+  ASSERT_EQ(testing::LaunchPairConversionsEveryFloat(mismatches, first, nullptr), cudaSuccess);
+  unsigned long long count[2] = {1, 1};
+  uint32_t at[2] = {0, 0};
+  ASSERT_EQ(cudaMemcpy(count, mismatches, sizeof(count), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(at, first, sizeof(at), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(count[0], 0u) << "BF16, first FP32 pattern 0x" << std::hex << at[0];
+  EXPECT_EQ(count[1], 0u) << "FP16, first FP32 pattern 0x" << std::hex << at[1];
+  cudaFree(mismatches);
+  cudaFree(first);
+}
+
 TEST(DeviceCodec, DecodesLikeTheHostCodec) {
   TESERVE_SKIP_WITHOUT_GPU();
   const Device gpu = Device::Cuda(0);

@@ -34,6 +34,15 @@ struct DecodeOutputs {
 };
 cudaError_t LaunchDecodeEveryCode(DecodeOutputs out, cudaStream_t stream);
 
+// The hardware pair conversions the normalization kernels write 16-bit y with
+// (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, low half = the second operand) against
+// FloatToBf16 / __float2half_rn, for all 2^32 FP32 patterns x, paired as (low x, high -x).
+// mismatches[0] / [1] count BF16 / FP16 patterns (NaN excluded) where either half differs;
+// first_mismatch[0] / [1] hold the smallest such pattern (0xFFFFFFFF when none). Both
+// device arrays are overwritten.
+cudaError_t LaunchPairConversionsEveryFloat(unsigned long long* mismatches, uint32_t* first_mismatch,
+                                            cudaStream_t stream);
+
 }  // namespace testing
 }  // namespace teserve
 

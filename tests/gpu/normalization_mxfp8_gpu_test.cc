@@ -1,6 +1,8 @@
 // MXFP8 output of the CUDA LayerNorm / RMSNorm forward (part of normalization_gpu_test):
-// the fused register-tile path (kernels/cuda/normalization_register_tile.cu, kMx) and the
-// two-pass composition it replaces.
+// the fused path (by default the stats-warp kernel, kernels/cuda/normalization_stats_warp.cu;
+// the register-tile kernel, normalization_register_tile.cu, on request: both kMx, both
+// through normalization_register_tile_mxfp8.cuh, and the direct-launch test asserts they
+// write the same bytes) and the two-pass composition it replaces.
 //
 // The contract tested (kernels/normalization.h, kernels/block_quantize.h):
 // - The codes, E8M0 scales and amax are exactly QuantizeMxfp8 (CPU reference) of the
@@ -262,7 +264,7 @@ std::vector<Mxfp8Case> Mxfp8Cases() {
   const DType f32 = DType::kFloat32, f16 = DType::kFloat16, bf16 = DType::kBFloat16;
   const DType e4m3 = DType::kFloat8E4M3, e5m2 = DType::kFloat8E5M2;
   return {
-      // Fused: the register-tile kernel.
+      // Fused (the stats-warp kernel).
       {ln, bf16, 16384, 8192, e4m3, false, true, true, true},  // the benchmark shape
       {ln, bf16, 64, 64, e4m3, false, true, true, true},       // one warp per CTA
       {ln, f16, 32, 1024, e5m2, true, true, true, true},       // one tile, 16 warps
@@ -425,12 +427,23 @@ TEST(NormMxfp8GpuEdgeTest, FusedPathSelectionAndDirectLaunch) {
       p.columnwise_e8m0 = carve(col_scale_bytes);
     }
     p.amax_bits = reinterpret_cast<uint32_t*>(carve(4));
-    const cudaError_t status = kernels::cuda::LaunchNormForward(p, nullptr);
-    if (!s.fused) {
-      EXPECT_EQ(status, cudaErrorNotSupported);
-    } else {
+    // The default choice (the stats-warp kernel where it applies) and the register-tile
+    // kernel: both must write the op's bytes (same tiles, arithmetic and merge order).
+    for (const kernels::cuda::NormForwardKernel kernel :
+         {kernels::cuda::NormForwardKernel::kAuto, kernels::cuda::NormForwardKernel::kRegisterTile}) {
+      SCOPED_TRACE(kernel == kernels::cuda::NormForwardKernel::kAuto ? "kAuto" : "kRegisterTile");
+      p.kernel = kernel;
+      ASSERT_EQ(cudaMemset(buffer, 0xA5, total), cudaSuccess);
+      const cudaError_t status = kernels::cuda::LaunchNormForward(p, nullptr);
+      if (!s.fused) {
+        EXPECT_EQ(status, cudaErrorNotSupported);
+        continue;
+      }
       ASSERT_EQ(status, cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      kernels::cuda::NormForwardPlan plan;
+      ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
+      EXPECT_EQ(plan.stats_warp, kernel == kernels::cuda::NormForwardKernel::kAuto);
       auto bytes_of = [](const void* device, int64_t count) {
         std::vector<uint8_t> host(count);
         EXPECT_EQ(cudaMemcpy(host.data(), device, count, cudaMemcpyDeviceToHost), cudaSuccess);

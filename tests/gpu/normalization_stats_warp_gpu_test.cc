@@ -131,7 +131,8 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
 
   bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
 
-  Outputs Launch(NormForwardKernel kernel) const {
+  Outputs Launch(NormForwardKernel kernel,
+                 kernels::cuda::NormDType y_type = kernels::cuda::NormDType::kFloat32) const {
     const StatsWarpCase& c = GetParam();
     const int64_t numel = c.n * c.h;
     void* y = nullptr;
@@ -166,7 +167,7 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
     p.eps = 1e-5f;
     p.zero_centered_gamma = c.zero_centered;
     p.y = y;
-    p.y_type = kernels::cuda::NormDType::kFloat32;
+    p.y_type = y_type;
     p.mu = layer_norm() ? mu : nullptr;
     p.rsigma = rsigma;
     p.format = c.format == DType::kFloat8E4M3 ? kernels::cuda::Fp8Format::kE4M3
@@ -182,7 +183,7 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
     EXPECT_EQ(kernels::cuda::PlanNormForward(p, &out.plan), cudaSuccess);
     EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    out.y = ToHost(y, numel * 4);
+    out.y = ToHost(y, y_type == kernels::cuda::NormDType::kFloat32 ? numel * 4 : numel * 2);
     out.rowwise = ToHost(rowwise, numel);
     out.columnwise = ToHost(columnwise, numel);
     if (layer_norm()) out.mu = ToHost(mu, c.n * 4);
@@ -237,6 +238,36 @@ TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
     EXPECT_TRUE(got.rsigma == want.rsigma) << "rsigma";
     EXPECT_EQ(got.scale_inv, want.scale_inv);
     EXPECT_EQ(got.amax, want.amax);
+  }
+}
+
+// BF16 and FP16 y are the FP32 y converted per value (FloatToBf16 / the hardware RN
+// conversion), NaN rows included: the kernel converts pairs in hardware and stores tiles
+// holding a NaN again with the per-value conversion.
+TEST_P(StatsWarpGpuTest, Writes16BitYAsItsFp32YConverted) {
+  const Outputs wide = Launch(NormForwardKernel::kAuto);
+  const std::vector<float> y = AsFloats(wide.y);
+  for (const bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "BF16 y" : "FP16 y");
+    const Outputs narrow =
+        Launch(NormForwardKernel::kAuto, bf16 ? kernels::cuda::NormDType::kBFloat16 : kernels::cuda::NormDType::kFloat16);
+    ASSERT_EQ(narrow.y.size(), y.size() * 2);
+    int64_t wrong = 0, nan_values = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      uint16_t got = 0;
+      std::memcpy(&got, narrow.y.data() + 2 * i, 2);
+      const uint16_t want = bf16 ? FloatToBf16(y[i]) : FloatToFp16(y[i]);
+      if (std::isnan(y[i])) {
+        ++nan_values;
+        // FP16: the device RN conversion's NaN need not carry the host codec's payload.
+        if (bf16 ? got != want : (got & 0x7C00u) != 0x7C00u || (got & 0x03FFu) == 0u) ++wrong;
+      } else if (got != want) {
+        ++wrong;
+      }
+    }
+    EXPECT_GT(nan_values, 0) << "the NaN rows are part of this test";
+    EXPECT_EQ(wrong, 0);
+    EXPECT_TRUE(narrow.rowwise == wide.rowwise) << "codes do not depend on the y type";
   }
 }
 
