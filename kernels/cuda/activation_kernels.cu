@@ -24,11 +24,18 @@
 //   with its slow-path branch per element, ~37 instructions per element): gelu 277 us
 //   (1.94 TB/s), qgelu / silu 2.05, geglu 2.44, qgeglu / swiglu 2.54, clamped_swiglu
 //   2.14 TB/s. With the branch-free device sigmoid (9 instructions per gelu value) and
-//   3 blocks per SM for element-wise kinds on 16-bit x (80 registers; 9 words of codes
-//   spill to local memory), same bench (bench/NOTES.md, activation section): gelu
-//   157.4 us = 3.41 TB/s, qgelu 3.41, silu 3.42, relu 3.51, srelu 3.50, geglu 3.96,
-//   qgeglu / swiglu 3.98, reglu / sreglu 4.05, clamped_swiglu 242.8 us = 3.32 TB/s.
-//   ptxas: 80 registers (element-wise, 16-bit x), 128 (gated).
+//   3 blocks per SM for element-wise kinds on 16-bit x (80 registers), same bench
+//   (bench/NOTES.md, activation section): gelu 157.4 us = 3.41 TB/s, qgelu 3.41, silu
+//   3.42, relu 3.51, srelu 3.50, clamped_swiglu 242.8 us = 3.32 TB/s. Those kernels
+//   spilled 36-52 bytes per thread (the code words of a thread's 8 rows), and ncu showed
+//   the local-memory traffic as 31% more L2 write sectors than the codes and 18% more
+//   L2-fabric sectors, the busiest unit (86-88% of peak in every kernel of this file).
+//   Each row's two code words now go straight to the rowwise store and into a
+//   shared-memory slot of the thread (`parked`, 16 KiB per block) for the transposes:
+//   no spills (ptxas: 76-80 registers element-wise on 16-bit x, 113-128 elsewhere), and
+//   at d0541ef gelu 145.2 us = 3.70 TB/s, qgelu 3.73, silu 3.72, relu / srelu 3.76,
+//   geglu 3.83, qgeglu 3.90, swiglu 3.88, reglu 4.05, sreglu 4.04, clamped_swiglu
+//   216.5 us = 3.72 TB/s.
 // - Forward fallback (every other shape, and ActForwardKernel::kTiled64): a 256-thread
 //   block owns a 64x64 tile of the output (16 threads across, 4 consecutive columns
 //   each, 16 rows per pass, 4 passes), looping over tiles with a
@@ -398,8 +405,12 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
         if (kGated) next_b[k].Load(p.x, (r0 + kHalfRows + k) * in_cols + cols + c0, valid);
       }
     }
-    uint32_t top[kHalfRows][2];
-    uint32_t codes[kHalfRows][2];
+    // The codes wait for the columnwise transposes in shared memory (each thread reads back
+    // only its own words, so no barrier): the first half's 8 words kept in registers pushed
+    // the 3-blocks-per-SM kernels (80 registers) into spilling 36-52 bytes per thread, and
+    // that local-memory traffic reached L2 as 31% more write sectors than the codes (ncu,
+    // bench/NOTES.md).
+    __shared__ uint32_t parked[2][kHalfRows * 2][kTiledThreads];
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {
       const int64_t row = r0 + h * kHalfRows;
@@ -416,28 +427,31 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
         if (p.y != nullptr) StoreRowY<kIn>(p.y, p.y_type, (row + k) * cols + c0, y, valid);
         if (!quantize) continue;
         const bool patch = !(row_max < kInf) || !scale_finite;
+        uint32_t codes[2];  // this row's codes, stored and parked right away
         if (e4m3) {
-          EncodeRowAs<Fp8Format::kE4M3>(p.encoder, patch, y, p.scale, codes[k]);
+          EncodeRowAs<Fp8Format::kE4M3>(p.encoder, patch, y, p.scale, codes);
         } else {
-          EncodeRowAs<Fp8Format::kE5M2>(p.encoder, patch, y, p.scale, codes[k]);
+          EncodeRowAs<Fp8Format::kE5M2>(p.encoder, patch, y, p.scale, codes);
         }
         if (p.rowwise != nullptr) {
           uint8_t* out = p.rowwise + (row + k) * cols + c0;
           if constexpr (kStride == 4) {  // both groups adjacent: one 8-byte store
-            if (valid[0]) *reinterpret_cast<uint2*>(out) = make_uint2(codes[k][0], codes[k][1]);
+            if (valid[0]) *reinterpret_cast<uint2*>(out) = make_uint2(codes[0], codes[1]);
           } else {
 #pragma unroll
             for (int g = 0; g < 2; ++g) {
-              if (valid[g]) *reinterpret_cast<uint32_t*>(out + g * kStride) = codes[k][g];
+              if (valid[g]) *reinterpret_cast<uint32_t*>(out + g * kStride) = codes[g];
             }
           }
+        }
+        if (p.columnwise != nullptr) {
+          parked[h][2 * k][threadIdx.x] = codes[0];
+          parked[h][2 * k + 1][threadIdx.x] = codes[1];
         }
       }
       if (h == 0) {
 #pragma unroll
         for (int k = 0; k < kHalfRows; ++k) {
-          top[k][0] = codes[k][0];
-          top[k][1] = codes[k][1];
           if (kPrefetch) {
             a[k] = next_a[k];
             if (kGated) b[k] = next_b[k];
@@ -454,8 +468,8 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
         uint32_t top_in[4], bottom_in[4], top_out[4], bottom_out[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          top_in[k] = top[k][g];
-          bottom_in[k] = codes[k][g];
+          top_in[k] = parked[0][2 * k + g][threadIdx.x];
+          bottom_in[k] = parked[1][2 * k + g][threadIdx.x];
         }
         Transpose4x4(top_in, top_out);
         Transpose4x4(bottom_in, bottom_out);
