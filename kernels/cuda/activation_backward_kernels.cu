@@ -32,6 +32,14 @@ constexpr int kRowsInFlight = 4;                                    // rows per 
 constexpr int kRowsPerStep = kRowLanes * kRowsInFlight;             // 32
 constexpr int kTargetBackwardBlocks = 1056;                         // ~8 per SM on 132 SMs
 constexpr int kReduceThreads = 256;
+// Resident blocks per SM the compiler must allow (registers <= 65536 / (256 x blocks)).
+// The kernels are bound by loads in flight (kRowsInFlight rows per thread), so occupancy
+// is their speed: every kind on 16-bit x fits 3 blocks (71-80 registers), FP32 x 2
+// (76-105), without spilling; 4 blocks (64 registers) spill. Left to itself ptxas gave
+// the GELU one 124 registers (2 blocks): 488 us against 367 us at 72 registers on the
+// H200, and the gated ones 122-168 (bench/NOTES.md).
+template <ActDType kType>
+constexpr int kBackwardMinBlocks = kType == ActDType::kFloat32 ? 2 : 3;
 
 // ---------------------------------------------------------------------------------------
 // Backward.
@@ -46,7 +54,8 @@ struct BackwardArgs {
 };
 
 template <typename Op, bool kGated, ActDType kType>
-__global__ void __launch_bounds__(kBackwardThreads) ActivationBackwardKernel(const BackwardArgs<Op> args) {
+__global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks<kType>)
+    ActivationBackwardKernel(const BackwardArgs<Op> args) {
   const ActivationBackwardParams& p = args.p;
   const int64_t rows = p.rows;
   const int64_t cols = p.cols;
