@@ -266,10 +266,12 @@ struct RowOf8 {
   }
 };
 
-// Stores one row's 8 FP32 values (RowOf8<kType>'s column layout) in `type`.
+// Stores one row's 8 FP32 values (RowOf8<kType>'s column layout) in `type`. pairs (the
+// row holds no NaN): 16-bit types through the pair conversions (Cvt16Pair, one instruction
+// per two values, the same bits as Narrow16 for every non-NaN value); else per value.
 template <ActDType kType>
 __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t index, const float (&v)[kUnit],
-                                          const bool (&valid)[2]) {
+                                          const bool (&valid)[2], bool pairs) {
   constexpr int kStride = RowOf8<kType>::kGroupStride;
   if (type == ActDType::kFloat32) {
     float* p = static_cast<float*>(base) + index;
@@ -283,9 +285,14 @@ __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t ind
     return;
   }
   uint32_t w[4];
+  if (pairs) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    w[j] = Narrow16(type, v[2 * j]) | (static_cast<uint32_t>(Narrow16(type, v[2 * j + 1])) << 16);
+    for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(type == ActDType::kBFloat16, v[2 * j], v[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = Narrow16(type, v[2 * j]) | (static_cast<uint32_t>(Narrow16(type, v[2 * j + 1])) << 16);
+    }
   }
   uint16_t* p = static_cast<uint16_t*>(base) + index;
   if constexpr (kStride == 4) {  // 8 adjacent columns: one 16-byte store
@@ -424,7 +431,7 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
           row_max = MaxNan(row_max, fabsf(y[i]));
         }
         amax = MaxNan(amax, row_max);
-        if (p.y != nullptr) StoreRowY<kIn>(p.y, p.y_type, (row + k) * cols + c0, y, valid);
+        if (p.y != nullptr) StoreRowY<kIn>(p.y, p.y_type, (row + k) * cols + c0, y, valid, row_max == row_max);
         if (!quantize) continue;
         const bool patch = !(row_max < kInf) || !scale_finite;
         uint32_t codes[2];  // this row's codes, stored and parked right away

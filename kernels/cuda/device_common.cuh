@@ -89,6 +89,22 @@ __device__ __forceinline__ uint32_t CvtPair(float a, float b) {
   return packed;
 }
 
+// BF16 (bf16 true) or FP16 codes of a (low half) and b (high half) in one instruction
+// (cvt.rn.bf16x2 / cvt.rn.f16x2). For every non-NaN input they equal FloatToBf16 /
+// FloatToFp16 of core/float_codec.h (round to nearest even, subnormals kept, overflow to
+// Inf; DeviceCodec.PairConversionsRoundLikeThePerValueOnesForEveryFloat checks all 2^32
+// patterns); NaNs may differ in sign and payload, so callers convert rows holding a NaN
+// per value.
+__device__ __forceinline__ uint32_t Cvt16Pair(bool bf16, float a, float b) {
+  uint32_t out;
+  if (bf16) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(b), "f"(a));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(b), "f"(a));
+  }
+  return out;
+}
+
 // FP32 value of an FP8 code (core/float_codec.h).
 template <Fp8Format kFormat>
 __device__ __forceinline__ float DecodeFp8(uint8_t code) {

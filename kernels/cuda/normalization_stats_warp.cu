@@ -214,13 +214,7 @@ __device__ __forceinline__ void StoreY8Pairs(void* y, NormDType type, int64_t in
   }
   uint32_t words[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (type == NormDType::kBFloat16) {
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(words[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-    } else {
-      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(words[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-    }
-  }
+  for (int i = 0; i < 4; ++i) words[i] = Cvt16Pair(type == NormDType::kBFloat16, v[2 * i], v[2 * i + 1]);
   StoreGlobal16(static_cast<uint16_t*>(y) + index, words[0], words[1], words[2], words[3]);
 }
 

@@ -97,9 +97,10 @@ TEST(DeviceCodec, EncodesLikeTheHostCodec) {
   }
 }
 
-// The pair conversions of the normalization kernels' 16-bit y stores
-// (normalization_stats_warp.cu, StoreY8Pairs) round every non-NaN FP32 value as the
-// per-value conversions they replace, and put the second operand in the low half.
+// The pair conversions of the normalization and activation kernels' 16-bit y stores
+// (device_common.cuh Cvt16Pair: normalization_stats_warp.cu StoreY8Pairs, activation_kernels.cu
+// StoreRowY) round every non-NaN FP32 value as the per-value conversions they replace
+// (FloatToBf16, FloatToFp16 and __float2half_rn), and put the second operand in the low half.
 TEST(DeviceCodec, PairConversionsRoundLikeThePerValueOnesForEveryFloat) {
   TESERVE_SKIP_WITHOUT_GPU();
   unsigned long long* mismatches = nullptr;

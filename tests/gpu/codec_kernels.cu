@@ -56,7 +56,8 @@ __global__ void PairConversionsKernel(unsigned long long* mismatches, uint32_t* 
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hf) : "f"(neg), "f"(x));
     if ((bf & 0xFFFFu) != FloatToBf16(x) || (bf >> 16) != FloatToBf16(neg)) Note(&mismatches[0], &first[0], bits);
     if ((hf & 0xFFFFu) != __half_as_ushort(__float2half_rn(x)) ||
-        (hf >> 16) != __half_as_ushort(__float2half_rn(neg))) {
+        (hf >> 16) != __half_as_ushort(__float2half_rn(neg)) || (hf & 0xFFFFu) != FloatToFp16(x) ||
+        (hf >> 16) != FloatToFp16(neg)) {
       Note(&mismatches[1], &first[1], bits);
     }
   }
