@@ -6,6 +6,8 @@
 //   db). With dbias each thread keeps FP32 column sums, the block adds its 8 row lanes
 //   in shared memory and writes one partial row per chunk; a second kernel adds the
 //   chunks in order. The chunk count depends on the shape only, so dbias is deterministic.
+// - Element-wise kinds on BF16 / FP16 with K % 8 == 0 and 16-byte aligned pointers take
+//   the wide kernel: 8 columns per thread (16-byte loads kept packed), 256 per block.
 // - Vectorized access when K % 4 == 0 and the pointers are aligned; otherwise the same
 //   kernel runs bounds-checked scalar accesses.
 #include <cuda_runtime.h>
@@ -129,6 +131,91 @@ __global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks<kType>)
   }
 }
 
+// The wide variant: element-wise kinds on 16-bit types with cols % 8 == 0 and 16-byte
+// aligned dy / x / dx. A thread owns 8 columns (one 16-byte load of dy and of x per row,
+// kept packed until used, so 4 rows in flight fit the 3-blocks-per-SM register budget with
+// twice the bytes in flight of the 4-column kernel), a block 256 columns. Same arithmetic
+// and the same dbias order (each thread's rows in order, then the 8 row lanes, then the
+// chunks); 16-bit dx through the pair conversions for rows of 8 without NaN.
+constexpr int kWideVec = 8;
+constexpr int kWideCols = kBackwardAcross * kWideVec;  // 256
+
+template <typename Op, ActDType kType>
+__global__ void __launch_bounds__(kBackwardThreads, 3) ActivationBackwardWideKernel(const BackwardArgs<Op> args) {
+  static_assert(kType != ActDType::kFloat32, "16-bit types only");
+  const ActivationBackwardParams& p = args.p;
+  const int64_t cols = p.cols;
+  const int lane_across = threadIdx.x % kBackwardAcross;
+  const int lane_down = threadIdx.x / kBackwardAcross;
+  const int tc = lane_across * kWideVec;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
+  const int64_t c = col0 + tc;
+  const bool col_valid = c < cols;  // cols % 8 == 0: all 8 columns or none
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * args.rows_per_chunk;
+  const int64_t chunk_end =
+      chunk_begin + args.rows_per_chunk < p.rows ? chunk_begin + args.rows_per_chunk : p.rows;
+  const uint16_t* dy = static_cast<const uint16_t*>(p.dy);
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  uint16_t* dx = static_cast<uint16_t*>(p.dx);
+
+  float sum[kWideVec];
+#pragma unroll
+  for (int e = 0; e < kWideVec; ++e) sum[e] = 0.0f;
+  for (int64_t step = chunk_begin; step < chunk_end; step += kRowsPerStep) {
+    uint4 g[kRowsInFlight], a[kRowsInFlight];
+    bool valid[kRowsInFlight];
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t r = step + i * kRowLanes + lane_down;
+      valid[i] = col_valid && r < chunk_end;
+      g[i] = valid[i] ? *reinterpret_cast<const uint4*>(dy + r * cols + c) : make_uint4(0u, 0u, 0u, 0u);
+      a[i] = valid[i] ? *reinterpret_cast<const uint4*>(x + r * cols + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const uint32_t gw[4] = {g[i].x, g[i].y, g[i].z, g[i].w};
+      const uint32_t aw[4] = {a[i].x, a[i].y, a[i].z, a[i].w};
+      float da[kWideVec];
+      bool nan = false;
+#pragma unroll
+      for (int e = 0; e < kWideVec; ++e) {
+        const int shift = 16 * (e % 2);
+        const float gv = Elem<kType>::Widen(static_cast<uint16_t>((gw[e / 2] >> shift) & 0xFFFFu));
+        const float av = Elem<kType>::Widen(static_cast<uint16_t>((aw[e / 2] >> shift) & 0xFFFFu));
+        da[e] = gv * args.op.Grad(av);
+        nan |= da[e] != da[e];
+        if (valid[i]) sum[e] += da[e];
+      }
+      if (!valid[i]) continue;
+      uint32_t w[4];
+      if (!nan) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(kType == ActDType::kBFloat16, da[2 * j], da[2 * j + 1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          w[j] = Narrow16(kType, da[2 * j]) | (static_cast<uint32_t>(Narrow16(kType, da[2 * j + 1])) << 16);
+        }
+      }
+      const int64_t r = step + i * kRowLanes + lane_down;
+      StoreGlobal16(dx + r * cols + c, w[0], w[1], w[2], w[3]);
+    }
+  }
+
+  if (p.dbias == nullptr) return;  // uniform across the grid
+  __shared__ float partial[kRowLanes][kWideCols];
+#pragma unroll
+  for (int e = 0; e < kWideVec; ++e) partial[lane_down][tc + e] = sum[e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kWideCols; i += kBackwardThreads) {
+    const int64_t col = col0 + i;
+    if (col >= cols) continue;
+    float s = 0.0f;
+    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
+    p.workspace[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
+  }
+}
+
 // dbias[j] = sum over chunks (in order) of workspace[chunk, j].
 __global__ void __launch_bounds__(kReduceThreads)
     ReduceChunksKernel(const float* workspace, int64_t chunks, int64_t width, float* dbias) {
@@ -159,6 +246,16 @@ cudaError_t LaunchBackwardGated(const BackwardArgs<Op>& args, dim3 grid, cudaStr
   return cudaErrorInvalidValue;
 }
 
+template <typename Op>
+cudaError_t LaunchBackwardWide(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
+  if (args.p.type == ActDType::kBFloat16) {
+    ActivationBackwardWideKernel<Op, ActDType::kBFloat16><<<grid, kBackwardThreads, 0, stream>>>(args);
+  } else {
+    ActivationBackwardWideKernel<Op, ActDType::kFloat16><<<grid, kBackwardThreads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
 // Row chunks of the backward grid: about kTargetBackwardBlocks blocks in all, each chunk
 // a multiple of kRowsPerStep rows. Depends on the shape only.
 struct BackwardPlan {
@@ -167,9 +264,16 @@ struct BackwardPlan {
   int64_t chunks = 0;
 };
 
-BackwardPlan PlanBackward(int64_t rows, int64_t cols) {
+// The wide kernel's kinds and shapes (pointer alignment aside: the chunk plan, and so the
+// workspace size, must not depend on the pointers; misaligned ones take the 4-column
+// kernel with the same chunks).
+bool WideShape(const ActivationBackwardParams& p) {
+  return !p.act.gated && p.type != ActDType::kFloat32 && p.cols % kWideVec == 0;
+}
+
+BackwardPlan PlanBackward(int64_t rows, int64_t cols, int64_t block_cols) {
   BackwardPlan plan;
-  plan.col_tiles = (cols + kBackwardCols - 1) / kBackwardCols;
+  plan.col_tiles = (cols + block_cols - 1) / block_cols;
   if (rows == 0 || cols == 0) return plan;
   const int64_t steps = (rows + kRowsPerStep - 1) / kRowsPerStep;
   const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(steps, kTargetBackwardBlocks / plan.col_tiles));
@@ -183,23 +287,28 @@ BackwardPlan PlanBackward(int64_t rows, int64_t cols) {
 
 int64_t ActivationBackwardWorkspaceFloats(const ActivationBackwardParams& p) {
   if (p.dbias == nullptr) return 0;
-  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
+  const BackwardPlan plan = PlanBackward(p.rows, p.cols, WideShape(p) ? kWideCols : kBackwardCols);
   return plan.chunks * (p.act.gated ? 2 * p.cols : p.cols);
 }
 
 cudaError_t LaunchActivationBackward(const ActivationBackwardParams& p, cudaStream_t stream) {
-  const BackwardPlan plan = PlanBackward(p.rows, p.cols);
+  const bool wide_shape = WideShape(p);
+  const BackwardPlan plan = PlanBackward(p.rows, p.cols, wide_shape ? kWideCols : kBackwardCols);
   const int64_t in_cols = p.act.gated ? 2 * p.cols : p.cols;
   if (plan.chunks > 0) {
     if (plan.col_tiles > INT32_MAX || plan.chunks > 65535) return cudaErrorInvalidConfiguration;
     const size_t bytes = ElementBytes(p.type);
     const bool vectorized = p.cols % kVec == 0 && IsAligned(p.dy, bytes * kVec) && IsAligned(p.x, bytes * kVec) &&
                             IsAligned(p.dx, bytes * kVec);
-    const dim3 grid(static_cast<unsigned>(plan.col_tiles), static_cast<unsigned>(plan.chunks));
+    const bool wide = wide_shape && IsAligned(p.dy, 16) && IsAligned(p.x, 16) && IsAligned(p.dx, 16);
+    const int64_t col_tiles = wide ? plan.col_tiles : (p.cols + kBackwardCols - 1) / kBackwardCols;
+    if (col_tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
+    const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(plan.chunks));
     const act::GateClamp clamp = ClampOf(p.act);
     const cudaError_t status = WithOp(p.act, [&](const auto& op) -> cudaError_t {
       using Op = std::decay_t<decltype(op)>;
       BackwardArgs<Op> args{p, op, clamp, vectorized, plan.rows_per_chunk};
+      if (wide) return LaunchBackwardWide<Op>(args, grid, stream);
       return p.act.gated ? LaunchBackwardGated<Op, true>(args, grid, stream)
                          : LaunchBackwardGated<Op, false>(args, grid, stream);
     });
