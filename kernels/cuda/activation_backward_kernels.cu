@@ -6,8 +6,8 @@
 //   db). With dbias each thread keeps FP32 column sums, the block adds its 8 row lanes
 //   in shared memory and writes one partial row per chunk; a second kernel adds the
 //   chunks in order. The chunk count depends on the shape only, so dbias is deterministic.
-// - Element-wise kinds on BF16 / FP16 with K % 8 == 0 and 16-byte aligned pointers take
-//   the wide kernel: 8 columns per thread (16-byte loads kept packed), 256 per block.
+// - BF16 / FP16 with K % 8 == 0 and 16-byte aligned pointers take the wide kernel: 8
+//   columns per thread (16-byte loads kept packed), 256 per block.
 // - Vectorized access when K % 4 == 0 and the pointers are aligned; otherwise the same
 //   kernel runs bounds-checked scalar accesses.
 #include <cuda_runtime.h>
@@ -131,20 +131,55 @@ __global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks<kType>)
   }
 }
 
-// The wide variant: element-wise kinds on 16-bit types with cols % 8 == 0 and 16-byte
-// aligned dy / x / dx. A thread owns 8 columns (one 16-byte load of dy and of x per row,
-// kept packed until used, so 4 rows in flight fit the 3-blocks-per-SM register budget with
-// twice the bytes in flight of the 4-column kernel), a block 256 columns. Same arithmetic
-// and the same dbias order (each thread's rows in order, then the 8 row lanes, then the
-// chunks); 16-bit dx through the pair conversions for rows of 8 without NaN.
+// The wide variant: 16-bit types with cols % 8 == 0 and 16-byte aligned dy / x / dx. A
+// thread owns 8 columns (one 16-byte load of dy, of a and for gated kinds of b per row,
+// kept packed until used, so kWideInFlight rows fit the 3-blocks-per-SM register budget
+// with more bytes in flight than the 4-column kernel), a block 256 columns. Same
+// arithmetic and the same dbias structure (a thread's rows in order, then the 8 row lanes,
+// then the chunks in order: deterministic); 16-bit dx through the pair conversions for
+// runs of 8 without NaN.
 constexpr int kWideVec = 8;
 constexpr int kWideCols = kBackwardAcross * kWideVec;  // 256
 
-template <typename Op, ActDType kType>
+// 16-bit codes of the 8 values (pair conversions unless one of them is NaN).
+template <ActDType kType>
+__device__ __forceinline__ void StoreWide16(uint16_t* p, const float (&v)[kWideVec]) {
+  bool nan = false;
+#pragma unroll
+  for (int e = 0; e < kWideVec; ++e) nan |= v[e] != v[e];
+  uint32_t w[4];
+  if (!nan) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(kType == ActDType::kBFloat16, v[2 * j], v[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = Narrow16(kType, v[2 * j]) | (static_cast<uint32_t>(Narrow16(kType, v[2 * j + 1])) << 16);
+    }
+  }
+  StoreGlobal16(p, w[0], w[1], w[2], w[3]);
+}
+
+// Value e of 8 packed 16-bit values.
+template <ActDType kType>
+__device__ __forceinline__ float WideValue(const uint4& v, int e) {
+  const uint32_t word = e / 2 == 0 ? v.x : (e / 2 == 1 ? v.y : (e / 2 == 2 ? v.z : v.w));
+  return Elem<kType>::Widen(static_cast<uint16_t>((word >> (16 * (e % 2))) & 0xFFFFu));
+}
+
+// Rows in flight per thread: 4 element-wise (dy, x), 3 gated (dy, a, b: 144 bytes, 1.5x the
+// 4-column kernel's), within 80 registers. A thread's rows are still visited in order, so
+// the dbias sums are those of the 4-column kernel.
+template <bool kGated>
+constexpr int kWideInFlight = kGated ? 3 : 4;
+
+template <typename Op, bool kGated, ActDType kType>
 __global__ void __launch_bounds__(kBackwardThreads, 3) ActivationBackwardWideKernel(const BackwardArgs<Op> args) {
   static_assert(kType != ActDType::kFloat32, "16-bit types only");
+  constexpr int kInFlight = kWideInFlight<kGated>;
   const ActivationBackwardParams& p = args.p;
   const int64_t cols = p.cols;
+  const int64_t in_cols = kGated ? 2 * cols : cols;
   const int lane_across = threadIdx.x % kBackwardAcross;
   const int lane_down = threadIdx.x / kBackwardAcross;
   const int tc = lane_across * kWideVec;
@@ -157,62 +192,67 @@ __global__ void __launch_bounds__(kBackwardThreads, 3) ActivationBackwardWideKer
   const uint16_t* dy = static_cast<const uint16_t*>(p.dy);
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
   uint16_t* dx = static_cast<uint16_t*>(p.dx);
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
-  float sum[kWideVec];
+  float sum_a[kWideVec], sum_b[kWideVec];
 #pragma unroll
-  for (int e = 0; e < kWideVec; ++e) sum[e] = 0.0f;
-  for (int64_t step = chunk_begin; step < chunk_end; step += kRowsPerStep) {
-    uint4 g[kRowsInFlight], a[kRowsInFlight];
-    bool valid[kRowsInFlight];
+  for (int e = 0; e < kWideVec; ++e) sum_a[e] = sum_b[e] = 0.0f;
+  for (int64_t step = chunk_begin; step < chunk_end; step += kInFlight * kRowLanes) {
+    uint4 g[kInFlight], a[kInFlight], b[kInFlight];
+    bool valid[kInFlight];
 #pragma unroll
-    for (int i = 0; i < kRowsInFlight; ++i) {
+    for (int i = 0; i < kInFlight; ++i) {
       const int64_t r = step + i * kRowLanes + lane_down;
       valid[i] = col_valid && r < chunk_end;
-      g[i] = valid[i] ? *reinterpret_cast<const uint4*>(dy + r * cols + c) : make_uint4(0u, 0u, 0u, 0u);
-      a[i] = valid[i] ? *reinterpret_cast<const uint4*>(x + r * cols + c) : make_uint4(0u, 0u, 0u, 0u);
+      g[i] = valid[i] ? *reinterpret_cast<const uint4*>(dy + r * cols + c) : zero;
+      a[i] = valid[i] ? *reinterpret_cast<const uint4*>(x + r * in_cols + c) : zero;
+      if (kGated) b[i] = valid[i] ? *reinterpret_cast<const uint4*>(x + r * in_cols + cols + c) : zero;
     }
 #pragma unroll
-    for (int i = 0; i < kRowsInFlight; ++i) {
-      const uint32_t gw[4] = {g[i].x, g[i].y, g[i].z, g[i].w};
-      const uint32_t aw[4] = {a[i].x, a[i].y, a[i].z, a[i].w};
-      float da[kWideVec];
-      bool nan = false;
+    for (int i = 0; i < kInFlight; ++i) {
+      float da[kWideVec], db[kWideVec];
 #pragma unroll
       for (int e = 0; e < kWideVec; ++e) {
-        const int shift = 16 * (e % 2);
-        const float gv = Elem<kType>::Widen(static_cast<uint16_t>((gw[e / 2] >> shift) & 0xFFFFu));
-        const float av = Elem<kType>::Widen(static_cast<uint16_t>((aw[e / 2] >> shift) & 0xFFFFu));
-        da[e] = gv * args.op.Grad(av);
-        nan |= da[e] != da[e];
-        if (valid[i]) sum[e] += da[e];
-      }
-      if (!valid[i]) continue;
-      uint32_t w[4];
-      if (!nan) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(kType == ActDType::kBFloat16, da[2 * j], da[2 * j + 1]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          w[j] = Narrow16(kType, da[2 * j]) | (static_cast<uint32_t>(Narrow16(kType, da[2 * j + 1])) << 16);
+        const float gv = WideValue<kType>(g[i], e);
+        const float av = WideValue<kType>(a[i], e);
+        if (kGated) {
+          const float bv = WideValue<kType>(b[i], e);
+          const float a_in = args.clamp.ActIn(av);
+          const float linear = args.clamp.LinearIn(bv) + args.clamp.offset;
+          da[e] = gv * args.op.Grad(a_in) * args.clamp.ActInGrad(av) * linear;
+          db[e] = gv * args.op.Value(a_in) * args.clamp.LinearInGrad(bv);
+        } else {
+          da[e] = gv * args.op.Grad(av);
+          db[e] = 0.0f;
+        }
+        if (valid[i]) {
+          sum_a[e] += da[e];
+          sum_b[e] += db[e];
         }
       }
+      if (!valid[i]) continue;
       const int64_t r = step + i * kRowLanes + lane_down;
-      StoreGlobal16(dx + r * cols + c, w[0], w[1], w[2], w[3]);
+      StoreWide16<kType>(dx + r * in_cols + c, da);
+      if (kGated) StoreWide16<kType>(dx + r * in_cols + cols + c, db);
     }
   }
 
   if (p.dbias == nullptr) return;  // uniform across the grid
-  __shared__ float partial[kRowLanes][kWideCols];
+  constexpr int kHalves = kGated ? 2 : 1;
+  __shared__ float partial[kRowLanes][kHalves * kWideCols];
 #pragma unroll
-  for (int e = 0; e < kWideVec; ++e) partial[lane_down][tc + e] = sum[e];
+  for (int e = 0; e < kWideVec; ++e) {
+    partial[lane_down][tc + e] = sum_a[e];
+    if (kGated) partial[lane_down][kWideCols + tc + e] = sum_b[e];
+  }
   __syncthreads();
-  for (int i = threadIdx.x; i < kWideCols; i += kBackwardThreads) {
-    const int64_t col = col0 + i;
+  for (int i = threadIdx.x; i < kHalves * kWideCols; i += kBackwardThreads) {
+    const int half = i / kWideCols;
+    const int64_t col = col0 + i % kWideCols;
     if (col >= cols) continue;
     float s = 0.0f;
     for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
-    p.workspace[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
+    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
   }
 }
 
@@ -246,12 +286,12 @@ cudaError_t LaunchBackwardGated(const BackwardArgs<Op>& args, dim3 grid, cudaStr
   return cudaErrorInvalidValue;
 }
 
-template <typename Op>
+template <typename Op, bool kGated>
 cudaError_t LaunchBackwardWide(const BackwardArgs<Op>& args, dim3 grid, cudaStream_t stream) {
   if (args.p.type == ActDType::kBFloat16) {
-    ActivationBackwardWideKernel<Op, ActDType::kBFloat16><<<grid, kBackwardThreads, 0, stream>>>(args);
+    ActivationBackwardWideKernel<Op, kGated, ActDType::kBFloat16><<<grid, kBackwardThreads, 0, stream>>>(args);
   } else {
-    ActivationBackwardWideKernel<Op, ActDType::kFloat16><<<grid, kBackwardThreads, 0, stream>>>(args);
+    ActivationBackwardWideKernel<Op, kGated, ActDType::kFloat16><<<grid, kBackwardThreads, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }
@@ -268,7 +308,7 @@ struct BackwardPlan {
 // workspace size, must not depend on the pointers; misaligned ones take the 4-column
 // kernel with the same chunks).
 bool WideShape(const ActivationBackwardParams& p) {
-  return !p.act.gated && p.type != ActDType::kFloat32 && p.cols % kWideVec == 0;
+  return p.type != ActDType::kFloat32 && p.cols % kWideVec == 0;
 }
 
 BackwardPlan PlanBackward(int64_t rows, int64_t cols, int64_t block_cols) {
@@ -308,7 +348,10 @@ cudaError_t LaunchActivationBackward(const ActivationBackwardParams& p, cudaStre
     const cudaError_t status = WithOp(p.act, [&](const auto& op) -> cudaError_t {
       using Op = std::decay_t<decltype(op)>;
       BackwardArgs<Op> args{p, op, clamp, vectorized, plan.rows_per_chunk};
-      if (wide) return LaunchBackwardWide<Op>(args, grid, stream);
+      if (wide) {
+        return p.act.gated ? LaunchBackwardWide<Op, true>(args, grid, stream)
+                           : LaunchBackwardWide<Op, false>(args, grid, stream);
+      }
       return p.act.gated ? LaunchBackwardGated<Op, true>(args, grid, stream)
                          : LaunchBackwardGated<Op, false>(args, grid, stream);
     });
