@@ -46,15 +46,22 @@ def _randn(rows, cols, dtype, mean=0.0, std=1.0, seed=0):
     return (torch.randn(rows, cols, device="cuda", generator=g) * std + mean).to(dtype)
 
 
+def _norm_inputs(rows, cols):
+    """BF16 x, weight and bias (fixed seeds) for the torch side of the norm rows."""
+    torch = _torch()
+    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
+    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
+    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+    return x, w, b
+
+
 def _fp8_unfused(norm):
     """norm (layernorm / rmsnorm), then scale + cast to float8_e4m3fn, a transposed copy
     and the amax of the normalized values: the unfused path the fused kernel replaces."""
     def build(rows, cols):
         torch = _torch()
         F = torch.nn.functional
-        x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
-        w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
-        b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+        x, w, b = _norm_inputs(rows, cols)
         scale = 64.0
 
         def run():
@@ -75,9 +82,7 @@ def _fp8_unfused(norm):
 def _fp8_rowwise_unfused(rows, cols):
     torch = _torch()
     F = torch.nn.functional
-    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
-    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
-    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+    x, w, b = _norm_inputs(rows, cols)
 
     def run():
         y = F.layer_norm(x, (cols,), w, b, 1e-5)
@@ -89,9 +94,7 @@ def _fp8_rowwise_unfused(rows, cols):
 def _layernorm_bf16(rows, cols):
     torch = _torch()
     F = torch.nn.functional
-    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
-    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
-    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+    x, w, b = _norm_inputs(rows, cols)
     return (lambda: F.layer_norm(x, (cols,), w, b, 1e-5)), "F.layer_norm (BF16 in and out)"
 
 
@@ -285,9 +288,7 @@ def _layernorm_mxfp8_unfused(rows, cols):
     FP32 output: the unfused path of norm_bench's layernorm_fwd_mxfp8."""
     torch = _torch()
     F = torch.nn.functional
-    x = _randn(rows, cols, torch.bfloat16, 0.5, 1.7, seed=1)
-    w = _randn(1, cols, torch.bfloat16, 1.0, 0.3, seed=2).view(cols)
-    b = _randn(1, cols, torch.bfloat16, 0.0, 0.3, seed=3).view(cols)
+    x, w, b = _norm_inputs(rows, cols)
 
     def run():
         y = F.layer_norm(x.float(), (cols,), w.float(), b.float(), 1e-5)
