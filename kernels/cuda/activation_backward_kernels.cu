@@ -148,15 +148,7 @@ __device__ __forceinline__ void StoreWide16(uint16_t* p, const float (&v)[kWideV
 #pragma unroll
   for (int e = 0; e < kWideVec; ++e) nan |= v[e] != v[e];
   uint32_t w[4];
-  if (!nan) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(kType == ActDType::kBFloat16, v[2 * j], v[2 * j + 1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = Narrow16(kType, v[2 * j]) | (static_cast<uint32_t>(Narrow16(kType, v[2 * j + 1])) << 16);
-    }
-  }
+  Pack8x16(kType, v, !nan, w);
   StoreGlobal16(p, w[0], w[1], w[2], w[3]);
 }
 

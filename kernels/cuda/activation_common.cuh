@@ -83,6 +83,21 @@ __device__ __forceinline__ uint16_t Narrow16(ActDType type, float v) {
   return type == ActDType::kBFloat16 ? FloatToBf16(v) : FloatToFp16(v);
 }
 
+// The 16-bit codes of v[0..8) in `type` (BF16 / FP16), two per word, v[2 j] in the low
+// half of w[j]. pairs (no NaN among them): the pair conversions (Cvt16Pair, one instruction
+// per two values, the same bits as Narrow16 for every non-NaN value); else per value.
+__device__ __forceinline__ void Pack8x16(ActDType type, const float (&v)[8], bool pairs, uint32_t (&w)[4]) {
+  if (pairs) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(type == ActDType::kBFloat16, v[2 * j], v[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = Narrow16(type, v[2 * j]) | (static_cast<uint32_t>(Narrow16(type, v[2 * j + 1])) << 16);
+    }
+  }
+}
+
 // Stores the valid values at base[index..] in `type` (RNE from FP32).
 __device__ __forceinline__ void StoreValues(void* base, ActDType type, int64_t index, const float (&v)[kVec],
                                             const bool (&valid)[kVec], bool vectorized) {

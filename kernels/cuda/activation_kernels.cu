@@ -266,9 +266,8 @@ struct RowOf8 {
   }
 };
 
-// Stores one row's 8 FP32 values (RowOf8<kType>'s column layout) in `type`. pairs (the
-// row holds no NaN): 16-bit types through the pair conversions (Cvt16Pair, one instruction
-// per two values, the same bits as Narrow16 for every non-NaN value); else per value.
+// Stores one row's 8 FP32 values (RowOf8<kType>'s column layout) in `type`; pairs: the
+// row holds no NaN (Pack8x16).
 template <ActDType kType>
 __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t index, const float (&v)[kUnit],
                                           const bool (&valid)[2], bool pairs) {
@@ -285,15 +284,7 @@ __device__ __forceinline__ void StoreRowY(void* base, ActDType type, int64_t ind
     return;
   }
   uint32_t w[4];
-  if (pairs) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = Cvt16Pair(type == ActDType::kBFloat16, v[2 * j], v[2 * j + 1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = Narrow16(type, v[2 * j]) | (static_cast<uint32_t>(Narrow16(type, v[2 * j + 1])) << 16);
-    }
-  }
+  Pack8x16(type, v, pairs, w);
   uint16_t* p = static_cast<uint16_t*>(base) + index;
   if constexpr (kStride == 4) {  // 8 adjacent columns: one 16-byte store
     if (valid[0]) StoreGlobal16(p, w[0], w[1], w[2], w[3]);
