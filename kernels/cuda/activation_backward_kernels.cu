@@ -55,6 +55,35 @@ struct BackwardArgs {
   int64_t rows_per_chunk;  // multiple of kRowsPerStep
 };
 
+// The dbias epilogue of the backward kernels: each thread's column sums over its rows
+// (sum_a; sum_b for the gate half) go to shared memory, the block adds its 8 row lanes in
+// order and writes its row of the chunk workspace (chunk blockIdx.y). A block covers
+// kBackwardAcross * kThreadCols columns from col0, this thread's from col0 + tc.
+template <int kThreadCols, bool kGated>
+__device__ __forceinline__ void WriteChunkSums(const ActivationBackwardParams& p, int64_t col0, int lane_down, int tc,
+                                               const float (&sum_a)[kThreadCols],
+                                               const float (&sum_b)[kThreadCols]) {
+  constexpr int kBlockCols = kBackwardAcross * kThreadCols;
+  constexpr int kHalves = kGated ? 2 : 1;
+  const int64_t cols = p.cols;
+  const int64_t in_cols = kHalves * cols;
+  __shared__ float partial[kRowLanes][kHalves * kBlockCols];
+#pragma unroll
+  for (int k = 0; k < kThreadCols; ++k) {
+    partial[lane_down][tc + k] = sum_a[k];
+    if (kGated) partial[lane_down][kBlockCols + tc + k] = sum_b[k];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHalves * kBlockCols; i += kBackwardThreads) {
+    const int half = i / kBlockCols;
+    const int64_t col = col0 + i % kBlockCols;
+    if (col >= cols) continue;
+    float s = 0.0f;
+    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
+    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
+  }
+}
+
 template <typename Op, bool kGated, ActDType kType>
 __global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks<kType>)
     ActivationBackwardKernel(const BackwardArgs<Op> args) {
@@ -113,22 +142,7 @@ __global__ void __launch_bounds__(kBackwardThreads, kBackwardMinBlocks<kType>)
   }
 
   if (p.dbias == nullptr) return;  // uniform across the grid
-  constexpr int kHalves = kGated ? 2 : 1;
-  __shared__ float partial[kRowLanes][2 * kBackwardCols];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    partial[lane_down][tc + k] = sum_a[k];
-    if (kGated) partial[lane_down][kBackwardCols + tc + k] = sum_b[k];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kHalves * kBackwardCols; i += kBackwardThreads) {
-    const int half = i / kBackwardCols;
-    const int64_t col = col0 + i % kBackwardCols;
-    if (col >= cols) continue;
-    float s = 0.0f;
-    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
-    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
-  }
+  WriteChunkSums<kVec, kGated>(p, col0, lane_down, tc, sum_a, sum_b);
 }
 
 // The wide variant: 16-bit types with cols % 8 == 0 and 16-byte aligned dy / x / dx. A
@@ -230,22 +244,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 3) ActivationBackwardWideKer
   }
 
   if (p.dbias == nullptr) return;  // uniform across the grid
-  constexpr int kHalves = kGated ? 2 : 1;
-  __shared__ float partial[kRowLanes][kHalves * kWideCols];
-#pragma unroll
-  for (int e = 0; e < kWideVec; ++e) {
-    partial[lane_down][tc + e] = sum_a[e];
-    if (kGated) partial[lane_down][kWideCols + tc + e] = sum_b[e];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kHalves * kWideCols; i += kBackwardThreads) {
-    const int half = i / kWideCols;
-    const int64_t col = col0 + i % kWideCols;
-    if (col >= cols) continue;
-    float s = 0.0f;
-    for (int lane = 0; lane < kRowLanes; ++lane) s += partial[lane][i];
-    p.workspace[static_cast<int64_t>(blockIdx.y) * in_cols + half * cols + col] = s;
-  }
+  WriteChunkSums<kWideVec, kGated>(p, col0, lane_down, tc, sum_a, sum_b);
 }
 
 // dbias[j] = sum over chunks (in order) of workspace[chunk, j].
