@@ -69,6 +69,24 @@ __device__ __forceinline__ uint2 QuadCodes(const float m[8], int lane, int bit0,
   return make_uint2(pairs[0] | (pairs[1] << 16), pairs[2] | (pairs[3] << 16));
 }
 
+// The E8M0 codes of this lane's 8 blocks (maxima m, reduced across the quad of lanes
+// bit0 / bit1 in place) as QuadCodes returns them; when `store`, the lane's own two codes go
+// to e8m0[(first + j) * blocks + block] for its entries j = 0, 1 (first: base plus the lane's
+// entry offset 4 a + 2 c).
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint2 BlockScaleCodes(float m[8], int lane, int bit0, int bit1, bool store, uint8_t* e8m0,
+                                                 int64_t base, int64_t blocks, int64_t block) {
+  QuadMaxTransposed(m, lane, bit0, bit1);
+  uint32_t own = 0;
+  const uint2 codes = QuadCodes<kFormat>(m, lane, bit0, bit1, &own);
+  if (store) {
+    const int64_t first = base + 4 * ((lane / bit0) & 1) + 2 * ((lane / bit1) & 1);
+    e8m0[first * blocks + block] = static_cast<uint8_t>(own & 0xFFu);
+    e8m0[(first + 1) * blocks + block] = static_cast<uint8_t>(own >> 8);
+  }
+  return codes;
+}
+
 __device__ __forceinline__ uint8_t CodeByte(uint2 codes, int k) {
   return static_cast<uint8_t>(((k < 4 ? codes.x : codes.y) >> (8 * (k % 4))) & 0xFFu);
 }
@@ -114,26 +132,12 @@ __device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint
 
   uint2 row_codes = make_uint2(0u, 0u), col_codes = make_uint2(0u, 0u);
   if (p.rowwise != nullptr) {
-    QuadMaxTransposed(row_max, lane, kRowBit0, kRowBit1);
-    uint32_t own = 0;
-    row_codes = QuadCodes<kFormat>(row_max, lane, kRowBit0, kRowBit1, &own);
-    if (row_valid) {
-      const int64_t first = row0 + 4 * ((lane / kRowBit0) & 1) + 2 * ((lane / kRowBit1) & 1);
-      const int64_t blocks = p.cols / 32;
-      p.rowwise_e8m0[first * blocks + col / 32] = static_cast<uint8_t>(own & 0xFFu);
-      p.rowwise_e8m0[(first + 1) * blocks + col / 32] = static_cast<uint8_t>(own >> 8);
-    }
+    row_codes = BlockScaleCodes<kFormat>(row_max, lane, kRowBit0, kRowBit1, row_valid, p.rowwise_e8m0, row0,
+                                         p.cols / 32, col / 32);
   }
   if (p.columnwise != nullptr) {
-    QuadMaxTransposed(col_max, lane, kColBit0, kColBit1);
-    uint32_t own = 0;
-    col_codes = QuadCodes<kFormat>(col_max, lane, kColBit0, kColBit1, &own);
-    if (row_valid) {
-      const int64_t first = col + 4 * ((lane / kColBit0) & 1) + 2 * ((lane / kColBit1) & 1);
-      const int64_t blocks = p.rows / 32;
-      p.columnwise_e8m0[first * blocks + grp] = static_cast<uint8_t>(own & 0xFFu);
-      p.columnwise_e8m0[(first + 1) * blocks + grp] = static_cast<uint8_t>(own >> 8);
-    }
+    col_codes = BlockScaleCodes<kFormat>(col_max, lane, kColBit0, kColBit1, row_valid, p.columnwise_e8m0, col,
+                                         p.rows / 32, grp);
   }
 
   float col_factor[8];
