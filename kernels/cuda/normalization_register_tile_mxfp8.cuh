@@ -72,15 +72,21 @@ __device__ __forceinline__ uint2 QuadCodes(const float m[8], int lane, int bit0,
 // The E8M0 codes of this lane's 8 blocks (maxima m, reduced across the quad of lanes
 // bit0 / bit1 in place) as QuadCodes returns them; when `store`, the lane's own two codes go
 // to e8m0[(first + j) * blocks + block] for its entries j = 0, 1 (first: base plus the lane's
-// entry offset 4 a + 2 c).
+// entry offset 4 a + 2 c); with `staged` (not null) to staged[(4 a + 2 c + j) * staged_stride]
+// instead.
 template <Fp8Format kFormat>
 __device__ __forceinline__ uint2 BlockScaleCodes(float m[8], int lane, int bit0, int bit1, bool store, uint8_t* e8m0,
-                                                 int64_t base, int64_t blocks, int64_t block) {
+                                                 int64_t base, int64_t blocks, int64_t block,
+                                                 uint8_t* staged = nullptr, int staged_stride = 0) {
   QuadMaxTransposed(m, lane, bit0, bit1);
   uint32_t own = 0;
   const uint2 codes = QuadCodes<kFormat>(m, lane, bit0, bit1, &own);
-  if (store) {
-    const int64_t first = base + 4 * ((lane / bit0) & 1) + 2 * ((lane / bit1) & 1);
+  const int offset = 4 * ((lane / bit0) & 1) + 2 * ((lane / bit1) & 1);
+  if (staged != nullptr) {
+    staged[offset * staged_stride] = static_cast<uint8_t>(own & 0xFFu);
+    staged[(offset + 1) * staged_stride] = static_cast<uint8_t>(own >> 8);
+  } else if (store) {
+    const int64_t first = base + offset;
     e8m0[first * blocks + block] = static_cast<uint8_t>(own & 0xFFu);
     e8m0[(first + 1) * blocks + block] = static_cast<uint8_t>(own >> 8);
   }
@@ -101,12 +107,15 @@ __device__ __forceinline__ uint32_t EncodeScaledPair(float a, float b, bool nan_
 // One tile's MXFP8 output for this lane (rows row0 .. row0 + 7 valid when row_valid;
 // columns col .. col + 7; tile row group grp). Every lane of the warp calls it (shuffles).
 // Pass 1 normalizes for the block maxima and the tensor amax; pass 2 normalizes again
-// (same instructions, same values), writes y and the codes.
+// (same instructions, same values), writes y and the codes. The rowwise E8M0 codes go to
+// p.rowwise_e8m0 one byte per store, or, with staged_row_scales, to
+// staged_row_scales[k * staged_stride] for the lane's row k (the caller writes them out).
 template <NormDType kType, Fp8Format kFormat, int kRowBit0, int kRowBit1, int kColBit0, int kColBit1>
 __device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint4* tile, int row_stride,
                                           const float2* stats, const float w[8], const float b[8],
                                           int lane, int64_t row0, bool row_valid, int64_t col,
-                                          int64_t grp, float& amax) {
+                                          int64_t grp, float& amax, uint8_t* staged_row_scales = nullptr,
+                                          int staged_stride = 0) {
   float row_max[8], col_max[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) col_max[e] = 0.0f;
@@ -133,7 +142,7 @@ __device__ __forceinline__ void Mxfp8Tile(const NormForwardParams& p, const uint
   uint2 row_codes = make_uint2(0u, 0u), col_codes = make_uint2(0u, 0u);
   if (p.rowwise != nullptr) {
     row_codes = BlockScaleCodes<kFormat>(row_max, lane, kRowBit0, kRowBit1, row_valid, p.rowwise_e8m0, row0,
-                                         p.cols / 32, col / 32);
+                                         p.cols / 32, col / 32, staged_row_scales, staged_stride);
   }
   if (p.columnwise != nullptr) {
     col_codes = BlockScaleCodes<kFormat>(col_max, lane, kColBit0, kColBit1, row_valid, p.columnwise_e8m0, col,

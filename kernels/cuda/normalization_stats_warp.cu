@@ -69,6 +69,8 @@ namespace cg = cooperative_groups;
 
 constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
 constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written
+constexpr int kComputeBarrier = 5;   // the compute warps alone (kMx: after the last tile)
+constexpr int kScaleRowBytes = 2 * kRtMaxWarps;  // rowwise E8M0 codes of one row of a CTA
 constexpr int kStages = 3;           // x tiles in shared memory (64 KiB each at 16 warps)
 constexpr uint32_t kStageAlign = 1024;  // byte alignment of the first stage
 // mbarrier waits give up (trap) after this many polls, so that a broken protocol fails the
@@ -259,6 +261,26 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
   return tile_max;
 }
 
+// Rowwise E8M0 codes of row group `grp` (lane = row of the tile), blocks [first, first + n)
+// of each row, from the staged codes[row][0 .. n): two 16-byte stores per row when the CTA
+// has all 32 blocks and the row start is 16-byte aligned, else byte by byte. One store per
+// 32-byte run instead of one per code: the per-code stores made the MXFP8 norm write
+// 15.0M L2 sectors for 8.65M of output (bench/NOTES.md).
+__device__ __forceinline__ void WriteRowScales(const NormForwardParams& p, const uint8_t (*codes)[kScaleRowBytes],
+                                               int64_t grp, int64_t first, int n, int lane) {
+  const int64_t row = grp * kRtRows + lane;
+  if (row >= p.rows) return;
+  uint8_t* dst = p.rowwise_e8m0 + row * (p.cols / 32) + first;
+  if (n == kScaleRowBytes && (reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(codes[lane]);
+    const uint4 lo = src[0], hi = src[1];
+    StoreGlobal16(dst, lo.x, lo.y, lo.z, lo.w);
+    StoreGlobal16(dst + 16, hi.x, hi.y, hi.z, hi.w);
+  } else {
+    for (int j = 0; j < n; ++j) dst[j] = codes[lane][j];
+  }
+}
+
 // Row groups of cluster y (of C = gridDim.y): with `contiguous`, the block
 // [y G / C, (y + 1) G / C) of the G groups in order, so one CTA writes all four 32-byte
 // sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
@@ -275,6 +297,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
   __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
   __shared__ alignas(8) uint64_t drained[kStages];        // every compute warp done with stage s
+  // kMx: the rowwise E8M0 codes of tiles i % 2 (row, block of the CTA), written out by warp 0
+  // as whole 32-byte runs per row once every compute warp is done with the tile.
+  __shared__ alignas(16) uint8_t row_scales[kMx ? 2 : 1][kMx ? kRtRows : 1][kScaleRowBytes];
   // The x tiles: stage s holds rows 0..31 of a tile, row-major, row_uint4 16-byte chunks
   // (64 columns per compute warp, 8 chunks) per row.
   extern __shared__ uint4 dynamic_smem[];
@@ -435,7 +460,14 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
         // bits 8, 16). Every lane of an active warp takes part (shuffles); y at run time.
         if (warp_active) {
           Mxfp8Tile<kType, kFormat, 1, 2, 8, 16>(p, block_of(i), row_uint4, &row_stats[s][8 * rg], w, b, lane, my_row,
-                                                my_row < p.rows, col, group_of(i), amax);
+                                                my_row < p.rows, col, group_of(i), amax,
+                                                &row_scales[s][8 * rg][2 * warp + cg8 / 4], kScaleRowBytes);
+        }
+        // Tile i - 1's rowwise codes: every compute warp finished that tile before the
+        // statistics barrier above, and none writes its buffer again before warp 0 has
+        // arrived at the next one.
+        if (warp == 0 && i > 0 && p.rowwise != nullptr) {
+          WriteRowScales(p, row_scales[s ^ 1], group_of(i - 1), rank * g.warps * 2, active_warps * 2, lane);
         }
       } else {
         if (warp_active && my_row < p.rows) {
@@ -495,6 +527,15 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       if (lane == 0) MbarrierArrive(SharedAddress(&drained[i % kStages]));
     }
 
+    if constexpr (kMx) {  // the last tile's rowwise codes, once every compute warp is done with it
+      if (tiles > 0 && p.rowwise != nullptr) {
+        asm volatile("bar.sync %0, %1;\n" ::"n"(kComputeBarrier), "r"(g.warps * 32) : "memory");
+        if (warp == 0) {
+          WriteRowScales(p, row_scales[(tiles - 1) & 1], group_of(tiles - 1), rank * g.warps * 2, active_warps * 2,
+                         lane);
+        }
+      }
+    }
     if (p.amax_bits != nullptr) {
       // |y| max as FP32 bits: non-negative, so integer order is value order (NaN above Inf).
       const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
