@@ -529,7 +529,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 
     if constexpr (kMx) {  // the last tile's rowwise codes, once every compute warp is done with it
       if (tiles > 0 && p.rowwise != nullptr) {
-        asm volatile("bar.sync %0, %1;\n" ::"n"(kComputeBarrier), "r"(g.warps * 32) : "memory");
+        NamedSync<kComputeBarrier>(0, g.warps * 32);
         if (warp == 0) {
           WriteRowScales(p, row_scales[(tiles - 1) & 1], group_of(tiles - 1), rank * g.warps * 2, active_warps * 2,
                          lane);
