@@ -56,6 +56,25 @@ __device__ __forceinline__ void MergeMoments(float& mean_a, float& m2_a, float& 
   }
 }
 
+// The weights MergeMoments applies when it merges nb values into na (both > 0), by the
+// same float operations, so that a merge chain with these counts known ahead can take them
+// out of its dependency chain: MergeWeighted with them gives MergeMoments' bits.
+__device__ __forceinline__ float2 MergeWeights(float na, float nb) {
+  const float inv_n = __fdividef(1.0f, na + nb);
+  return make_float2(nb * inv_n, na * nb * inv_n);
+}
+
+template <bool kRms>
+__device__ __forceinline__ void MergeWeighted(float& mean_a, float& m2_a, float mean_b, float m2_b, float2 w) {
+  if constexpr (kRms) {
+    m2_a += m2_b;
+  } else {
+    const float d = mean_b - mean_a;
+    mean_a = fmaf(d, w.x, mean_a);
+    m2_a = fmaf(d * d, w.y, m2_a + m2_b);
+  }
+}
+
 // Stages rows row .. row + 7 at columns col .. col + 7 into this thread's slots of a
 // staging buffer (16 bytes per row, slot k at stage[k * blockDim.x]); zeros when !valid.
 __device__ __forceinline__ void StageBlock(const uint16_t* x, int64_t row, int64_t cols, int64_t col,

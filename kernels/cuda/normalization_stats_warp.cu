@@ -294,6 +294,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
   __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
   __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
+  __shared__ float2 merge_w[kRtMaxWarps + kRtMaxCluster];  // the stats warp's merge weights
   __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
   __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
   __shared__ alignas(8) uint64_t drained[kStages];        // every compute warp done with stage s
@@ -363,19 +364,37 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     }
   } else if (warp == stats_warp) {
     // ---- Stats warp: lane = row of the tile.
+    // This warp's work per tile is one serial chain (it measured about as long as a whole
+    // tile period, so it set the kernel's pace: bench/NOTES.md). What does not depend on
+    // the data is done once here: the merge weights (MergeMoments' own float operations on
+    // the same counts, so the same bits; lane i < W: warp i into warps 0 .. i - 1, lane
+    // W + r: rank r into ranks 0 .. r - 1) and the shared addresses of the slots.
     const float cols_f = static_cast<float>(p.cols);
+    if (lane > 0 && lane < kRtMaxWarps) {
+      merge_w[lane] = MergeWeights(static_cast<float>(kRtColsPerWarp * lane), static_cast<float>(kRtColsPerWarp));
+    } else if (lane > kRtMaxWarps && lane < kRtMaxWarps + g.cluster) {
+      const int r = lane - kRtMaxWarps;
+      merge_w[lane] = MergeWeights(static_cast<float>(kRtColsPerWarp * min(g.units, r * g.warps)),
+                                   static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - r * g.warps)));
+    }
+    __syncwarp();
+    const uint32_t slot0 = SharedAddress(&parts[0][rank][lane]), bar0 = SharedAddress(&full[0]);
+    constexpr uint32_t kSlotParityBytes = sizeof(parts[0]), kBarParityBytes = sizeof(full[0]);
     for (int t = 0; t < tiles; ++t) {
       const int s = t & 1;
       NamedSync<kPartialsBarrier>(s, threads);
       float m = warp_stats[s][0][lane].x, q = warp_stats[s][0][lane].y;
-      float n = static_cast<float>(kRtColsPerWarp);
-      for (int i = 1; i < active_warps; ++i) {
-        const float2 part = warp_stats[s][i][lane];
-        MergeMoments<kRms>(m, q, n, part.x, part.y, static_cast<float>(kRtColsPerWarp));
+#pragma unroll
+      for (int i = 1; i < kRtMaxWarps; ++i) {
+        if (i < active_warps) {
+          const float2 part = warp_stats[s][i][lane];
+          MergeWeighted<kRms>(m, q, part.x, part.y, merge_w[i]);
+        }
       }
-      const uint32_t slot = SharedAddress(&parts[s][rank][lane]);
-      const uint32_t bar = SharedAddress(&full[s]);
-      for (int dst = 0; dst < g.cluster; ++dst) {
+      const uint32_t slot = slot0 + s * kSlotParityBytes, bar = bar0 + s * kBarParityBytes;
+#pragma unroll
+      for (int dst = 0; dst < kRtMaxCluster; ++dst) {
+        if (dst >= g.cluster) continue;
         if (dst == rank) {
           parts[s][rank][lane] = make_float2(m, q);
           MbarrierCompleteLocal(bar, sizeof(float2));
@@ -391,13 +410,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       }
       m = all[0].x;
       q = all[0].y;
-      n = static_cast<float>(kRtColsPerWarp * min(g.warps, g.units));
 #pragma unroll
       for (int r = 1; r < kRtMaxCluster; ++r) {
-        if (r < g.cluster) {
-          MergeMoments<kRms>(m, q, n, all[r].x, all[r].y,
-                             static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - r * g.warps)));
-        }
+        if (r < g.cluster) MergeWeighted<kRms>(m, q, all[r].x, all[r].y, merge_w[kRtMaxWarps + r]);
       }
       const float rsigma = 1.0f / sqrtf(q / cols_f + p.eps);
       row_stats[s][lane] = make_float2(kRms ? 0.0f : m, rsigma);
