@@ -391,10 +391,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
           MergeWeighted<kRms>(m, q, part.x, part.y, merge_w[i]);
         }
       }
-      const uint32_t slot = slot0 + s * kSlotParityBytes, bar = bar0 + s * kBarParityBytes;
-#pragma unroll
-      for (int dst = 0; dst < kRtMaxCluster; ++dst) {
-        if (dst >= g.cluster) continue;
+      const uint32_t slot = SharedAddress(&parts[s][rank][lane]);
+      const uint32_t bar = SharedAddress(&full[s]);
+      for (int dst = 0; dst < g.cluster; ++dst) {
         if (dst == rank) {
           parts[s][rank][lane] = make_float2(m, q);
           MbarrierCompleteLocal(bar, sizeof(float2));
