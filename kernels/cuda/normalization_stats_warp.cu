@@ -68,7 +68,7 @@ namespace cg = cooperative_groups;
 #include "kernels/cuda/normalization_register_tile_mxfp8.cuh"
 
 constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
-constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written
+constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written (kMx; else stats_ready)
 constexpr int kComputeBarrier = 5;   // the compute warps alone (kMx: after the last tile)
 constexpr int kScaleRowBytes = 2 * kRtMaxWarps;  // rowwise E8M0 codes of one row of a CTA
 constexpr int kStages = 3;           // x tiles in shared memory (64 KiB each at 16 warps)
@@ -296,6 +296,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
   __shared__ float2 merge_w[kRtMaxWarps + kRtMaxCluster];  // the stats warp's merge weights
   __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
+  __shared__ alignas(8) uint64_t stats_ready[2];          // row_stats[slot] written (!kMx)
   __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
   __shared__ alignas(8) uint64_t drained[kStages];        // every compute warp done with stage s
   // kMx: the rowwise E8M0 codes of tiles i % 2 (row, block of the CTA), written out by warp 0
@@ -333,6 +334,8 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   if (warp == stats_warp && lane == 0) {
     MbarrierInit(SharedAddress(&full[0]), 1);
     MbarrierInit(SharedAddress(&full[1]), 1);
+    MbarrierInit(SharedAddress(&stats_ready[0]), 1);  // the stats warp's arrive
+    MbarrierInit(SharedAddress(&stats_ready[1]), 1);
     for (int s = 0; s < kStages; ++s) {
       MbarrierInit(SharedAddress(&staged[s]), 1);           // the producer's arrive + bytes
       MbarrierInit(SharedAddress(&drained[s]), g.warps);    // one arrive per compute warp
@@ -422,7 +425,13 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       }
       __syncwarp();  // every lane has read parts[s] before the slot is re-armed
       if (lane == 0 && t + 2 < tiles) MbarrierArriveExpect(bar, part_bytes);
-      NamedArrive<kStatsBarrier>(s, threads);
+      if constexpr (kMx) {
+        NamedArrive<kStatsBarrier>(s, threads);
+      } else {
+        // Release of every lane's row_stats stores (ordered before lane 0's arrive by the
+        // __syncwarp above).
+        if (lane == 0) MbarrierArrive(SharedAddress(&stats_ready[s]));
+      }
     }
   } else {
     // ---- Compute warps. Lanes 8 r .. 8 r + 7 read one 128-byte run of a row, so each
@@ -463,9 +472,19 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
         }
         NamedArrive<kPartialsBarrier>(s ^ 1, threads);
       }
-      // row_stats[s] of tile i. A named barrier (the compute warps meet here every tile): an
-      // mbarrier that each warp waits on alone measured the same (bench/NOTES.md).
-      NamedSync<kStatsBarrier>(s, threads);
+      // row_stats[s] of tile i. kMx: a named barrier, so that every compute warp has finished
+      // tile i - 1 when warp 0 writes that tile's rowwise scales below.
+      if constexpr (kMx) {
+        NamedSync<kStatsBarrier>(s, threads);
+      } else {
+        // Each warp waits for the statistics alone, not for the other compute warps: the
+        // trace showed the warps finishing a tile up to 1 us apart (higher warps first), and
+        // a block-wide barrier here held the early ones idle (bench/NOTES.md). Tile i is
+        // phase i / 2 of stats_ready[i % 2]; row_stats[s] is rewritten for tile i + 2 only
+        // after every compute warp has arrived with its partials of tile i + 2, i.e. after
+        // it normalized tile i.
+        MbarrierWait<false>(SharedAddress(&stats_ready[s]), static_cast<uint32_t>(i >> 1) & 1u);
+      }
 
       const int64_t my_row = group_of(i) * kRtRows + 8 * rg;
       if constexpr (kMx) {
