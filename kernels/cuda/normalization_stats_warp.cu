@@ -2,7 +2,7 @@
 // (contract: kernels/normalization.h; selection: normalization_stats_warp.h). The default
 // forward kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200,
 // 16384 x 8192 BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md):
-// 158-163 us (3.29-3.40 TB/s) against 234 us for the register-tile kernel. The MXFP8 output
+// 156-161 us (3.34-3.42 TB/s) against 234 us for the register-tile kernel. The MXFP8 output
 // (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) was added
 // without a GPU run (branch ln-mxfp8).
 //
@@ -27,14 +27,16 @@
 //   (8 bytes per lane and CTA, completing transactions on the receiver's mbarrier
 //   full[t % 2]; its own slot by a plain store + mbarrier.complete_tx), waits for the S
 //   partials on its own full[t % 2], merges them in rank order, writes row_stats[t % 2]
-//   (rank 0 also mu / rsigma) and arrives on the compute warps' named barrier. No cluster
-//   barrier and no GPU-scope fence per tile.
+//   (rank 0 also mu / rsigma) and arrives on stats_ready[t % 2], an mbarrier each compute
+//   warp waits on by itself (kMx: a named barrier of all compute warps, see below). No
+//   cluster barrier and no GPU-scope fence per tile. What does not depend on the data (the
+//   merge weights) is computed once per CTA: the warp's chain set the tile period before.
 // - Why two slots suffice: a CTA pushes its partial of tile t + 1 only after its stats warp
 //   consumed slot t % 2 (program order of one warp), and a peer can push tile t + 2 into
 //   slot t % 2 only after it received every CTA's partial of tile t + 1. full[s] is
 //   re-armed (arrive + expect_tx) for tile t + 2 right after tile t was consumed, so
 //   transactions never land in the wrong phase. Named barriers 1 + t % 2 (partials) and
-//   3 + t % 2 (statistics) alternate so an arrival for tile t + 1 can never join the
+//   3 + t % 2 (statistics, kMx) alternate so an arrival for tile t + 1 can never join the
 //   instance of tile t - 1; warp_stats and row_stats are double-buffered by the same
 //   argument (each buffer is rewritten only after the barrier that follows its last read).
 //   A stage is refilled (tile t + 3) only after all W compute warps arrived on drained[t % 3]
