@@ -30,35 +30,10 @@ __device__ __forceinline__ float MaxNaN(float a, float b) {
   return r;
 }
 
-// Chan's merge of (mean_b, m2_b) over nb values into (mean_a, m2_a) over na values
-// (either count may be 0). For RMSNorm m2 is a plain sum of squares.
-template <bool kRms>
-__device__ __forceinline__ void MergeMoments(float& mean_a, float& m2_a, float& na, float mean_b,
-                                             float m2_b, float nb) {
-  if constexpr (kRms) {
-    m2_a += m2_b;
-  } else {
-    const float n = na + nb;
-    if (nb > 0.0f) {
-      if (na > 0.0f) {
-        // Approximate reciprocal (a few ulp, deterministic): the weights only scale the
-        // correction terms.
-        const float inv_n = __fdividef(1.0f, n);
-        const float d = mean_b - mean_a;
-        mean_a = fmaf(d, nb * inv_n, mean_a);
-        m2_a = fmaf(d * d, na * nb * inv_n, m2_a + m2_b);
-      } else {
-        mean_a = mean_b;
-        m2_a = m2_b;
-      }
-    }
-    na = n;
-  }
-}
-
-// The weights MergeMoments applies when it merges nb values into na (both > 0), by the
-// same float operations, so that a merge chain with these counts known ahead can take them
-// out of its dependency chain: MergeWeighted with them gives MergeMoments' bits.
+// Chan's merge weights for merging nb values into na (both > 0): (nb / n, na nb / n) with an
+// approximate reciprocal of n = na + nb (a few ulp, deterministic: the weights only scale
+// the correction terms). A merge chain whose counts are known ahead computes them once and
+// applies them with MergeWeighted; MergeMoments does both per merge, with the same bits.
 __device__ __forceinline__ float2 MergeWeights(float na, float nb) {
   const float inv_n = __fdividef(1.0f, na + nb);
   return make_float2(nb * inv_n, na * nb * inv_n);
@@ -72,6 +47,27 @@ __device__ __forceinline__ void MergeWeighted(float& mean_a, float& m2_a, float 
     const float d = mean_b - mean_a;
     mean_a = fmaf(d, w.x, mean_a);
     m2_a = fmaf(d * d, w.y, m2_a + m2_b);
+  }
+}
+
+// Chan's merge of (mean_b, m2_b) over nb values into (mean_a, m2_a) over na values
+// (either count may be 0). For RMSNorm m2 is a plain sum of squares.
+template <bool kRms>
+__device__ __forceinline__ void MergeMoments(float& mean_a, float& m2_a, float& na, float mean_b,
+                                             float m2_b, float nb) {
+  if constexpr (kRms) {
+    m2_a += m2_b;
+  } else {
+    const float n = na + nb;
+    if (nb > 0.0f) {
+      if (na > 0.0f) {
+        MergeWeighted<false>(mean_a, m2_a, mean_b, m2_b, MergeWeights(na, nb));
+      } else {
+        mean_a = mean_b;
+        m2_a = m2_b;
+      }
+    }
+    na = n;
   }
 }
 

@@ -371,9 +371,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     // ---- Stats warp: lane = row of the tile.
     // This warp's work per tile is one serial chain (it measured about as long as a whole
     // tile period, so it set the kernel's pace: bench/NOTES.md). What does not depend on
-    // the data is done once here: the merge weights (MergeMoments' own float operations on
-    // the same counts, so the same bits; lane i < W: warp i into warps 0 .. i - 1, lane
-    // W + r: rank r into ranks 0 .. r - 1) and the shared addresses of the slots.
+    // the data is done once here: the merge weights (MergeWeights, as MergeMoments computes
+    // them for the same counts, so the same bits; lane i < W: warp i into warps 0 .. i - 1,
+    // lane W + r: rank r into ranks 0 .. r - 1).
     const float cols_f = static_cast<float>(p.cols);
     if (lane > 0 && lane < kRtMaxWarps) {
       merge_w[lane] = MergeWeights(static_cast<float>(kRtColsPerWarp * lane), static_cast<float>(kRtColsPerWarp));
@@ -383,8 +383,6 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
                                    static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - r * g.warps)));
     }
     __syncwarp();
-    const uint32_t slot0 = SharedAddress(&parts[0][rank][lane]), bar0 = SharedAddress(&full[0]);
-    constexpr uint32_t kSlotParityBytes = sizeof(parts[0]), kBarParityBytes = sizeof(full[0]);
     for (int t = 0; t < tiles; ++t) {
       const int s = t & 1;
       NamedSync<kPartialsBarrier>(s, threads);
