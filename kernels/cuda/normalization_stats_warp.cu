@@ -263,6 +263,33 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
   return tile_max;
 }
 
+// Columnwise codes of a pair of row groups, 64 rows from `row0` (the first group's rows
+// 8 rg .. 8 rg + 7 in held_*, the second's in now_*; columns col .. col + 7, lane =
+// 8 rg + cg8). Lanes cg8 = 2 j and 2 j + 1 swap the second tile's codes, and then each
+// store instruction writes 64 contiguous bytes of 4 columns (8 lanes each: the 4 row blocks
+// of both groups) instead of 32 bytes of 8: one L2 request per 64 bytes. The H200 ran the
+// per-tensor LayerNorm + FP8 8.5 us faster with 64-byte columnwise runs (bench/NOTES.md).
+// Every lane of the warp must take part (shuffles).
+__device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, const uint32_t held_first[8],
+                                                 const uint32_t held_second[8], const uint32_t now_first[8],
+                                                 const uint32_t now_second[8], int64_t col, int64_t row0, int rg,
+                                                 int cg8) {
+  const int h = cg8 & 1;
+  // Store A: the even lane's column, rows 32 h ..: the even lane its first-group block, the
+  // odd lane the even lane's second-group block. Store B: the odd lane's column, mirrored.
+  uint8_t* a = p.columnwise + (col - 8 * h) * p.rows + row0 + 32 * h + 8 * rg;
+  uint8_t* b = p.columnwise + (col + 8 - 8 * h) * p.rows + row0 + 32 * (1 - h) + 8 * rg;
+#pragma unroll
+  for (int e = 0; e < 8; ++e, a += p.rows, b += p.rows) {
+    const uint32_t swap_first = __shfl_xor_sync(0xFFFFFFFFu, now_first[e], 1);
+    const uint32_t swap_second = __shfl_xor_sync(0xFFFFFFFFu, now_second[e], 1);
+    const uint2 held = make_uint2(held_first[e], held_second[e]);
+    const uint2 swapped = make_uint2(swap_first, swap_second);
+    *reinterpret_cast<uint2*>(a) = h ? swapped : held;
+    *reinterpret_cast<uint2*>(b) = h ? held : swapped;
+  }
+}
+
 // Rowwise E8M0 codes of row group `grp` (lane = row of the tile), blocks [first, first + n)
 // of each row, from the staged codes[row][0 .. n): two 16-byte stores per row when the CTA
 // has all 32 blocks and the row start is 16-byte aligned, else byte by byte. One store per
@@ -297,6 +324,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
   __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
   __shared__ float2 merge_w[kRtMaxWarps + kRtMaxCluster];  // the stats warp's merge weights
+  // Paired order: rows 4-7 of the pair's first tile's columnwise codes, word e of compute
+  // thread t at [e][t] (rows 0-3 stay in registers: all 64 bytes there made ptxas spill).
+  __shared__ uint32_t held_rows4[kMx ? 1 : 8][kMx ? 1 : kRtMaxWarps * 32];
   __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
   __shared__ alignas(8) uint64_t stats_ready[2];          // row_stats[slot] written (!kMx)
   __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
@@ -324,13 +354,27 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   const int row_uint4 = g.warps * (kRtColsPerWarp / 8);
   const int64_t stride = gridDim.y;
   const int64_t first = blockIdx.y * g.row_groups / stride;
+  // Paired order (per-tensor columnwise output): tiles 0 .. paired_tiles - 1 are the pairs of
+  // full groups (2 q, 2 q + 1) for q = y, y + C, ..., so that the compute warps can store 64
+  // contiguous rows of each column at once; the groups left over (fewer than 2 C, the partial
+  // last one among them) follow one by one, strided.
+  const bool paired = !contiguous && !kMx && p.columnwise != nullptr;
+  const int64_t pair_rounds = paired ? p.rows / kRtRows / 2 / stride : 0;
+  const int paired_tiles = static_cast<int>(2 * pair_rounds);
+  const int64_t singles0 = 2 * pair_rounds * stride;  // first group taken one by one
   int tiles = 0;
   if (contiguous) {
     tiles = static_cast<int>((blockIdx.y + 1) * g.row_groups / stride - first);
-  } else if (blockIdx.y < g.row_groups) {
-    tiles = static_cast<int>(CeilDivDevice(g.row_groups - blockIdx.y, stride));
+  } else if (singles0 + blockIdx.y < g.row_groups) {
+    tiles = paired_tiles + static_cast<int>(CeilDivDevice(g.row_groups - singles0 - blockIdx.y, stride));
+  } else {
+    tiles = paired_tiles;
   }
-  auto group_of = [&](int i) { return contiguous ? first + i : blockIdx.y + i * stride; };
+  auto group_of = [&](int i) -> int64_t {
+    if (contiguous) return first + i;
+    if (i < paired_tiles) return 2 * (blockIdx.y + (i >> 1) * stride) + (i & 1);
+    return singles0 + blockIdx.y + (i - paired_tiles) * stride;
+  };
   const uint32_t part_bytes = static_cast<uint32_t>(g.cluster * kRtRows * sizeof(float2));
 
   if (warp == stats_warp && lane == 0) {
@@ -462,6 +506,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 
     float w[8], b[8];  // this lane's 8 columns of the weight and bias
     LoadAffine8<kRms>(p, warp_active ? col : 0, w, b);
+    // Paired order: the columnwise codes of the pair's first tile (rows 0-3 / 4-7 of this
+    // lane's 8 row block, columns col .. col + 7), stored with the second tile's.
+    uint32_t held_first[8];
 
     for (int i = 0; i < tiles; ++i) {
       const int s = i & 1;
@@ -536,10 +583,23 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
               Transpose4x4(hi, first + 4);
               Transpose4x4(lo + 4, second);
               Transpose4x4(hi + 4, second + 4);
-              uint8_t* out = p.columnwise + col * p.rows + my_row;
+              if (i < paired_tiles && (i & 1) == 0) {
 #pragma unroll
-              for (int e = 0; e < 8; ++e, out += p.rows) {
-                *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
+                for (int e = 0; e < 8; ++e) {
+                  held_first[e] = first[e];
+                  held_rows4[kMx ? 0 : e][threadIdx.x] = second[e];
+                }
+              } else if (i < paired_tiles) {
+                uint32_t held_second[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) held_second[e] = held_rows4[kMx ? 0 : e][threadIdx.x];
+                StorePairColumns(p, held_first, held_second, first, second, col, my_row - kRtRows, rg, cg8);
+              } else {
+                uint8_t* out = p.columnwise + col * p.rows + my_row;
+#pragma unroll
+                for (int e = 0; e < 8; ++e, out += p.rows) {
+                  *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
+                }
               }
             }
           } else {
