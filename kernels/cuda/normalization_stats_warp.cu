@@ -42,7 +42,13 @@
 //   A stage is refilled (tile t + 3) only after all W compute warps arrived on drained[t % 3]
 //   for tile t, and staged / drained phases alternate per use of a stage.
 // - Row groups: cluster y takes groups y, y + C, ... (C clusters), so the four 32-row groups
-//   whose columnwise codes share 128-byte lines are written at about the same time;
+//   whose columnwise codes share 128-byte lines are written at about the same time. With a
+//   per-tensor columnwise copy it takes them in pairs instead: groups (2 q, 2 q + 1) for
+//   q = y, y + C, ..., one after the other, while every cluster has a pair left, then the
+//   left-over groups one by one (y, y + C, ... among them). A compute lane keeps the first
+//   tile's columnwise codes (rows 0-3 in registers, 4-7 in shared memory) and stores them
+//   with the second tile's as 64-byte runs per column (StorePairColumns): one L2 request
+//   per 64 bytes instead of per 32, which the H200 ran 5% faster (bench/NOTES.md).
 //   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
 //   groups instead (measured 188 us: bench/NOTES.md).
 #include <cooperative_groups.h>

@@ -3,7 +3,9 @@
 // - plan: which kernel and row-group order each NormForwardKernel choice gets, and that the
 //   grid fits the usable SMs with at most one cluster per 32-row group (the order itself is
 //   not visible in the outputs);
-// - the three choices (kAuto: stats warp, row groups y, y + clusters, ... per cluster;
+// - the three choices (kAuto: stats warp, row groups y, y + clusters, ... per cluster,
+//   taken in pairs of adjacent groups while every cluster has a pair left when the
+//   columnwise copy is written, the pairs' columnwise codes stored together;
 //   kStatsWarpContiguous: stats warp, one block of consecutive groups per cluster;
 //   kRegisterTile) write the same bytes: y (FP32), rowwise and columnwise codes, mu,
 //   rsigma, amax and the scale inverses (same tile arithmetic and merge order by
@@ -377,6 +379,9 @@ std::vector<StatsWarpCase> StatsWarpCases() {
       {rms, f16, 64, 6400, e5m2, true},
       {ln, f16, 16, 64, e4m3, false},
       {ln, bf16, 4104, 2048, e5m2, false},
+      // One-CTA clusters (16 warps) with enough groups for the paired order (two pairs per
+      // cluster on 132 SMs), the partial last group among the single ones.
+      {ln, f16, 17416, 1024, e4m3, false},
   };
 }
 
