@@ -599,7 +599,8 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
                 uint32_t held_second[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) held_second[e] = held_rows4[kMx ? 0 : e][threadIdx.x];
-                StorePairColumns(p, held_first, held_second, first, second, col, my_row - kRtRows, rg, cg8);
+                StorePairColumns(p, held_first, held_second, first, second, col, my_row - kRtRows - 8 * rg, rg,
+                                 cg8);
               } else {
                 uint8_t* out = p.columnwise + col * p.rows + my_row;
 #pragma unroll
