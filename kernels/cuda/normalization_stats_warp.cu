@@ -273,16 +273,19 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
 // 8 rg .. 8 rg + 7 in held_*, the second's in now_*; columns col .. col + 7, lane =
 // 8 rg + cg8). Lanes cg8 = 2 j and 2 j + 1 swap the second tile's codes, and then each
 // store instruction writes 64 contiguous bytes of 4 columns (8 lanes each: the 4 row blocks
-// of both groups) instead of 32 bytes of 8: one L2 request per 64 bytes. The H200 ran the
-// per-tensor LayerNorm + FP8 8.5 us faster with 64-byte columnwise runs (bench/NOTES.md).
+// of both groups) instead of 32 bytes of 8: one L2 request per 64 bytes. Store A goes to
+// the even lane's column, rows 32 h .. (h = cg8 & 1): the even lane its first-group block,
+// the odd lane the even lane's second-group block; store B to the odd lane's column,
+// mirrored. Columns 0-3 (8 stores) go out now; those of columns 4-7 are returned in
+// later_a / later_b (two words per column and store) for StoreLaterPairColumns in the next
+// tile, so that each tile issues about the same number of stores: storing all 16 in the
+// pair's second tile measured no faster than 32-byte runs (bench/NOTES.md).
 // Every lane of the warp must take part (shuffles).
 __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, const uint32_t held_first[8],
                                                  const uint32_t held_second[8], const uint32_t now_first[8],
                                                  const uint32_t now_second[8], int64_t col, int64_t row0, int rg,
-                                                 int cg8) {
+                                                 int cg8, uint32_t later_a[8], uint32_t later_b[8]) {
   const int h = cg8 & 1;
-  // Store A: the even lane's column, rows 32 h ..: the even lane its first-group block, the
-  // odd lane the even lane's second-group block. Store B: the odd lane's column, mirrored.
   uint8_t* a = p.columnwise + (col - 8 * h) * p.rows + row0 + 32 * h + 8 * rg;
   uint8_t* b = p.columnwise + (col + 8 - 8 * h) * p.rows + row0 + 32 * (1 - h) + 8 * rg;
 #pragma unroll
@@ -291,8 +294,30 @@ __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, con
     const uint32_t swap_second = __shfl_xor_sync(0xFFFFFFFFu, now_second[e], 1);
     const uint2 held = make_uint2(held_first[e], held_second[e]);
     const uint2 swapped = make_uint2(swap_first, swap_second);
-    *reinterpret_cast<uint2*>(a) = h ? swapped : held;
-    *reinterpret_cast<uint2*>(b) = h ? held : swapped;
+    const uint2 va = h ? swapped : held, vb = h ? held : swapped;
+    if (e < 4) {
+      *reinterpret_cast<uint2*>(a) = va;
+      *reinterpret_cast<uint2*>(b) = vb;
+    } else {
+      later_a[2 * (e - 4)] = va.x;
+      later_a[2 * (e - 4) + 1] = va.y;
+      later_b[2 * (e - 4)] = vb.x;
+      later_b[2 * (e - 4) + 1] = vb.y;
+    }
+  }
+}
+
+// Columns 4-7 of a pair that StorePairColumns left for later (same lanes and row0).
+__device__ __forceinline__ void StoreLaterPairColumns(const NormForwardParams& p, const uint32_t later_a[8],
+                                                      const uint32_t later_b[8], int64_t col, int64_t row0, int rg,
+                                                      int cg8) {
+  const int h = cg8 & 1;
+  uint8_t* a = p.columnwise + (col - 8 * h + 4) * p.rows + row0 + 32 * h + 8 * rg;
+  uint8_t* b = p.columnwise + (col + 8 - 8 * h + 4) * p.rows + row0 + 32 * (1 - h) + 8 * rg;
+#pragma unroll
+  for (int k = 0; k < 4; ++k, a += p.rows, b += p.rows) {
+    *reinterpret_cast<uint2*>(a) = make_uint2(later_a[2 * k], later_a[2 * k + 1]);
+    *reinterpret_cast<uint2*>(b) = make_uint2(later_b[2 * k], later_b[2 * k + 1]);
   }
 }
 
@@ -512,9 +537,13 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 
     float w[8], b[8];  // this lane's 8 columns of the weight and bias
     LoadAffine8<kRms>(p, warp_active ? col : 0, w, b);
-    // Paired order: the columnwise codes of the pair's first tile (rows 0-3 / 4-7 of this
-    // lane's 8 row block, columns col .. col + 7), stored with the second tile's.
+    // Paired order: the columnwise codes of the pair's first tile (rows 0-3 of this lane's
+    // 8 row block, columns col .. col + 7; rows 4-7 in held_rows4), stored with the second
+    // tile's; after the second tile, the stores it left for the next one (StorePairColumns),
+    // in the same two places. `later` says that they are there, later_row0 for which pair.
     uint32_t held_first[8];
+    bool later = false;
+    int64_t later_row0 = 0;
 
     for (int i = 0; i < tiles; ++i) {
       const int s = i & 1;
@@ -524,6 +553,15 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
           WarpMoments<kType, kRms, 1>(block_of(i + 1), row_uint4, lane, rg, cg8, warp, warp_stats[s ^ 1]);
         }
         NamedArrive<kPartialsBarrier>(s ^ 1, threads);
+      }
+      if (!kMx && later) {  // the previous pair's columns 4-7, while the statistics are under way
+        if (warp_active) {
+          uint32_t later_b[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) later_b[k] = held_rows4[kMx ? 0 : k][threadIdx.x];
+          StoreLaterPairColumns(p, held_first, later_b, col, later_row0, rg, cg8);
+        }
+        later = false;
       }
       // row_stats[s] of tile i. kMx: a named barrier, so that every compute warp has finished
       // tile i - 1 when warp 0 writes that tile's rowwise scales below.
@@ -596,11 +634,18 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
                   held_rows4[kMx ? 0 : e][threadIdx.x] = second[e];
                 }
               } else if (i < paired_tiles) {
-                uint32_t held_second[8];
+                uint32_t held_second[8], later_a[8], later_b[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) held_second[e] = held_rows4[kMx ? 0 : e][threadIdx.x];
-                StorePairColumns(p, held_first, held_second, first, second, col, my_row - kRtRows - 8 * rg, rg,
-                                 cg8);
+                later_row0 = my_row - kRtRows - 8 * rg;
+                StorePairColumns(p, held_first, held_second, first, second, col, later_row0, rg, cg8, later_a,
+                                 later_b);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                  held_first[k] = later_a[k];
+                  held_rows4[kMx ? 0 : k][threadIdx.x] = later_b[k];
+                }
+                later = true;
               } else {
                 uint8_t* out = p.columnwise + col * p.rows + my_row;
 #pragma unroll
@@ -627,6 +672,12 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       if (lane == 0) MbarrierArrive(SharedAddress(&drained[i % kStages]));
     }
 
+    if (!kMx && later && warp_active) {  // the last pair's columns 4-7
+      uint32_t later_b[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) later_b[k] = held_rows4[kMx ? 0 : k][threadIdx.x];
+      StoreLaterPairColumns(p, held_first, later_b, col, later_row0, rg, cg8);
+    }
     if constexpr (kMx) {  // the last tile's rowwise codes, once every compute warp is done with it
       if (tiles > 0 && p.rowwise != nullptr) {
         NamedSync<kComputeBarrier>(0, g.warps * 32);
