@@ -308,16 +308,17 @@ __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, con
 }
 
 // Columns 4-7 of a pair that StorePairColumns left for later (same lanes and row0).
+// later_b: the shared-memory slots [word][thread] of this thread.
 __device__ __forceinline__ void StoreLaterPairColumns(const NormForwardParams& p, const uint32_t later_a[8],
-                                                      const uint32_t later_b[8], int64_t col, int64_t row0, int rg,
-                                                      int cg8) {
+                                                      const uint32_t (*later_b)[kRtMaxWarps * 32], int64_t col,
+                                                      int64_t row0, int rg, int cg8) {
   const int h = cg8 & 1;
   uint8_t* a = p.columnwise + (col - 8 * h + 4) * p.rows + row0 + 32 * h + 8 * rg;
   uint8_t* b = p.columnwise + (col + 8 - 8 * h + 4) * p.rows + row0 + 32 * (1 - h) + 8 * rg;
 #pragma unroll
   for (int k = 0; k < 4; ++k, a += p.rows, b += p.rows) {
     *reinterpret_cast<uint2*>(a) = make_uint2(later_a[2 * k], later_a[2 * k + 1]);
-    *reinterpret_cast<uint2*>(b) = make_uint2(later_b[2 * k], later_b[2 * k + 1]);
+    *reinterpret_cast<uint2*>(b) = make_uint2(later_b[2 * k][threadIdx.x], later_b[2 * k + 1][threadIdx.x]);
   }
 }
 
@@ -348,7 +349,7 @@ __device__ __forceinline__ void WriteRowScales(const NormForwardParams& p, const
 // sector each at the same time; else the register-tile kernel's order y, y + C, ...
 // Both give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template
 // flag, so the codes-only path carries no per-row y test).
-template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY, bool kMx>
+template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY, bool kMx, bool kPaired>
 __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   __shared__ float2 merge_w[kRtMaxWarps + kRtMaxCluster];  // the stats warp's merge weights
   // Paired order: rows 4-7 of the pair's first tile's columnwise codes, word e of compute
   // thread t at [e][t] (rows 0-3 stay in registers: all 64 bytes there made ptxas spill).
-  __shared__ uint32_t held_rows4[kMx ? 1 : 8][kMx ? 1 : kRtMaxWarps * 32];
+  __shared__ uint32_t held_rows4[kPaired ? 8 : 1][kRtMaxWarps * 32];
   __shared__ alignas(8) uint64_t full[2];                 // parts[slot] complete
   __shared__ alignas(8) uint64_t stats_ready[2];          // row_stats[slot] written (!kMx)
   __shared__ alignas(8) uint64_t staged[kStages];         // x of a tile landed in stage s
@@ -389,7 +390,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   // full groups (2 q, 2 q + 1) for q = y, y + C, ..., so that the compute warps can store 64
   // contiguous rows of each column at once; the groups left over (fewer than 2 C, the partial
   // last one among them) follow one by one, strided.
-  const bool paired = !contiguous && !kMx && p.columnwise != nullptr;
+  const bool paired = kPaired && !contiguous;
   const int64_t pair_rounds = paired ? p.rows / kRtRows / 2 / stride : 0;
   const int paired_tiles = static_cast<int>(2 * pair_rounds);
   const int64_t singles0 = 2 * pair_rounds * stride;  // first group taken one by one
@@ -554,15 +555,6 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
         }
         NamedArrive<kPartialsBarrier>(s ^ 1, threads);
       }
-      if (!kMx && later) {  // the previous pair's columns 4-7, while the statistics are under way
-        if (warp_active) {
-          uint32_t later_b[8];
-#pragma unroll
-          for (int k = 0; k < 8; ++k) later_b[k] = held_rows4[kMx ? 0 : k][threadIdx.x];
-          StoreLaterPairColumns(p, held_first, later_b, col, later_row0, rg, cg8);
-        }
-        later = false;
-      }
       // row_stats[s] of tile i. kMx: a named barrier, so that every compute warp has finished
       // tile i - 1 when warp 0 writes that tile's rowwise scales below.
       if constexpr (kMx) {
@@ -627,23 +619,27 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
               Transpose4x4(hi, first + 4);
               Transpose4x4(lo + 4, second);
               Transpose4x4(hi + 4, second + 4);
-              if (i < paired_tiles && (i & 1) == 0) {
+              if (later) {  // the previous pair's columns 4-7, before their registers are reused
+                StoreLaterPairColumns(p, held_first, held_rows4, col, later_row0, rg, cg8);
+                later = false;
+              }
+              if (kPaired && i < paired_tiles && (i & 1) == 0) {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
                   held_first[e] = first[e];
-                  held_rows4[kMx ? 0 : e][threadIdx.x] = second[e];
+                  held_rows4[kPaired ? e : 0][threadIdx.x] = second[e];
                 }
-              } else if (i < paired_tiles) {
+              } else if (kPaired && i < paired_tiles) {
                 uint32_t held_second[8], later_a[8], later_b[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) held_second[e] = held_rows4[kMx ? 0 : e][threadIdx.x];
+                for (int e = 0; e < 8; ++e) held_second[e] = held_rows4[kPaired ? e : 0][threadIdx.x];
                 later_row0 = my_row - kRtRows - 8 * rg;
                 StorePairColumns(p, held_first, held_second, first, second, col, later_row0, rg, cg8, later_a,
                                  later_b);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
                   held_first[k] = later_a[k];
-                  held_rows4[kMx ? 0 : k][threadIdx.x] = later_b[k];
+                  held_rows4[kPaired ? k : 0][threadIdx.x] = later_b[k];
                 }
                 later = true;
               } else {
@@ -668,16 +664,16 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
           }
         }
       }
+      if (later && !(kPaired && i < paired_tiles && (i & 1))) {
+        // A lane that stored nothing in this tile (rows past the tensor).
+        StoreLaterPairColumns(p, held_first, held_rows4, col, later_row0, rg, cg8);
+        later = false;
+      }
       __syncwarp();  // the whole warp is done reading stage i % kStages
       if (lane == 0) MbarrierArrive(SharedAddress(&drained[i % kStages]));
     }
 
-    if (!kMx && later && warp_active) {  // the last pair's columns 4-7
-      uint32_t later_b[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) later_b[k] = held_rows4[kMx ? 0 : k][threadIdx.x];
-      StoreLaterPairColumns(p, held_first, later_b, col, later_row0, rg, cg8);
-    }
+    if (later) StoreLaterPairColumns(p, held_first, held_rows4, col, later_row0, rg, cg8);  // the last pair's
     if constexpr (kMx) {  // the last tile's rowwise codes, once every compute warp is done with it
       if (tiles > 0 && p.rowwise != nullptr) {
         NamedSync<kComputeBarrier>(0, g.warps * 32);
@@ -702,10 +698,10 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 
 using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
 
-template <NormDType kType, Fp8Format kFormat, bool kY, bool kMx>
+template <NormDType kType, Fp8Format kFormat, bool kY, bool kMx, bool kPaired = false>
 KernelFn KernelForRms(bool rms) {
-  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY, kMx>
-             : NormForwardStatsWarpKernel<kType, kFormat, false, kY, kMx>;
+  return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY, kMx, kPaired>
+             : NormForwardStatsWarpKernel<kType, kFormat, false, kY, kMx, kPaired>;
 }
 
 // The MXFP8 instantiations take y at run time (Mxfp8Tile tests p.y), so kY only splits the
@@ -713,6 +709,12 @@ KernelFn KernelForRms(bool rms) {
 template <NormDType kType, Fp8Format kFormat>
 KernelFn KernelForY(const NormForwardParams& p) {
   if (p.mxfp8) return KernelForRms<kType, kFormat, false, true>(p.rms);
+  // The paired row-group order (columnwise codes stored as 64-byte runs) is its own
+  // instantiation: its held codes cost the other outputs' kernels registers.
+  if (p.columnwise != nullptr && p.kernel != NormForwardKernel::kStatsWarpContiguous) {
+    return p.y != nullptr ? KernelForRms<kType, kFormat, true, false, true>(p.rms)
+                          : KernelForRms<kType, kFormat, false, false, true>(p.rms);
+  }
   return p.y != nullptr ? KernelForRms<kType, kFormat, true, false>(p.rms)
                         : KernelForRms<kType, kFormat, false, false>(p.rms);
 }
