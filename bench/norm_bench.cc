@@ -39,9 +39,9 @@ using kernels::cuda::NormForwardParams;
 std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
-  return std::string(plan.stats_warp ? (plan.contiguous_row_groups
-                                            ? "stats-warp register tile (contiguous row groups) "
-                                            : "stats-warp register tile (strided row groups) ")
+  return std::string(plan.stats_warp ? (plan.contiguous_row_groups ? "stats-warp register tile (contiguous row groups) "
+                                        : plan.paired_row_groups   ? "stats-warp register tile (paired row groups) "
+                                                                   : "stats-warp register tile (strided row groups) ")
                      : plan.register_tile ? "register tile "
                                           : "smem tile ") +
          std::to_string(plan.rows_per_cta) + "x" + std::to_string(plan.cols_per_cta) +

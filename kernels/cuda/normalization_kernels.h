@@ -90,6 +90,9 @@ struct NormForwardPlan {
                                 // same tile geometry, plus one stats warp per CTA)
   bool contiguous_row_groups = false;  // each cluster takes one block of consecutive 32-row
                                        // groups (else groups y, y + clusters, ...)
+  bool paired_row_groups = false;  // stats-warp kernel, per-tensor columnwise codes and no y:
+                                   // groups taken in adjacent pairs, whose columnwise codes
+                                   // are stored as 64-byte runs
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

@@ -43,12 +43,14 @@
 //   for tile t, and staged / drained phases alternate per use of a stage.
 // - Row groups: cluster y takes groups y, y + C, ... (C clusters), so the four 32-row groups
 //   whose columnwise codes share 128-byte lines are written at about the same time. With a
-//   per-tensor columnwise copy it takes them in pairs instead: groups (2 q, 2 q + 1) for
-//   q = y, y + C, ..., one after the other, while every cluster has a pair left, then the
-//   left-over groups one by one (y, y + C, ... among them). A compute lane keeps the first
-//   tile's columnwise codes (rows 0-3 in registers, 4-7 in shared memory) and stores them
-//   with the second tile's as 64-byte runs per column (StorePairColumns): one L2 request
-//   per 64 bytes instead of per 32, which the H200 ran 5% faster (bench/NOTES.md).
+//   per-tensor columnwise copy and no y (kPaired, an instantiation of its own) it takes
+//   them in pairs instead: groups (2 q, 2 q + 1) for q = y, y + C, ..., one after the other,
+//   while every cluster has a pair left, then the left-over groups one by one. A compute
+//   lane keeps the first tile's columnwise codes (rows 0-3 in registers, 4-7 in shared
+//   memory) and stores them with the second tile's as 64-byte runs per column: one L2
+//   request per 64 bytes instead of per 32. Half of those stores wait for the next tile
+//   (StorePairColumns says why). H200: 157.6 -> 155.9 us; a layout-free imitation of the
+//   same runs measured 150-152 (bench/NOTES.md item 17).
 //   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
 //   groups instead (measured 188 us: bench/NOTES.md).
 #include <cooperative_groups.h>
@@ -698,6 +700,13 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 
 using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
 
+// The paired row-group order (columnwise codes stored as 64-byte runs) is an instantiation
+// of its own: its held codes cost the other outputs' kernels registers. Not with y: there
+// ptxas spilled 40 bytes per thread.
+bool UsesPairs(const NormForwardParams& p) {
+  return !p.mxfp8 && p.columnwise != nullptr && p.y == nullptr && p.kernel != NormForwardKernel::kStatsWarpContiguous;
+}
+
 template <NormDType kType, Fp8Format kFormat, bool kY, bool kMx, bool kPaired = false>
 KernelFn KernelForRms(bool rms) {
   return rms ? NormForwardStatsWarpKernel<kType, kFormat, true, kY, kMx, kPaired>
@@ -709,12 +718,7 @@ KernelFn KernelForRms(bool rms) {
 template <NormDType kType, Fp8Format kFormat>
 KernelFn KernelForY(const NormForwardParams& p) {
   if (p.mxfp8) return KernelForRms<kType, kFormat, false, true>(p.rms);
-  // The paired row-group order (columnwise codes stored as 64-byte runs) is its own
-  // instantiation: its held codes cost the other outputs' kernels registers.
-  if (p.columnwise != nullptr && p.kernel != NormForwardKernel::kStatsWarpContiguous) {
-    return p.y != nullptr ? KernelForRms<kType, kFormat, true, false, true>(p.rms)
-                          : KernelForRms<kType, kFormat, false, false, true>(p.rms);
-  }
+  if (UsesPairs(p)) return KernelForRms<kType, kFormat, false, false, true>(p.rms);
   return p.y != nullptr ? KernelForRms<kType, kFormat, true, false>(p.rms)
                         : KernelForRms<kType, kFormat, false, false>(p.rms);
 }
@@ -776,6 +780,8 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     FillRtPlan(g, clusters, ctas_per_sm, usable_sms, StagingBytes(g.warps), plan);
     plan->stats_warp = true;
     plan->contiguous_row_groups = contiguous;
+    // The kernel's pair_rounds: whether every cluster gets at least one pair.
+    plan->paired_row_groups = UsesPairs(p) && p.rows / kRtRows / 2 / clusters > 0;
   }
   if (!launch) return cudaSuccess;
   return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g, contiguous);

@@ -5,7 +5,8 @@
 //   not visible in the outputs);
 // - the three choices (kAuto: stats warp, row groups y, y + clusters, ... per cluster,
 //   taken in pairs of adjacent groups while every cluster has a pair left when the
-//   columnwise copy is written, the pairs' columnwise codes stored together;
+//   columnwise copy is written without y, the pairs' columnwise codes stored together: the
+//   codes-only launch checks those bytes too);
 //   kStatsWarpContiguous: stats warp, one block of consecutive groups per cluster;
 //   kRegisterTile) write the same bytes: y (FP32), rowwise and columnwise codes, mu,
 //   rsigma, amax and the scale inverses (same tile arithmetic and merge order by
@@ -133,8 +134,9 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
 
   bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
 
+  // with_y false: codes only (the paired row-group order; out.y stays the poison).
   Outputs Launch(NormForwardKernel kernel,
-                 kernels::cuda::NormDType y_type = kernels::cuda::NormDType::kFloat32) const {
+                 kernels::cuda::NormDType y_type = kernels::cuda::NormDType::kFloat32, bool with_y = true) const {
     const StatsWarpCase& c = GetParam();
     const int64_t numel = c.n * c.h;
     void* y = nullptr;
@@ -168,7 +170,7 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
     p.beta = layer_norm() ? beta_gpu_.data<float>() : nullptr;
     p.eps = 1e-5f;
     p.zero_centered_gamma = c.zero_centered;
-    p.y = y;
+    p.y = with_y ? y : nullptr;
     p.y_type = y_type;
     p.mu = layer_norm() ? mu : nullptr;
     p.rsigma = rsigma;
@@ -218,9 +220,16 @@ TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
   EXPECT_EQ(automatic.plan.rows_per_cta, 32);
   EXPECT_LE(automatic.plan.ctas, automatic.plan.usable_sms * automatic.plan.ctas_per_sm);
   EXPECT_LE(automatic.plan.ctas / automatic.plan.cluster_size, (GetParam().n + 31) / 32);
+  EXPECT_FALSE(automatic.plan.paired_row_groups);  // y is written
+  // Codes only: adjacent pairs of groups while every cluster has one.
+  const Outputs codes_only = Launch(NormForwardKernel::kAuto, kernels::cuda::NormDType::kFloat32, false);
+  const int64_t clusters = codes_only.plan.ctas / codes_only.plan.cluster_size;
+  EXPECT_EQ(codes_only.plan.paired_row_groups, GetParam().n / 32 / 2 / clusters > 0);
+  EXPECT_FALSE(codes_only.plan.contiguous_row_groups);
   const Outputs contiguous = Launch(NormForwardKernel::kStatsWarpContiguous);
   EXPECT_TRUE(contiguous.plan.stats_warp);
   EXPECT_TRUE(contiguous.plan.contiguous_row_groups);
+  EXPECT_FALSE(contiguous.plan.paired_row_groups);
   const Outputs register_tile = Launch(NormForwardKernel::kRegisterTile);
   EXPECT_FALSE(register_tile.plan.stats_warp);
   EXPECT_TRUE(register_tile.plan.register_tile);
@@ -234,6 +243,18 @@ TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
     SCOPED_TRACE(kernel == NormForwardKernel::kAuto ? "kAuto" : "kStatsWarpContiguous");
     const Outputs got = Launch(kernel);
     EXPECT_TRUE(got.y == want.y) << "y";
+    EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
+    EXPECT_TRUE(got.columnwise == want.columnwise) << "columnwise codes";
+    EXPECT_TRUE(got.mu == want.mu) << "mu";
+    EXPECT_TRUE(got.rsigma == want.rsigma) << "rsigma";
+    EXPECT_EQ(got.scale_inv, want.scale_inv);
+    EXPECT_EQ(got.amax, want.amax);
+  }
+  {
+    // Codes only (the paired row-group order where the shape has pairs for every cluster):
+    // the same codes, statistics and amax as the register-tile kernel writes with y.
+    SCOPED_TRACE("kAuto, codes only");
+    const Outputs got = Launch(NormForwardKernel::kAuto, kernels::cuda::NormDType::kFloat32, false);
     EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
     EXPECT_TRUE(got.columnwise == want.columnwise) << "columnwise codes";
     EXPECT_TRUE(got.mu == want.mu) << "mu";
