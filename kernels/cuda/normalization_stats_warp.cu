@@ -2,9 +2,9 @@
 // (contract: kernels/normalization.h; selection: normalization_stats_warp.h). The default
 // forward kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200,
 // 16384 x 8192 BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md):
-// 156-161 us (3.34-3.42 TB/s) against 234 us for the register-tile kernel. The MXFP8 output
-// (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) was added
-// without a GPU run (branch ln-mxfp8).
+// 155.4 us (3.46 TB/s) at abe6959 against 237 us for the register-tile kernel. The MXFP8
+// output (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) runs
+// 330 us (two normalization passes: bench/NOTES.md item 13).
 //
 // Same tile (32 rows x 64 columns per compute warp, cluster of S CTAs along the row) and
 // arithmetic as the register-tile kernel (normalization_register_tile.cu, helpers in
@@ -49,8 +49,8 @@
 //   lane keeps the first tile's columnwise codes (rows 0-3 in registers, 4-7 in shared
 //   memory) and stores them with the second tile's as 64-byte runs per column: one L2
 //   request per 64 bytes instead of per 32. Half of those stores wait for the next tile
-//   (StorePairColumns says why). H200: 157.6 -> 155.9 us; a layout-free imitation of the
-//   same runs measured 150-152 (bench/NOTES.md item 17).
+//   (StorePairColumns says why). H200, LN + FP8: 156.3-158.3 -> 155.4-156.3 us; a
+//   layout-free imitation of the same runs measured 150-152 (bench/NOTES.md item 17).
 //   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
 //   groups instead (measured 188 us: bench/NOTES.md).
 #include <cooperative_groups.h>
