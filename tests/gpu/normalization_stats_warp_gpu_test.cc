@@ -237,31 +237,28 @@ TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
   EXPECT_EQ(register_tile.plan.cols_per_cta, automatic.plan.cols_per_cta);
 }
 
+// Every output but y byte for byte.
+void ExpectSameCodesAndStatistics(const Outputs& got, const Outputs& want) {
+  EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
+  EXPECT_TRUE(got.columnwise == want.columnwise) << "columnwise codes";
+  EXPECT_TRUE(got.mu == want.mu) << "mu";
+  EXPECT_TRUE(got.rsigma == want.rsigma) << "rsigma";
+  EXPECT_EQ(got.scale_inv, want.scale_inv);
+  EXPECT_EQ(got.amax, want.amax);
+}
+
 TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
   const Outputs want = Launch(NormForwardKernel::kRegisterTile);
   for (NormForwardKernel kernel : {NormForwardKernel::kAuto, NormForwardKernel::kStatsWarpContiguous}) {
     SCOPED_TRACE(kernel == NormForwardKernel::kAuto ? "kAuto" : "kStatsWarpContiguous");
     const Outputs got = Launch(kernel);
     EXPECT_TRUE(got.y == want.y) << "y";
-    EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
-    EXPECT_TRUE(got.columnwise == want.columnwise) << "columnwise codes";
-    EXPECT_TRUE(got.mu == want.mu) << "mu";
-    EXPECT_TRUE(got.rsigma == want.rsigma) << "rsigma";
-    EXPECT_EQ(got.scale_inv, want.scale_inv);
-    EXPECT_EQ(got.amax, want.amax);
+    ExpectSameCodesAndStatistics(got, want);
   }
-  {
-    // Codes only (the paired row-group order where the shape has pairs for every cluster):
-    // the same codes, statistics and amax as the register-tile kernel writes with y.
-    SCOPED_TRACE("kAuto, codes only");
-    const Outputs got = Launch(NormForwardKernel::kAuto, kernels::cuda::NormDType::kFloat32, false);
-    EXPECT_TRUE(got.rowwise == want.rowwise) << "rowwise codes";
-    EXPECT_TRUE(got.columnwise == want.columnwise) << "columnwise codes";
-    EXPECT_TRUE(got.mu == want.mu) << "mu";
-    EXPECT_TRUE(got.rsigma == want.rsigma) << "rsigma";
-    EXPECT_EQ(got.scale_inv, want.scale_inv);
-    EXPECT_EQ(got.amax, want.amax);
-  }
+  // Codes only (the paired row-group order where the shape has pairs for every cluster):
+  // the same codes, statistics and amax as the register-tile kernel writes with y.
+  SCOPED_TRACE("kAuto, codes only");
+  ExpectSameCodesAndStatistics(Launch(NormForwardKernel::kAuto, kernels::cuda::NormDType::kFloat32, false), want);
 }
 
 // BF16 and FP16 y are the FP32 y converted per value (FloatToBf16 / the hardware RN
