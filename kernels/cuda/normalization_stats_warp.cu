@@ -348,9 +348,11 @@ __device__ __forceinline__ void WriteRowScales(const NormForwardParams& p, const
 // [y G / C, (y + 1) G / C) of the G groups in order, so one CTA writes all four 32-byte
 // sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
 // column) except at block ends, instead of four clusters on different SMs writing one
-// sector each at the same time; else the register-tile kernel's order y, y + C, ...
-// Both give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template
-// flag, so the codes-only path carries no per-row y test).
+// sector each at the same time; with kPaired, adjacent pairs (2 q, 2 q + 1), q = y, y + C,
+// ..., then the left-over groups y, y + C, ... among them (the header says why); else the
+// register-tile kernel's order y, y + C, ... All three give every cluster floor(G / C) or
+// ceil(G / C) groups. kY: p.y is set (a template flag, so the codes-only path carries no
+// per-row y test).
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY, bool kMx, bool kPaired>
 __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
