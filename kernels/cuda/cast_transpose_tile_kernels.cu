@@ -221,6 +221,16 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
+// Staging swizzles (in 8-byte units of a 128-byte tile line). Rowwise: rows 16 apart, whose
+// lanes store the same units, go to opposite halves of the line. Columnwise: the columns that
+// one warp instruction stores (8 apart for BF16 fragments, 4 apart for FP32) go to four
+// different quarters of the line.
+__device__ __forceinline__ int RowSwizzle(int row) { return ((row >> 4) & 1) << 3; }
+template <SourceType kType>
+__device__ __forceinline__ int ColSwizzle(int col) {
+  return kType == SourceType::kBFloat16 ? ((col >> 3) & 3) << 2 : ((col >> 2) & 3) << 2;
+}
+
 // One 128 x 128 tile per block. Warp w covers rows 32 * (w % 4) .. + 31 and columns
 // 64 * (w / 4) .. + 63 of the tile; lane l owns rows 8 * (l % 4) .. + 7 of those and the
 // two 4-column groups Fragment::GroupColumn(l / 4, g). Every access is 16 bytes (loads)
@@ -262,18 +272,27 @@ __global__ void __launch_bounds__(kFastThreads)
     EncodeFragment<kType, kFormat, false>(f, scale, codes);
   }
 
+  // Both copies go through shared memory and leave as whole 128-byte lines (16 lanes x 8
+  // bytes per line): the per-fragment 8-byte stores made 64-byte rowwise and 32-byte
+  // columnwise L2 write requests, three times as many as the bytes need
+  // (bench/probes/write_granularity_probe.cu, bench/NOTES.md item 19). Tile lines are 16
+  // units of 8 bytes; unit u of line l is kept at u ^ swizzle(l), which spreads each warp's
+  // staging stores over all banks (two wavefronts per 256 bytes) and keeps each line whole.
+  __shared__ uint2 row_tile[kFastTileRows][kFastTileCols / 8];   // row r, columns 8 u ..
+  __shared__ uint2 col_tile[kFastTileCols][kFastTileRows / 8];   // column c, rows 8 u ..
+  const int tile_r = static_cast<int>(r0 - tile_row0);
   if (rowwise != nullptr) {
 #pragma unroll
     for (int k = 0; k < kUnit; ++k) {
-      if (kType == SourceType::kBFloat16) {  // both groups adjacent: one 8-byte store
-        if (valid[0]) {
-          *reinterpret_cast<uint2*>(rowwise + (r0 + k) * cols + c[0]) =
-              make_uint2(codes[k][0], codes[k][1]);
-        }
+      const int row = tile_r + k;
+      if (kType == SourceType::kBFloat16) {  // both groups adjacent: one unit
+        const int col = static_cast<int>(c[0] - tile_col0);
+        row_tile[row][(col / 8) ^ RowSwizzle(row)] = make_uint2(codes[k][0], codes[k][1]);
       } else {
 #pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          if (valid[g]) *reinterpret_cast<uint32_t*>(rowwise + (r0 + k) * cols + c[g]) = codes[k][g];
+        for (int g = 0; g < 2; ++g) {  // 4 bytes per group, half a unit
+          const int col = static_cast<int>(c[g] - tile_col0);
+          reinterpret_cast<uint32_t*>(&row_tile[row][(col / 8) ^ RowSwizzle(row)])[(col / 4) & 1] = codes[k][g];
         }
       }
     }
@@ -289,11 +308,30 @@ __global__ void __launch_bounds__(kFastThreads)
       }
       Transpose4x4(top_in, top);
       Transpose4x4(bottom_in, bottom);
-      if (valid[g]) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          *reinterpret_cast<uint2*>(columnwise + (c[g] + i) * rows + r0) =
-              make_uint2(top[i], bottom[i]);
+      for (int i = 0; i < 4; ++i) {
+        const int col = static_cast<int>(c[g] - tile_col0) + i;
+        col_tile[col][(tile_r / 8) ^ ColSwizzle<kType>(col)] = make_uint2(top[i], bottom[i]);
+      }
+    }
+  }
+  if (rowwise != nullptr || columnwise != nullptr) {  // uniform across the block
+    __syncthreads();
+    // Pass j: lines 2 j .. of warp w's share; lane / 16 picks the line, lane % 16 the unit.
+    const int unit = lane % 16;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int line = warp * 16 + 2 * j + lane / 16;
+      if (rowwise != nullptr) {
+        const int64_t row = tile_row0 + line, col = tile_col0 + 8 * unit;
+        if (row < rows && col < cols) {
+          *reinterpret_cast<uint2*>(rowwise + row * cols + col) = row_tile[line][unit ^ RowSwizzle(line)];
+        }
+      }
+      if (columnwise != nullptr) {
+        const int64_t col = tile_col0 + line, row = tile_row0 + 8 * unit;
+        if (col < cols && row < rows) {
+          *reinterpret_cast<uint2*>(columnwise + col * rows + row) = col_tile[line][unit ^ ColSwizzle<kType>(line)];
         }
       }
     }
