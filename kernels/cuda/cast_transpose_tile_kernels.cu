@@ -3,10 +3,10 @@
 // aligned; FastCastTransposeKernel):
 // - One 128 x 128 tile per 256-thread block; each thread owns 8 rows x 8 columns, read
 //   with 16-byte loads (BF16: one per row; FP32: two, 32 columns apart), so a warp load
-//   covers whole sectors. No shared memory: the rowwise codes (8 or 2 x 4 bytes per row)
-//   go out straight from registers, and the thread transposes its 8 x 8 codes with byte
-//   permutes (two 4 x 4 transposes per 4-column group) into 8-byte columnwise stores of 8
-//   source rows; the 4 lanes along rows write 32 contiguous bytes of each transposed row.
+//   covers whole sectors. The thread transposes its 8 x 8 codes with byte permutes (two
+//   4 x 4 transposes per 4-column group); both copies are staged in 32 KiB of shared memory
+//   and leave as whole 128-byte lines (before 52654d7 they went out from registers as
+//   64-byte rowwise and 32-byte columnwise runs: 146.1 -> 143.1 us for BF16).
 // - Codes: q = cvt.rn.satfinite(x * scale) (Hopper's pair conversion, the encoder of
 //   the normalization kernels (normalization_common.cuh) that its GPU test compares with core/float_codec.h for every
 //   FP32 input), the product one FP32 multiply (__fmul_rn). satfinite saturates overflow
@@ -21,10 +21,10 @@
 //   order through 2 KiB of shared memory, and 128 threads write the tile's partial row;
 //   cast_kernels.cu reduces the partial rows. Without dbias the kernel is unchanged.
 // Measured on the H200 (bench/cast_transpose_bench, median of 100, 16384 x 8192 -> E4M3
-// rowwise + columnwise; device copy 4.16 TB/s in the same run): BF16 x (537 MB) 145.8 us
-// = 3.68 TB/s with the 128 x 128 kernel vs 427 us (1.26 TB/s) with the 64 x 64 one; FP32
-// x (805 MB) 198 us = 4.06 TB/s vs 416 us. ncu (BF16): DRAM 76% of peak, 48 registers,
-// 5 blocks (40 warps) per SM, no spills. With dbias (run of 9f6d957, same bench): BF16
+// rowwise + columnwise; device copy 4.16 TB/s in the same run): BF16 x (537 MB) 143.3 us
+// = 3.75 TB/s at 52654d7 (145.8 us with the register stores) vs 427 us (1.26 TB/s) with the
+// 64 x 64 kernel; FP32 x (805 MB) 199 us = 4.05 TB/s vs 416 us. 41 registers, 5 blocks
+// (40 warps) per SM, no spills. With dbias (run of 9f6d957, same bench): BF16
 // 150.2 us = 3.58 TB/s against 146.2 us without in the same run (80 registers, so 3
 // blocks per SM; the 4 MiB of tile partials and the FP64 reduce kernel add the rest).
 #include "kernels/cuda/cast_transpose_tile_kernels.h"
