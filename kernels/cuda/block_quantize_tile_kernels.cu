@@ -265,11 +265,57 @@ __device__ __forceinline__ uint32_t EncodeWord(float a, float b, float c, float 
   return code == 0xFFu ? kFp8NanWord : w;
 }
 
+// Staging swizzles in 8-byte units (as in cast_transpose_tile_kernels.cu): the lanes of one
+// warp store go to different banks, and each tile line stays whole. Rowwise (BF16: 16-unit
+// lines, rows 16 apart to opposite halves; FP32: 8-unit lines, rows 8 apart); columnwise:
+// the columns of one warp store (8 apart for BF16, 4 apart for FP32) to four quarters.
+template <SourceType kType>
+__device__ __forceinline__ int RowSwizzle(int row) {
+  return kType == SourceType::kBFloat16 ? ((row >> 4) & 1) << 3 : ((row >> 3) & 1) << 2;
+}
+template <SourceType kType>
+__device__ __forceinline__ int ColSwizzle(int col) {
+  return kType == SourceType::kBFloat16 ? ((col >> 3) & 3) << 2 : ((col >> 2) & 3) << 2;
+}
+
+// The staged codes of one tile out as whole lines: 8 bytes per lane, kRowUnits lanes per
+// rowwise line (kTileRows lines) and 16 per columnwise line (kTileCols lines). 8-byte
+// stores of 64-byte (rowwise) and 32-byte (columnwise) runs from registers made 2-4 L2
+// write requests per line (bench/NOTES.md items 17 and 19).
+template <SourceType kType, int kRowUnits, int kTileCols>
+__device__ __forceinline__ void StoreTileLines(const TileArgs& a, const uint2 (*row_tile)[kRowUnits],
+                                               const uint2 (*col_tile)[kTileRows / 8], int64_t tile_row0,
+                                               int64_t tile_col0, int warp, int lane) {
+  if (a.rowwise != nullptr) {
+    constexpr int kLinesPerStore = 32 / kRowUnits;
+    const int unit = lane % kRowUnits;
+#pragma unroll
+    for (int j = 0; j < kTileRows / (kThreads / 32) / kLinesPerStore; ++j) {
+      const int line = warp * (kTileRows / (kThreads / 32)) + j * kLinesPerStore + lane / kRowUnits;
+      const int64_t row = tile_row0 + line, col = tile_col0 + 8 * unit;
+      if (row < a.rows && col < a.cols) {
+        *reinterpret_cast<uint2*>(a.rowwise + row * a.cols + col) = row_tile[line][unit ^ RowSwizzle<kType>(line)];
+      }
+    }
+  }
+  if (a.columnwise != nullptr) {
+    const int unit = lane % 16;
+#pragma unroll
+    for (int j = 0; j < kTileCols / (kThreads / 32) / 2; ++j) {
+      const int line = warp * (kTileCols / (kThreads / 32)) + 2 * j + lane / 16;
+      const int64_t col = tile_col0 + line, row = tile_row0 + 8 * unit;
+      if (col < a.cols && row < a.rows) {
+        *reinterpret_cast<uint2*>(a.columnwise + col * a.rows + row) = col_tile[line][unit ^ ColSwizzle<kType>(line)];
+      }
+    }
+  }
+}
+
 // A CTA quantizes kTilesDown vertically adjacent 128-row tiles of one column strip, one
 // after the other, so its columnwise scale run is 4 * kTilesDown bytes per column (one
 // wider store) and the amax atomic, index arithmetic and block reduction are paid once.
 template <SourceType kType, Fp8Format kFormat, bool kDbias, int kTilesDown>
-__global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
+__global__ void __launch_bounds__(kThreads, 4) Mxfp8TileKernel(const TileArgs a) {
   static_assert(!kDbias || kTilesDown == 1, "dbias partial rows are per tile");
   using F = Fragment<kType>;
   constexpr int kCols = F::kCols;
@@ -300,6 +346,10 @@ __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
   __shared__ __align__(4) uint8_t row_codes[kRowBuffers][kTileRows][kRowBlocks];
   __shared__ __align__(16) uint8_t col_codes[kTileCols][kColRun];
   __shared__ float column_sums[kDbias ? kWarpsDown : 1][kDbias ? kTileCols : 1];
+  // The tile's codes, stored as whole lines after the barrier (see StageLines).
+  constexpr int kRowUnits = kTileCols / 8;  // 8-byte units of a rowwise tile line
+  __shared__ uint2 row_tile[kTileRows][kRowUnits];
+  __shared__ uint2 col_tile[kTileCols][kTileRows / 8];
   const int t = threadIdx.x;
   const int ct = t - (kThreads - kTileCols);  // the last kTileCols threads
   uint32_t thread_amax = 0u;
@@ -321,9 +371,8 @@ __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
 
     if (a.rowwise != nullptr) {
       const int block_lane = across % kBlockLanes;
-      uint8_t* dst = a.rowwise + r0 * cols + c0;
 #pragma unroll
-      for (int k = 0; k < kUnit; ++k, dst += cols) {
+      for (int k = 0; k < kUnit; ++k) {
         const Scale scale = ScaleOf<kFormat>(row_amax[k]);
         const uint32_t code = scale.code;
         const float m = scale.factor;
@@ -337,20 +386,19 @@ __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
               __fmul_rn(f.Value(k, 4 * q), m), __fmul_rn(f.Value(k, 4 * q + 1), m),
               __fmul_rn(f.Value(k, 4 * q + 2), m), __fmul_rn(f.Value(k, 4 * q + 3), m), code);
         }
-        if (valid) {
-          if constexpr (kCols == 8) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-          } else {
-            *reinterpret_cast<uint32_t*>(dst) = w[0];
-          }
+        const int row = local_row0 + k;
+        if constexpr (kCols == 8) {
+          row_tile[row][(local_col0 / 8) ^ RowSwizzle<kType>(row)] = make_uint2(w[0], w[1]);
+        } else {
+          reinterpret_cast<uint32_t*>(&row_tile[row][(local_col0 / 8) ^ RowSwizzle<kType>(row)])[(local_col0 / 4) & 1] =
+              w[0];
         }
       }
     }
 
     if (a.columnwise != nullptr) {
-      uint8_t* dst = a.columnwise + c0 * rows + r0;
 #pragma unroll
-      for (int j = 0; j < kCols; ++j, dst += rows) {
+      for (int j = 0; j < kCols; ++j) {
         const Scale scale = ScaleOf<kFormat>(col_amax[j]);
         const uint32_t code = scale.code;
         const float m = scale.factor;
@@ -364,7 +412,8 @@ __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
               __fmul_rn(f.Value(4 * h, j), m), __fmul_rn(f.Value(4 * h + 1, j), m),
               __fmul_rn(f.Value(4 * h + 2, j), m), __fmul_rn(f.Value(4 * h + 3, j), m), code);
         }
-        if (valid) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        const int col = local_col0 + j;
+        col_tile[col][(local_row0 / 8) ^ ColSwizzle<kType>(col)] = make_uint2(w[0], w[1]);
       }
     }
 
@@ -383,6 +432,7 @@ __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
       }
     }
     __syncthreads();
+    StoreTileLines<kType, kRowUnits, kTileCols>(a, row_tile, col_tile, tile_row0, tile_col0, warp, lane);
 
     if (a.rowwise != nullptr && t < kTileRows && tile_row0 + t < rows) {
       const int64_t scale_cols = cols / kMxBlock;
@@ -410,6 +460,7 @@ __global__ void __launch_bounds__(kThreads) Mxfp8TileKernel(const TileArgs a) {
         a.dbias_partial[tile * cols + tile_col0 + ct] = sum;
       }
     }
+    if (it + 1 < kTilesDown) __syncthreads();  // the line stores read row_tile / col_tile
   }  // tiles down
 
   // The last tile's barrier ordered every col_codes write before these reads.
