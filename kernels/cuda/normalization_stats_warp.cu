@@ -76,6 +76,7 @@ namespace cg = cooperative_groups;
 
 #include "kernels/cuda/normalization_register_tile_common.cuh"
 #include "kernels/cuda/normalization_register_tile_mxfp8.cuh"
+#include "kernels/cuda/stats_warp_ptx.cuh"
 
 constexpr int kPartialsBarrier = 1;  // + t % 2: warp partials of tile t written
 constexpr int kStatsBarrier = 3;     // + t % 2: row_stats of tile t written (kMx; else stats_ready)
@@ -83,116 +84,6 @@ constexpr int kComputeBarrier = 5;   // the compute warps alone (kMx: after the 
 constexpr int kScaleRowBytes = 2 * kRtMaxWarps;  // rowwise E8M0 codes of one row of a CTA
 constexpr int kStages = 3;           // x tiles in shared memory (64 KiB each at 16 warps)
 constexpr uint32_t kStageAlign = 1024;  // byte alignment of the first stage
-// mbarrier waits give up (trap) after this many polls, so that a broken protocol fails the
-// launch instead of hanging the process (a correct wait lasts microseconds).
-constexpr uint32_t kMaxPolls = 1u << 24;
-
-// Named barrier kBase + parity (immediate ids, so ptxas reserves only the ids used).
-template <int kBase>
-__device__ __forceinline__ void NamedArrive(int parity, int threads) {
-  if (parity) {
-    asm volatile("bar.arrive %0, %1;\n" ::"n"(kBase + 1), "r"(threads) : "memory");
-  } else {
-    asm volatile("bar.arrive %0, %1;\n" ::"n"(kBase), "r"(threads) : "memory");
-  }
-}
-
-template <int kBase>
-__device__ __forceinline__ void NamedSync(int parity, int threads) {
-  if (parity) {
-    asm volatile("bar.sync %0, %1;\n" ::"n"(kBase + 1), "r"(threads) : "memory");
-  } else {
-    asm volatile("bar.sync %0, %1;\n" ::"n"(kBase), "r"(threads) : "memory");
-  }
-}
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Address of this CTA's shared-memory location `local` in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t ClusterAddress(uint32_t local, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  return remote;
-}
-
-__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Arrives once on `bar` and raises its expected transaction bytes of the current phase.
-__device__ __forceinline__ void MbarrierArriveExpect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-// Waits until the phase with `parity` of `bar` completed. kCluster: acquire at cluster scope
-// (the bytes were written by other CTAs' st.async); it compiles to an L1 invalidation
-// (CCTL.IVALL) after the wait, which ncu showed as the compute warps' largest stall when
-// they used it per tile, so waits on what this CTA or its bulk copies wrote use the default
-// CTA scope.
-template <bool kCluster>
-__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
-  for (uint32_t polls = 0;; ++polls) {
-    uint32_t done;
-    if constexpr (kCluster) {
-      asm volatile(
-          "{\n"
-          ".reg .pred p;\n"
-          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n"
-          "}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n"
-          ".reg .pred p;\n"
-          "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n"
-          "}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    }
-    if (done) return;
-    if (polls >= kMaxPolls) __trap();
-  }
-}
-
-// 8 bytes (mean, m2) into shared::cluster address `remote`, completing 8 transaction bytes
-// on the mbarrier at shared::cluster address `remote_bar` (same CTA as `remote`).
-__device__ __forceinline__ void PushPartial(uint32_t remote, float2 v, uint32_t remote_bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(
-          remote),
-      "f"(v.x), "f"(v.y), "r"(remote_bar)
-      : "memory");
-}
-
-// Completes `bytes` transaction bytes on this CTA's mbarrier `bar` (the CTA's own partial,
-// stored with a plain shared-memory store and read back by the same thread).
-__device__ __forceinline__ void MbarrierCompleteLocal(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-// One plain arrive on this CTA's mbarrier `bar` (release at CTA scope).
-__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Bulk copy (the TMA unit) of `bytes` (a multiple of 16) from global `src` (16-byte
-// aligned) into this CTA's shared memory at `dst`, completing the bytes on mbarrier `bar`.
-__device__ __forceinline__ void BulkCopyRow(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
 
 // Codes of v[0..3] * scale (v[0] in the low byte), products by one FP32 multiply each, for
 // values the caller knows hold no NaN product: the two pair conversions merge into one word
@@ -270,6 +161,10 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
   }
   return tile_max;
 }
+
+// Pairs of full 32-row groups each of `clusters` clusters takes in the paired order (the
+// kernel and the plan).
+__host__ __device__ inline int64_t PairRounds(int64_t rows, int64_t clusters) { return rows / kRtRows / 2 / clusters; }
 
 // Columnwise codes of a pair of row groups, 64 rows from `row0` (the first group's rows
 // 8 rg .. 8 rg + 7 in held_*, the second's in now_*; columns col .. col + 7, lane =
@@ -395,7 +290,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   // contiguous rows of each column at once; the groups left over (fewer than 2 C, the partial
   // last one among them) follow one by one, strided.
   const bool paired = kPaired && !contiguous;
-  const int64_t pair_rounds = paired ? p.rows / kRtRows / 2 / stride : 0;
+  const int64_t pair_rounds = paired ? PairRounds(p.rows, stride) : 0;
   const int paired_tiles = static_cast<int>(2 * pair_rounds);
   const int64_t singles0 = 2 * pair_rounds * stride;  // first group taken one by one
   int tiles = 0;
@@ -549,6 +444,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     uint32_t held_first[8];
     bool later = false;
     int64_t later_row0 = 0;
+    // This thread's word k of held_rows4 (one slot in the other instantiations, which never
+    // reach it: paired_tiles is 0 there).
+    auto held_word = [&](int k) -> uint32_t& { return held_rows4[kPaired ? k : 0][threadIdx.x]; };
 
     for (int i = 0; i < tiles; ++i) {
       const int s = i & 1;
@@ -574,6 +472,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       }
 
       const int64_t my_row = group_of(i) * kRtRows + 8 * rg;
+      // Paired order: tile i holds the first or the second group of a pair.
+      const bool pair_first = i < paired_tiles && (i & 1) == 0;
+      const bool pair_second = i < paired_tiles && (i & 1) == 1;
       if constexpr (kMx) {
         // MXFP8 (kernels/cuda/normalization_register_tile_mxfp8.cuh, this kernel's lane bits:
         // row blocks across cg8 bits 0-1 = lane bits 1, 2; column blocks across rg = lane
@@ -627,23 +528,23 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
                 StoreLaterPairColumns(p, held_first, held_rows4, col, later_row0, rg, cg8);
                 later = false;
               }
-              if (kPaired && i < paired_tiles && (i & 1) == 0) {
+              if (pair_first) {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
                   held_first[e] = first[e];
-                  held_rows4[kPaired ? e : 0][threadIdx.x] = second[e];
+                  held_word(e) = second[e];
                 }
-              } else if (kPaired && i < paired_tiles) {
+              } else if (pair_second) {
                 uint32_t held_second[8], later_a[8], later_b[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) held_second[e] = held_rows4[kPaired ? e : 0][threadIdx.x];
+                for (int e = 0; e < 8; ++e) held_second[e] = held_word(e);
                 later_row0 = my_row - kRtRows - 8 * rg;
                 StorePairColumns(p, held_first, held_second, first, second, col, later_row0, rg, cg8, later_a,
                                  later_b);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
                   held_first[k] = later_a[k];
-                  held_rows4[kPaired ? k : 0][threadIdx.x] = later_b[k];
+                  held_word(k) = later_b[k];
                 }
                 later = true;
               } else {
@@ -668,7 +569,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
           }
         }
       }
-      if (later && !(kPaired && i < paired_tiles && (i & 1))) {
+      if (later && !pair_second) {
         // A lane that stored nothing in this tile (rows past the tensor).
         StoreLaterPairColumns(p, held_first, held_rows4, col, later_row0, rg, cg8);
         later = false;
@@ -783,7 +684,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     plan->stats_warp = true;
     plan->contiguous_row_groups = contiguous;
     // The kernel's pair_rounds: whether every cluster gets at least one pair.
-    plan->paired_row_groups = UsesPairs(p) && p.rows / kRtRows / 2 / clusters > 0;
+    plan->paired_row_groups = UsesPairs(p) && PairRounds(p.rows, clusters) > 0;
   }
   if (!launch) return cudaSuccess;
   return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g, contiguous);
