@@ -268,7 +268,7 @@ __device__ __forceinline__ uint32_t EncodeWord(float a, float b, float c, float 
   return code == 0xFFu ? kFp8NanWord : w;
 }
 
-// Staging swizzles in 8-byte units (as in cast_transpose_tile_kernels.cu): the lanes of one
+// Staging swizzles in 8-byte units (columns: device_common.cuh): the lanes of one
 // warp store go to different banks, and each tile line stays whole. Rowwise (BF16: 16-unit
 // lines, rows 16 apart to opposite halves; FP32: 8-unit lines, rows 8 apart); columnwise:
 // the columns of one warp store (8 apart for BF16, 4 apart for FP32) to four quarters.
@@ -278,7 +278,7 @@ __device__ __forceinline__ int RowSwizzle(int row) {
 }
 template <SourceType kType>
 __device__ __forceinline__ int ColSwizzle(int col) {
-  return kType == SourceType::kBFloat16 ? ((col >> 3) & 3) << 2 : ((col >> 2) & 3) << 2;
+  return ColumnLineSwizzle<kType == SourceType::kBFloat16 ? 8 : 4>(col);
 }
 
 // The staged codes of one tile out as whole lines: 8 bytes per lane, kRowUnits lanes per
@@ -290,27 +290,12 @@ __device__ __forceinline__ void StoreTileLines(const TileArgs& a, const uint2 (*
                                                const uint2 (*col_tile)[kTileRows / 8], int64_t tile_row0,
                                                int64_t tile_col0, int warp, int lane) {
   if (a.rowwise != nullptr) {
-    constexpr int kLinesPerStore = 32 / kRowUnits;
-    const int unit = lane % kRowUnits;
-#pragma unroll
-    for (int j = 0; j < kTileRows / (kThreads / 32) / kLinesPerStore; ++j) {
-      const int line = warp * (kTileRows / (kThreads / 32)) + j * kLinesPerStore + lane / kRowUnits;
-      const int64_t row = tile_row0 + line, col = tile_col0 + 8 * unit;
-      if (row < a.rows && col < a.cols) {
-        *reinterpret_cast<uint2*>(a.rowwise + row * a.cols + col) = row_tile[line][unit ^ RowSwizzle<kType>(line)];
-      }
-    }
+    StoreStagedLines<kRowUnits, kTileRows, kThreads>(a.rowwise, a.cols, tile_row0, a.rows, tile_col0, a.cols,
+                                                     row_tile, RowSwizzle<kType>, warp, lane);
   }
   if (a.columnwise != nullptr) {
-    const int unit = lane % 16;
-#pragma unroll
-    for (int j = 0; j < kTileCols / (kThreads / 32) / 2; ++j) {
-      const int line = warp * (kTileCols / (kThreads / 32)) + 2 * j + lane / 16;
-      const int64_t col = tile_col0 + line, row = tile_row0 + 8 * unit;
-      if (col < a.cols && row < a.rows) {
-        *reinterpret_cast<uint2*>(a.columnwise + col * a.rows + row) = col_tile[line][unit ^ ColSwizzle<kType>(line)];
-      }
-    }
+    StoreStagedLines<kTileRows / 8, kTileCols, kThreads>(a.columnwise, a.rows, tile_col0, a.cols, tile_row0, a.rows,
+                                                         col_tile, ColSwizzle<kType>, warp, lane);
   }
 }
 

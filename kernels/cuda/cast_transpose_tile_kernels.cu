@@ -221,14 +221,12 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
-// Staging swizzles (in 8-byte units of a 128-byte tile line). Rowwise: rows 16 apart, whose
-// lanes store the same units, go to opposite halves of the line. Columnwise: the columns that
-// one warp instruction stores (8 apart for BF16 fragments, 4 apart for FP32) go to four
-// different quarters of the line.
+// Staging swizzles (8-byte units of a 128-byte tile line, device_common.cuh). Rowwise: rows
+// 16 apart, whose lanes store the same units, go to opposite halves of the line.
 __device__ __forceinline__ int RowSwizzle(int row) { return ((row >> 4) & 1) << 3; }
 template <SourceType kType>
 __device__ __forceinline__ int ColSwizzle(int col) {
-  return kType == SourceType::kBFloat16 ? ((col >> 3) & 3) << 2 : ((col >> 2) & 3) << 2;
+  return ColumnLineSwizzle<kType == SourceType::kBFloat16 ? 8 : 4>(col);
 }
 
 // One 128 x 128 tile per block. Warp w covers rows 32 * (w % 4) .. + 31 and columns
@@ -317,23 +315,13 @@ __global__ void __launch_bounds__(kFastThreads)
   }
   if (rowwise != nullptr || columnwise != nullptr) {  // uniform across the block
     __syncthreads();
-    // Pass j: lines 2 j .. of warp w's share; lane / 16 picks the line, lane % 16 the unit.
-    const int unit = lane % 16;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int line = warp * 16 + 2 * j + lane / 16;
-      if (rowwise != nullptr) {
-        const int64_t row = tile_row0 + line, col = tile_col0 + 8 * unit;
-        if (row < rows && col < cols) {
-          *reinterpret_cast<uint2*>(rowwise + row * cols + col) = row_tile[line][unit ^ RowSwizzle(line)];
-        }
-      }
-      if (columnwise != nullptr) {
-        const int64_t col = tile_col0 + line, row = tile_row0 + 8 * unit;
-        if (col < cols && row < rows) {
-          *reinterpret_cast<uint2*>(columnwise + col * rows + row) = col_tile[line][unit ^ ColSwizzle<kType>(line)];
-        }
-      }
+    if (rowwise != nullptr) {
+      StoreStagedLines<kFastTileCols / 8, kFastTileRows, kFastThreads>(
+          rowwise, cols, tile_row0, rows, tile_col0, cols, row_tile, RowSwizzle, warp, lane);
+    }
+    if (columnwise != nullptr) {
+      StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads>(
+          columnwise, rows, tile_col0, cols, tile_row0, rows, col_tile, ColSwizzle<kType>, warp, lane);
     }
   }
 

@@ -116,4 +116,41 @@ __device__ __forceinline__ float DecodeFp8(uint8_t code) {
 }  // namespace kernels
 }  // namespace teserve
 
+// ---- Whole-line stores of staged FP8 tiles (the 128 x 128 cast-transpose and MXFP8 tile
+// kernels). A thread's 8-byte pieces (8 codes of one row, or 8 rows of one column) stored
+// straight from registers reach L2 as 32- or 64-byte requests; staged in shared memory as
+// lines of 8-byte units and stored by 16 lanes per 128-byte line they make one request per
+// line (bench/NOTES.md items 17, 19, 20).
+
+// Unit swizzle of a columnwise tile line (128 rows of one column): a fragment thread holds
+// 4 or 8 adjacent columns and the lanes of one warp store start `kColumnStep` (8: BF16
+// fragments, 4: FP32) columns apart, so XOR-ing bits 2-3 of the unit with that lane index
+// spreads a warp's 256 bytes over all banks (two wavefronts) and keeps every line whole.
+template <int kColumnStep>
+__device__ __forceinline__ int ColumnLineSwizzle(int column) {
+  return ((column / kColumnStep) & 3) << 2;
+}
+
+// Stores the kLines staged lines of tile[line][kUnits] (unit u of line l at
+// tile[l][u ^ swizzle(l)]) to out + (line0 + l) * line_stride + elem0 + 8 u, 8 bytes per lane,
+// whole lines per warp instruction; lines at or past line_limit and units at or past
+// elem_limit (both multiples of 8) are skipped. Warp w of kThreads / 32 stores its share of
+// consecutive lines.
+template <int kUnits, int kLines, int kThreads, typename Swizzle>
+__device__ __forceinline__ void StoreStagedLines(uint8_t* out, int64_t line_stride, int64_t line0, int64_t line_limit,
+                                                 int64_t elem0, int64_t elem_limit, const uint2 (*tile)[kUnits],
+                                                 Swizzle swizzle, int warp, int lane) {
+  constexpr int kWarpLines = kLines / (kThreads / 32);
+  constexpr int kLinesPerStore = 32 / kUnits;
+  const int unit = lane % kUnits;
+#pragma unroll
+  for (int j = 0; j < kWarpLines / kLinesPerStore; ++j) {
+    const int line = warp * kWarpLines + j * kLinesPerStore + lane / kUnits;
+    const int64_t elem = elem0 + 8 * unit;
+    if (line0 + line < line_limit && elem < elem_limit) {
+      *reinterpret_cast<uint2*>(out + (line0 + line) * line_stride + elem) = tile[line][unit ^ swizzle(line)];
+    }
+  }
+}
+
 #endif  // TESERVE_KERNELS_CUDA_DEVICE_COMMON_CUH_
