@@ -128,7 +128,7 @@ __device__ __forceinline__ float DecodeFp8(uint8_t code) {
 // spreads a warp's 256 bytes over all banks (two wavefronts) and keeps every line whole.
 template <int kColumnStep>
 __device__ __forceinline__ int ColumnLineSwizzle(int column) {
-  return ((column / kColumnStep) & 3) << 2;
+  return static_cast<int>(((static_cast<unsigned>(column) / kColumnStep) & 3u) << 2);
 }
 
 // Stores the kLines staged lines of tile[line][kUnits] (unit u of line l at
