@@ -75,6 +75,26 @@ __device__ __forceinline__ void StoreGlobal8(void* p, uint32_t a, uint32_t b) {
   asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b));
 }
 
+// An L2 cache policy that marks every line an access touches evict-last: kept ahead of the
+// lines of normal accesses when the L2 replaces lines. For the stores that take it
+// (StoreGlobal8EvictLast). volatile, so that each group of stores creates its own instead of
+// the compiler keeping one in two registers across a whole kernel (a 4-byte spill in the
+// stats-warp kernel at its 96-register limit).
+__device__ __forceinline__ uint64_t L2EvictLastPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// StoreGlobal8 under an L2 policy from L2EvictLastPolicy. For the transposed (columnwise)
+// code copies: 32- or 64-byte runs 16 KiB apart, each 128-byte line completed by the
+// stores of several tiles. With the lines of the streamed input replaced first, the
+// stats-warp LayerNorm + FP8 kernel ran 150.3-150.9 us against 153.2-154.8 (H200,
+// 16384 x 8192, bench/NOTES.md item 23).
+__device__ __forceinline__ void StoreGlobal8EvictLast(void* p, uint32_t a, uint32_t b, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(p), "r"(a), "r"(b), "l"(policy));
+}
+
 // Hopper's pair conversion: codes of a (low byte) and b (high byte). satfinite saturates
 // finite overflow and +-Inf to +-max as core/float_codec.h does; NaN is left to the
 // caller. The normalization GPU test compared it with the codec for every FP32 input.

@@ -182,6 +182,7 @@ __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, con
                                                  const uint32_t held_second[8], const uint32_t now_first[8],
                                                  const uint32_t now_second[8], int64_t col, int64_t row0, int rg,
                                                  int cg8, uint32_t later_a[8], uint32_t later_b[8]) {
+  const uint64_t policy = L2EvictLastPolicy();
   const int h = cg8 & 1;
   uint8_t* a = p.columnwise + (col - 8 * h) * p.rows + row0 + 32 * h + 8 * rg;
   uint8_t* b = p.columnwise + (col + 8 - 8 * h) * p.rows + row0 + 32 * (1 - h) + 8 * rg;
@@ -193,8 +194,8 @@ __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, con
     const uint2 swapped = make_uint2(swap_first, swap_second);
     const uint2 va = h ? swapped : held, vb = h ? held : swapped;
     if (e < 4) {
-      *reinterpret_cast<uint2*>(a) = va;
-      *reinterpret_cast<uint2*>(b) = vb;
+      StoreGlobal8EvictLast(a, va.x, va.y, policy);
+      StoreGlobal8EvictLast(b, vb.x, vb.y, policy);
     } else {
       later_a[2 * (e - 4)] = va.x;
       later_a[2 * (e - 4) + 1] = va.y;
@@ -209,13 +210,14 @@ __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, con
 __device__ __forceinline__ void StoreLaterPairColumns(const NormForwardParams& p, const uint32_t later_a[8],
                                                       const uint32_t (*later_b)[kRtMaxWarps * 32], int64_t col,
                                                       int64_t row0, int rg, int cg8) {
+  const uint64_t policy = L2EvictLastPolicy();
   const int h = cg8 & 1;
   uint8_t* a = p.columnwise + (col - 8 * h + 4) * p.rows + row0 + 32 * h + 8 * rg;
   uint8_t* b = p.columnwise + (col + 8 - 8 * h + 4) * p.rows + row0 + 32 * (1 - h) + 8 * rg;
 #pragma unroll
   for (int k = 0; k < 4; ++k, a += p.rows, b += p.rows) {
-    *reinterpret_cast<uint2*>(a) = make_uint2(later_a[2 * k], later_a[2 * k + 1]);
-    *reinterpret_cast<uint2*>(b) = make_uint2(later_b[2 * k][threadIdx.x], later_b[2 * k + 1][threadIdx.x]);
+    StoreGlobal8EvictLast(a, later_a[2 * k], later_a[2 * k + 1], policy);
+    StoreGlobal8EvictLast(b, later_b[2 * k][threadIdx.x], later_b[2 * k + 1][threadIdx.x], policy);
   }
 }
 
@@ -549,10 +551,9 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
                 later = true;
               } else {
                 uint8_t* out = p.columnwise + col * p.rows + my_row;
+                const uint64_t policy = L2EvictLastPolicy();
 #pragma unroll
-                for (int e = 0; e < 8; ++e, out += p.rows) {
-                  *reinterpret_cast<uint2*>(out) = make_uint2(first[e], second[e]);
-                }
+                for (int e = 0; e < 8; ++e, out += p.rows) StoreGlobal8EvictLast(out, first[e], second[e], policy);
               }
             }
           } else {
