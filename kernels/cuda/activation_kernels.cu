@@ -472,10 +472,10 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
         Transpose4x4(top_in, top_out);
         Transpose4x4(bottom_in, bottom_out);
         if (valid[g]) {
+          const uint64_t policy = L2EvictLastPolicy();
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            *reinterpret_cast<uint2*>(p.columnwise + (c0 + g * kStride + i) * rows + r0) =
-                make_uint2(top_out[i], bottom_out[i]);
+            StoreGlobal8EvictLast(p.columnwise + (c0 + g * kStride + i) * rows + r0, top_out[i], bottom_out[i], policy);
           }
         }
       }

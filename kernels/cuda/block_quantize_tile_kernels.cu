@@ -294,7 +294,7 @@ __device__ __forceinline__ void StoreTileLines(const TileArgs& a, const uint2 (*
                                                      row_tile, RowSwizzle<kType>, warp, lane);
   }
   if (a.columnwise != nullptr) {
-    StoreStagedLines<kTileRows / 8, kTileCols, kThreads>(a.columnwise, a.rows, tile_col0, a.cols, tile_row0, a.rows,
+    StoreStagedLines<kTileRows / 8, kTileCols, kThreads, true>(a.columnwise, a.rows, tile_col0, a.cols, tile_row0, a.rows,
                                                          col_tile, ColSwizzle<kType>, warp, lane);
   }
 }

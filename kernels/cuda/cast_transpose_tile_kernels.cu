@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kFastThreads)
           rowwise, cols, tile_row0, rows, tile_col0, cols, row_tile, RowSwizzle, warp, lane);
     }
     if (columnwise != nullptr) {
-      StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads>(
+      StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads, true>(
           columnwise, rows, tile_col0, cols, tile_row0, rows, col_tile, ColSwizzle<kType>, warp, lane);
     }
   }

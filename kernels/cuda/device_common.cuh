@@ -131,11 +131,6 @@ __device__ __forceinline__ float DecodeFp8(uint8_t code) {
   return kFormat == Fp8Format::kE4M3 ? E4M3ToFloat(code) : E5M2ToFloat(code);
 }
 
-}  // namespace
-}  // namespace cuda
-}  // namespace kernels
-}  // namespace teserve
-
 // ---- Whole-line stores of staged FP8 tiles (the 128 x 128 cast-transpose and MXFP8 tile
 // kernels). A thread's 8-byte pieces (8 codes of one row, or 8 rows of one column) stored
 // straight from registers reach L2 as 32- or 64-byte requests; staged in shared memory as
@@ -156,10 +151,11 @@ __device__ __forceinline__ int ColumnLineSwizzle(int column) {
 // whole lines per warp instruction; lines at or past line_limit and units at or past
 // elem_limit (both multiples of 8) are skipped. Warp w of kThreads / 32 stores its share of
 // consecutive lines.
-template <int kUnits, int kLines, int kThreads, typename Swizzle>
+template <int kUnits, int kLines, int kThreads, bool kEvictLast = false, typename Swizzle>
 __device__ __forceinline__ void StoreStagedLines(uint8_t* out, int64_t line_stride, int64_t line0, int64_t line_limit,
                                                  int64_t elem0, int64_t elem_limit, const uint2 (*tile)[kUnits],
                                                  Swizzle swizzle, int warp, int lane) {
+  const uint64_t policy = kEvictLast ? L2EvictLastPolicy() : 0;
   constexpr int kWarpLines = kLines / (kThreads / 32);
   constexpr int kLinesPerStore = 32 / kUnits;
   const int unit = lane % kUnits;
@@ -168,9 +164,19 @@ __device__ __forceinline__ void StoreStagedLines(uint8_t* out, int64_t line_stri
     const int line = warp * kWarpLines + j * kLinesPerStore + lane / kUnits;
     const int64_t elem = elem0 + 8 * unit;
     if (line0 + line < line_limit && elem < elem_limit) {
-      *reinterpret_cast<uint2*>(out + (line0 + line) * line_stride + elem) = tile[line][unit ^ swizzle(line)];
+      const uint2 v = tile[line][unit ^ swizzle(line)];
+      if constexpr (kEvictLast) {
+        StoreGlobal8EvictLast(out + (line0 + line) * line_stride + elem, v.x, v.y, policy);
+      } else {
+        *reinterpret_cast<uint2*>(out + (line0 + line) * line_stride + elem) = v;
+      }
     }
   }
 }
+
+}  // namespace
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
 
 #endif  // TESERVE_KERNELS_CUDA_DEVICE_COMMON_CUH_
