@@ -35,7 +35,9 @@
 //   no spills (ptxas: 76-80 registers element-wise on 16-bit x, 113-128 elsewhere), and
 //   at d0541ef gelu 145.2 us = 3.70 TB/s, qgelu 3.73, silu 3.72, relu / srelu 3.76,
 //   geglu 3.83, qgeglu 3.90, swiglu 3.88, reglu 4.05, sreglu 4.04, clamped_swiglu
-//   216.5 us = 3.72 TB/s.
+//   216.5 us = 3.72 TB/s. With the columnwise stores under an L2 evict-last policy
+//   (1c350f9): gelu 143.6 us = 3.74 TB/s, relu / srelu 3.80, reglu 4.08, clamped_swiglu
+//   3.71 (bench/results/h200_1c350f9_bench.md).
 // - Forward fallback (every other shape, and ActForwardKernel::kTiled64): a 256-thread
 //   block owns a 64x64 tile of the output (16 threads across, 4 consecutive columns
 //   each, 16 rows per pass, 4 passes), looping over tiles with a

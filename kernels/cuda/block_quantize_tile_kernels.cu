@@ -27,8 +27,10 @@
 // dbias: FP32 column sums of the thread's 8 rows, xor-shuffled over the 4 lanes down,
 // then over the 4 warps down through shared memory: one partial row per 128-row tile,
 // reduced in FP64 by DbiasReduceKernel.
-// Measured on the H200 (bench/block_quantize_bench, 16384x8192, median of 50; at 1eefc9e
-// 166.1 us BF16, 222.1 FP32, 186.9 dbias: bench/results/h200_1eefc9e_block_quantize.md): BF16 source
+// Measured on the H200 (bench/block_quantize_bench, 16384x8192, median of 50; at 1c350f9,
+// with the columnwise lines stored under an L2 evict-last policy, 157.2 us BF16 = 3.47 TB/s,
+// 217.2 FP32, 179.2 dbias: bench/results/h200_1c350f9_bench.md; at 1eefc9e 166.1 us BF16,
+// 222.1 FP32, 186.9 dbias: bench/results/h200_1eefc9e_block_quantize.md): BF16 source
 // 165.5 us = 3.30 TB/s (the generic kernel: 237.2 us in the same run), FP32 226.1 us =
 // 3.60 TB/s, BF16 with dbias 185.7 us (the kernel before the tiles-down loop: 170.7, 231.7
 // and 190.5 us in earlier runs). ncu (BF16, the earlier 170.7 us kernel): L2 throughput 90%,

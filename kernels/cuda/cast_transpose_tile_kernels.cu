@@ -23,7 +23,8 @@
 // Measured on the H200 (bench/cast_transpose_bench, median of 100, 16384 x 8192 -> E4M3
 // rowwise + columnwise; device copy 4.16 TB/s in the same run): BF16 x (537 MB) 143.3 us
 // = 3.75 TB/s at 52654d7 (145.8 us with the register stores) vs 427 us (1.26 TB/s) with the
-// 64 x 64 kernel; FP32 x (805 MB) 199 us = 4.05 TB/s vs 416 us. 41 registers, 5 blocks
+// 64 x 64 kernel; FP32 x (805 MB) 199 us = 4.05 TB/s vs 416 us; 142.7 us = 3.76 TB/s at
+// 1c350f9 (columnwise lines under an L2 evict-last policy: -0.3%). 41 registers, 5 blocks
 // (40 warps) per SM, no spills. With dbias (run of 9f6d957, same bench): BF16
 // 150.2 us = 3.58 TB/s against 146.2 us without in the same run (80 registers, so 3
 // blocks per SM; the 4 MiB of tile partials and the FP64 reduce kernel add the rest).

@@ -87,10 +87,12 @@ __device__ __forceinline__ uint64_t L2EvictLastPolicy() {
 }
 
 // StoreGlobal8 under an L2 policy from L2EvictLastPolicy. For the transposed (columnwise)
-// code copies: 32- or 64-byte runs 16 KiB apart, each 128-byte line completed by the
-// stores of several tiles. With the lines of the streamed input replaced first, the
-// stats-warp LayerNorm + FP8 kernel ran 150.3-150.9 us against 153.2-154.8 (H200,
-// 16384 x 8192, bench/NOTES.md item 23).
+// code copies, whose lines lie 16 KiB apart and are often completed by the stores of
+// several tiles or CTAs: with the lines of the streamed input replaced first, the
+// stats-warp LayerNorm + FP8 kernel ran 151.2-152.0 us against 152.6-155.0, the MXFP8 tile
+// quantize 157.3 against 164.3, the activation forward + FP8 kernels 1-1.4% faster (H200,
+// 16384 x 8192, three alternating rounds; bench/NOTES.md item 23). Marking the rowwise
+// codes too, or the input loads evict-first, gained nothing or lost.
 __device__ __forceinline__ void StoreGlobal8EvictLast(void* p, uint32_t a, uint32_t b, uint64_t policy) {
   asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(p), "r"(a), "r"(b), "l"(policy));
 }
