@@ -92,7 +92,9 @@ __device__ __forceinline__ uint64_t L2EvictLastPolicy() {
 // stats-warp LayerNorm + FP8 kernel ran 151.2-152.0 us against 152.6-155.0, the MXFP8 tile
 // quantize 157.3 against 164.3, the activation forward + FP8 kernels 1-1.4% faster (H200,
 // 16384 x 8192, three alternating rounds; bench/NOTES.md item 23). Marking the rowwise
-// codes too, or the input loads evict-first, gained nothing or lost.
+// codes too, or the input loads evict-first, gained nothing or lost. What the marked lines
+// leave behind is small: a kernel reading an L2-resident buffer right after 134 MB of such
+// stores ran 1-2% slower (bench/probes/evict_last_aftermath_probe.cu).
 __device__ __forceinline__ void StoreGlobal8EvictLast(void* p, uint32_t a, uint32_t b, uint64_t policy) {
   asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(p), "r"(a), "r"(b), "l"(policy));
 }
