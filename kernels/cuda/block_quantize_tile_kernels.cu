@@ -270,17 +270,12 @@ __device__ __forceinline__ uint32_t EncodeWord(float a, float b, float c, float 
   return code == 0xFFu ? kFp8NanWord : w;
 }
 
-// Staging swizzles in 8-byte units (columns: device_common.cuh): the lanes of one
-// warp store go to different banks, and each tile line stays whole. Rowwise (BF16: 16-unit
-// lines, rows 16 apart to opposite halves; FP32: 8-unit lines, rows 8 apart); columnwise:
-// the columns of one warp store (8 apart for BF16, 4 apart for FP32) to four quarters.
+// Rowwise staging swizzle in 8-byte units (columnwise: ColumnLineSwizzle, device_common.cuh):
+// the lanes of one warp store go to different banks, and each tile line stays whole (BF16:
+// 16-unit lines, rows 16 apart to opposite halves; FP32: 8-unit lines, rows 8 apart).
 template <SourceType kType>
 __device__ __forceinline__ int RowSwizzle(int row) {
   return kType == SourceType::kBFloat16 ? ((row >> 4) & 1) << 3 : ((row >> 3) & 1) << 2;
-}
-template <SourceType kType>
-__device__ __forceinline__ int ColSwizzle(int col) {
-  return ColumnLineSwizzle<kType == SourceType::kBFloat16 ? 8 : 4>(col);
 }
 
 // The staged codes of one tile out as whole lines: 8 bytes per lane, kRowUnits lanes per
@@ -297,7 +292,7 @@ __device__ __forceinline__ void StoreTileLines(const TileArgs& a, const uint2 (*
   }
   if (a.columnwise != nullptr) {
     StoreStagedLines<kTileRows / 8, kTileCols, kThreads, true>(a.columnwise, a.rows, tile_col0, a.cols, tile_row0, a.rows,
-                                                         col_tile, ColSwizzle<kType>, warp, lane);
+                                                         col_tile, ColumnLineSwizzle<kType>, warp, lane);
   }
 }
 
@@ -403,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 4) Mxfp8TileKernel(const TileArgs a)
               __fmul_rn(f.Value(4 * h + 2, j), m), __fmul_rn(f.Value(4 * h + 3, j), m), code);
         }
         const int col = local_col0 + j;
-        col_tile[col][(local_row0 / 8) ^ ColSwizzle<kType>(col)] = make_uint2(w[0], w[1]);
+        col_tile[col][(local_row0 / 8) ^ ColumnLineSwizzle<kType>(col)] = make_uint2(w[0], w[1]);
       }
     }
 

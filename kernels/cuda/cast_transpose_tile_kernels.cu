@@ -222,13 +222,10 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
-// Staging swizzles (8-byte units of a 128-byte tile line, device_common.cuh). Rowwise: rows
-// 16 apart, whose lanes store the same units, go to opposite halves of the line.
+// Rowwise staging swizzle (8-byte units of a 128-byte tile line; columnwise:
+// ColumnLineSwizzle, device_common.cuh): rows 16 apart, whose lanes store the same units, go
+// to opposite halves of the line.
 __device__ __forceinline__ int RowSwizzle(int row) { return ((row >> 4) & 1) << 3; }
-template <SourceType kType>
-__device__ __forceinline__ int ColSwizzle(int col) {
-  return ColumnLineSwizzle<kType == SourceType::kBFloat16 ? 8 : 4>(col);
-}
 
 // One 128 x 128 tile per block. Warp w covers rows 32 * (w % 4) .. + 31 and columns
 // 64 * (w / 4) .. + 63 of the tile; lane l owns rows 8 * (l % 4) .. + 7 of those and the
@@ -310,7 +307,7 @@ __global__ void __launch_bounds__(kFastThreads)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = static_cast<int>(c[g] - tile_col0) + i;
-        col_tile[col][(tile_r / 8) ^ ColSwizzle<kType>(col)] = make_uint2(top[i], bottom[i]);
+        col_tile[col][(tile_r / 8) ^ ColumnLineSwizzle<kType>(col)] = make_uint2(top[i], bottom[i]);
       }
     }
   }
@@ -322,7 +319,7 @@ __global__ void __launch_bounds__(kFastThreads)
     }
     if (columnwise != nullptr) {
       StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads, true>(
-          columnwise, rows, tile_col0, cols, tile_row0, rows, col_tile, ColSwizzle<kType>, warp, lane);
+          columnwise, rows, tile_col0, cols, tile_row0, rows, col_tile, ColumnLineSwizzle<kType>, warp, lane);
     }
   }
 

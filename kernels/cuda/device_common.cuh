@@ -142,11 +142,13 @@ __device__ __forceinline__ float DecodeFp8(uint8_t code) {
 // line (bench/NOTES.md items 17, 19, 20).
 
 // Unit swizzle of a columnwise tile line (128 rows of one column): a fragment thread holds
-// 4 or 8 adjacent columns and the lanes of one warp store start `kColumnStep` (8: BF16
-// fragments, 4: FP32) columns apart, so XOR-ing bits 2-3 of the unit with that lane index
-// spreads a warp's 256 bytes over all banks (two wavefronts) and keeps every line whole.
-template <int kColumnStep>
+// 4 or 8 adjacent columns and the lanes of one warp store start 8 (BF16 fragments) or 4
+// (FP32) columns apart, so XOR-ing bits 2-3 of the unit with that lane index spreads a
+// warp's 256 bytes over all banks (two wavefronts) and keeps every line whole. The division
+// is unsigned: a signed one cost the cast-transpose 11% (bench/NOTES.md item 22).
+template <SourceType kType>
 __device__ __forceinline__ int ColumnLineSwizzle(int column) {
+  constexpr unsigned kColumnStep = kType == SourceType::kBFloat16 ? 8u : 4u;
   return static_cast<int>(((static_cast<unsigned>(column) / kColumnStep) & 3u) << 2);
 }
 
