@@ -228,7 +228,12 @@ __global__ void __launch_bounds__(kRtMaxWarps * 32, 1)
   if (p.amax_bits != nullptr) {
     // |y| max as FP32 bits: non-negative, so integer order is value order (NaN above Inf).
     const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
-    if (lane == 0 && bits != 0u) atomicMax(p.amax_bits, bits);
+    if (lane == 0) {
+      // The amax reset (LaunchRtClusters); waited for even with nothing to add, so that this
+      // grid cannot complete before it.
+      WaitPrerequisiteGrids();
+      if (bits != 0u) atomicMax(p.amax_bits, bits);
+    }
   }
   if (!kMx && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
     if (p.rowwise_scale_inv != nullptr) *p.rowwise_scale_inv = p.scale_inv;

@@ -406,6 +406,106 @@ std::vector<StatsWarpCase> StatsWarpCases() {
 INSTANTIATE_TEST_SUITE_P(Shapes, StatsWarpGpuTest, ::testing::ValuesIn(StatsWarpCases()),
                          StatsWarpName);
 
+// The amax word is reset by a kernel that lets the norm kernel start before the reset has
+// finished (programmatic dependent launch: LaunchRtClusters); the norm kernel waits for it
+// only before its atomicMax. Launches queued back to back on one stream, alternating two
+// gammas (the second a quarter of the first, so a missed reset shows the larger amax and a
+// late one a smaller value or 0), each followed by a device-side copy of the word: every
+// copy must hold the amax of a launch of that gamma alone. A tiny one-CTA shape (the kernel
+// is done within microseconds, so the reset's and the kernel's windows overlap most) and a
+// cluster-of-8 shape, each on the stats-warp and the register-tile kernel, with and without
+// y (the codes-only launch takes the paired order).
+TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  constexpr int kLaunches = 24;
+  struct Shape {
+    int64_t n, h;
+  };
+  for (const Shape shape : {Shape{8, 64}, Shape{256, 8192}}) {
+    const int64_t numel = shape.n * shape.h;
+    Tensor x32 = RandomInput(DType::kFloat32, shape.n, shape.h, 4242 + shape.h);
+    const Tensor x = OnDevice(kernels::cpu::CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value());
+    Tensor gamma_host = RandomVector(shape.h, 0.5f, 1.5f, 17);
+    Tensor quarter_host = gamma_host.Clone().value();
+    for (int64_t j = 0; j < shape.h; ++j) quarter_host.data<float>()[j] *= 0.25f;
+    const Tensor gammas[2] = {OnDevice(gamma_host), OnDevice(quarter_host)};
+    const Tensor beta = OnDevice(RandomVector(shape.h, -0.01f, 0.01f, 18));
+    float* y = nullptr;
+    uint8_t *rowwise = nullptr, *columnwise = nullptr;
+    float *rsigma = nullptr, *scale_inv = nullptr;
+    uint32_t *amax = nullptr, *copies = nullptr;
+    ASSERT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&rsigma, shape.n * 4), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&copies, kLaunches * 4), cudaSuccess);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    for (const NormForwardKernel kernel : {NormForwardKernel::kAuto, NormForwardKernel::kRegisterTile}) {
+      for (const bool with_y : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(ShapeName(shape.n, shape.h), kernel == NormForwardKernel::kAuto ? " stats warp"
+                                                                                                   : " register tile",
+                                  with_y ? " with y" : " codes only"));
+        kernels::cuda::NormForwardParams p;
+        p.x = x.raw_data();
+        p.x_type = kernels::cuda::NormDType::kBFloat16;
+        p.rows = shape.n;
+        p.cols = shape.h;
+        p.beta = beta.data<float>();
+        p.eps = 1e-5f;
+        p.y = with_y ? y : nullptr;
+        p.rsigma = rsigma;
+        p.scale = 1.0f;
+        p.scale_inv = 1.0f;
+        p.rowwise = rowwise;
+        p.columnwise = columnwise;
+        p.rowwise_scale_inv = scale_inv;
+        p.columnwise_scale_inv = scale_inv + 1;
+        p.amax_bits = amax;
+        p.kernel = kernel;
+        kernels::cuda::NormForwardPlan plan;
+        ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
+        EXPECT_EQ(plan.stats_warp, kernel == NormForwardKernel::kAuto);
+        // Each gamma alone, synchronized, from a poisoned word.
+        uint32_t want[2] = {0, 0};
+        for (int g = 0; g < 2; ++g) {
+          p.gamma = gammas[g].data<float>();
+          ASSERT_EQ(cudaMemset(amax, 0xFF, 4), cudaSuccess);
+          ASSERT_EQ(kernels::cuda::LaunchNormForward(p, stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(&want[g], amax, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        }
+        float want_f[2];
+        std::memcpy(want_f, want, 8);
+        ASSERT_GT(want_f[0], want_f[1]);  // |y| scales with gamma (beta is small)
+        ASSERT_GT(want_f[1], 0.0f);
+        // Back to back, no synchronization in between.
+        ASSERT_EQ(cudaMemsetAsync(copies, 0xFF, kLaunches * 4, stream), cudaSuccess);
+        for (int i = 0; i < kLaunches; ++i) {
+          p.gamma = gammas[i % 2].data<float>();
+          ASSERT_EQ(kernels::cuda::LaunchNormForward(p, stream), cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(copies + i, amax, 4, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+        }
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        const std::vector<uint8_t> got = ToHost(copies, kLaunches * 4);
+        for (int i = 0; i < kLaunches; ++i) {
+          uint32_t bits = 0;
+          std::memcpy(&bits, got.data() + 4 * i, 4);
+          EXPECT_EQ(bits, want[i % 2]) << "launch " << i;
+        }
+      }
+    }
+    EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    for (void* ptr : {static_cast<void*>(y), static_cast<void*>(rowwise), static_cast<void*>(columnwise),
+                      static_cast<void*>(rsigma), static_cast<void*>(scale_inv), static_cast<void*>(amax),
+                      static_cast<void*>(copies)}) {
+      cudaFree(ptr);
+    }
+  }
+}
+
 #else
 
 TEST(StatsWarpGpu, SkippedWithoutCuda) {
