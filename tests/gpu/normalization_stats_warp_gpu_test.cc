@@ -432,11 +432,12 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     const Tensor beta = OnDevice(RandomVector(shape.h, -0.01f, 0.01f, 18));
     float* y = nullptr;
     uint8_t *rowwise = nullptr, *columnwise = nullptr;
-    float *rsigma = nullptr, *scale_inv = nullptr;
+    float *mu = nullptr, *rsigma = nullptr, *scale_inv = nullptr;
     uint32_t *amax = nullptr, *copies = nullptr;
     ASSERT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
     ASSERT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
     ASSERT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
+    ASSERT_EQ(DeviceAlloc(&mu, shape.n * 4), cudaSuccess);
     ASSERT_EQ(DeviceAlloc(&rsigma, shape.n * 4), cudaSuccess);
     ASSERT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
     ASSERT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
@@ -456,6 +457,7 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         p.beta = beta.data<float>();
         p.eps = 1e-5f;
         p.y = with_y ? y : nullptr;
+        p.mu = mu;
         p.rsigma = rsigma;
         p.scale = 1.0f;
         p.scale_inv = 1.0f;
@@ -499,8 +501,8 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     }
     EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
     for (void* ptr : {static_cast<void*>(y), static_cast<void*>(rowwise), static_cast<void*>(columnwise),
-                      static_cast<void*>(rsigma), static_cast<void*>(scale_inv), static_cast<void*>(amax),
-                      static_cast<void*>(copies)}) {
+                      static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
+                      static_cast<void*>(amax), static_cast<void*>(copies)}) {
       cudaFree(ptr);
     }
   }
