@@ -40,6 +40,7 @@ std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
   return std::string(plan.stats_warp ? (plan.contiguous_row_groups ? "stats-warp register tile (contiguous row groups) "
+                                        : plan.quad_row_groups     ? "stats-warp register tile (quad row groups) "
                                         : plan.paired_row_groups   ? "stats-warp register tile (paired row groups) "
                                                                    : "stats-warp register tile (strided row groups) ")
                      : plan.register_tile ? "register tile "
@@ -97,6 +98,9 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   NormForwardParams contiguous = base;
   contiguous.kernel = kernels::cuda::NormForwardKernel::kStatsWarpContiguous;
   forward("layernorm_fwd_fp8_contiguous", contiguous, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams quads = base;
+  quads.kernel = kernels::cuda::NormForwardKernel::kStatsWarpQuads;
+  forward("layernorm_fwd_fp8_quads", quads, numel * 2 + numel * 2 + stats_ln);
   NormForwardParams codec = base;
   codec.encoder = Fp8Encoder::kCodec;
   forward("layernorm_fwd_fp8_codec", codec, numel * 2 + numel * 2 + stats_ln);

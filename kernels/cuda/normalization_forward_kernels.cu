@@ -473,6 +473,7 @@ cudaError_t PlanOrLaunchForward(const NormForwardParams& p, NormForwardPlan* pla
     plan->register_tile = false;
     plan->stats_warp = false;
     plan->contiguous_row_groups = false;
+    plan->quad_row_groups = false;
     plan->ctas = static_cast<int>(groups_in_flight * g.slices);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;

@@ -37,8 +37,12 @@ enum class Fp8Encoder { kHardware, kCodec };
 //                         register-tile kernel;
 //   kRegisterTile:        never the stats-warp kernel;
 //   kStatsWarpContiguous: the stats-warp kernel, each cluster taking one block of
-//                         consecutive 32-row groups (measured slower: bench/NOTES.md).
-enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpContiguous };
+//                         consecutive 32-row groups (measured slower: bench/NOTES.md);
+//   kStatsWarpQuads:      as kAuto, but where kAuto takes adjacent pairs of row groups
+//                         (codes without y) each cluster takes two adjacent pairs, so one
+//                         CTA writes whole 128-byte columnwise lines (measured slower:
+//                         bench/NOTES.md item 25).
+enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpContiguous, kStatsWarpQuads };
 
 struct NormForwardParams {
   bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm
@@ -93,6 +97,8 @@ struct NormForwardPlan {
   bool paired_row_groups = false;  // stats-warp kernel, per-tensor columnwise codes and no y:
                                    // groups taken in adjacent pairs, whose columnwise codes
                                    // are stored as 64-byte runs
+  bool quad_row_groups = false;  // paired, and two adjacent pairs per cluster first
+                                 // (NormForwardKernel::kStatsWarpQuads)
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

@@ -312,6 +312,7 @@ cudaError_t RegisterTileForward(const NormForwardParams& p, int usable_sms, Norm
     FillRtPlan(g, clusters, ctas_per_sm, usable_sms, StagingBytes(g.warps), plan);
     plan->stats_warp = false;
     plan->contiguous_row_groups = false;
+    plan->quad_row_groups = false;
   }
   if (!launch) return cudaSuccess;
   return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g);

@@ -86,6 +86,10 @@ constexpr int kComputeBarrier = 5;   // the compute warps alone (kMx: after the 
 constexpr int kScaleRowBytes = 2 * kRtMaxWarps;  // rowwise E8M0 codes of one row of a CTA
 constexpr int kStages = 3;           // x tiles in shared memory (64 KiB each at 16 warps)
 constexpr uint32_t kStageAlign = 1024;  // byte alignment of the first stage
+// Row-group order bits of the kernel's `order` argument (neither: strided, paired where
+// UsesPairs).
+constexpr int kContiguousOrder = 1;  // NormForwardKernel::kStatsWarpContiguous
+constexpr int kQuadOrder = 2;        // NormForwardKernel::kStatsWarpQuads (paired instantiation)
 
 // Codes of v[0..3] * scale (v[0] in the low byte), products by one FP32 multiply each, for
 // values the caller knows hold no NaN product: the two pair conversions merge into one word
@@ -164,9 +168,9 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
   return tile_max;
 }
 
-// Pairs of full 32-row groups each of `clusters` clusters takes in the paired order (the
-// kernel and the plan).
-__host__ __device__ inline int64_t PairRounds(int64_t rows, int64_t clusters) { return rows / kRtRows / 2 / clusters; }
+// Pairs of full 32-row groups each of `clusters` clusters takes in the paired order without
+// the quad bit (the plan's test for pairs).
+inline int64_t PairRounds(int64_t rows, int64_t clusters) { return rows / kRtRows / 2 / clusters; }
 
 // Columnwise codes of a pair of row groups, 64 rows from `row0` (the first group's rows
 // 8 rg .. 8 rg + 7 in held_*, the second's in now_*; columns col .. col + 7, lane =
@@ -248,13 +252,17 @@ __device__ __forceinline__ void WriteRowScales(const NormForwardParams& p, const
 // sectors of each 128-byte line of the columnwise copy (rows 128 k .. 128 k + 127 of a
 // column) except at block ends, instead of four clusters on different SMs writing one
 // sector each at the same time; with kPaired, adjacent pairs (2 q, 2 q + 1), q = y, y + C,
-// ..., then the left-over groups y, y + C, ... among them (the header says why); else the
-// register-tile kernel's order y, y + C, ... All three give every cluster floor(G / C) or
-// ceil(G / C) groups. kY: p.y is set (a template flag, so the codes-only path carries no
+// ..., then the left-over groups y, y + C, ... among them (the header says why); with kPaired
+// and the quad bit (kStatsWarpQuads), pairs of adjacent pairs first, groups 4 q .. 4 q + 3 for
+// q = y, y + C, ..., so that one CTA writes both halves of each columnwise line, then pairs
+// and single groups of what is left as before; else the register-tile kernel's order
+// y, y + C, ... All of them give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template flag, so the codes-only path carries no
 // per-row y test).
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY, bool kMx, bool kPaired>
 __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
-    NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, bool contiguous) {
+    NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, int order) {
+  const bool contiguous = (order & kContiguousOrder) != 0;
+  const bool quad = (order & kQuadOrder) != 0;
   __shared__ float2 warp_stats[2][kRtMaxWarps][kRtRows];  // (mean, m2) of 64 columns per row
   __shared__ float2 parts[2][kRtMaxCluster][kRtRows];     // CTA partials pushed by each rank
   __shared__ float2 row_stats[2][kRtRows];                // (mu, rsigma)
@@ -292,11 +300,17 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   // Paired order (per-tensor columnwise output): tiles 0 .. paired_tiles - 1 are the pairs of
   // full groups (2 q, 2 q + 1) for q = y, y + C, ..., so that the compute warps can store 64
   // contiguous rows of each column at once; the groups left over (fewer than 2 C, the partial
-  // last one among them) follow one by one, strided.
+  // last one among them) follow one by one, strided. With the quad bit the pairs come as
+  // (4 q, 4 q + 1), (4 q + 2, 4 q + 3) while every cluster has four full groups left. The quad
+  // order itself is slower (bench/NOTES.md item 25), but ptxas schedules this kernel's paired
+  // LN instantiation ~2 us faster with the branch in group_of than without (same item), so
+  // the default paired order runs through the same code with quad_rounds 0.
   const bool paired = kPaired && !contiguous;
-  const int64_t pair_rounds = paired ? PairRounds(p.rows, stride) : 0;
-  const int paired_tiles = static_cast<int>(2 * pair_rounds);
-  const int64_t singles0 = 2 * pair_rounds * stride;  // first group taken one by one
+  const int64_t quad_rounds = paired && quad ? p.rows / kRtRows / 4 / stride : 0;
+  const int64_t quad_groups = 4 * quad_rounds * stride;
+  const int64_t pair_rounds = paired ? (p.rows / kRtRows - quad_groups) / 2 / stride : 0;
+  const int paired_tiles = static_cast<int>(4 * quad_rounds + 2 * pair_rounds);
+  const int64_t singles0 = quad_groups + 2 * pair_rounds * stride;  // first group taken one by one
   int tiles = 0;
   if (contiguous) {
     tiles = static_cast<int>((blockIdx.y + 1) * g.row_groups / stride - first);
@@ -307,7 +321,14 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   }
   auto group_of = [&](int i) -> int64_t {
     if (contiguous) return first + i;
-    if (i < paired_tiles) return 2 * (blockIdx.y + (i >> 1) * stride) + (i & 1);
+    if (i < 4 * quad_rounds) {
+      const int j = i >> 1;
+      return 4 * (blockIdx.y + (j >> 1) * stride) + 2 * (j & 1) + (i & 1);
+    }
+    if (i < paired_tiles) {
+      const int k = i - static_cast<int>(4 * quad_rounds);
+      return quad_groups + 2 * (blockIdx.y + (k >> 1) * stride) + (k & 1);
+    }
     return singles0 + blockIdx.y + (i - paired_tiles) * stride;
   };
   const uint32_t part_bytes = static_cast<uint32_t>(g.cluster * kRtRows * sizeof(float2));
@@ -609,13 +630,19 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   cluster.sync();  // no CTA leaves while a peer's st.async into it may be in flight
 }
 
-using KernelFn = void (*)(NormForwardParams, RtGeometry, bool);
+using KernelFn = void (*)(NormForwardParams, RtGeometry, int);
 
 // The paired row-group order (columnwise codes stored as 64-byte runs) is an instantiation
 // of its own: its held codes cost the other outputs' kernels registers. Not with y: there
 // ptxas spilled 40 bytes per thread.
 bool UsesPairs(const NormForwardParams& p) {
   return !p.mxfp8 && p.columnwise != nullptr && p.y == nullptr && p.kernel != NormForwardKernel::kStatsWarpContiguous;
+}
+
+// The kernel's `order` bits for p.kernel.
+int OrderOf(const NormForwardParams& p) {
+  if (p.kernel == NormForwardKernel::kStatsWarpContiguous) return kContiguousOrder;
+  return p.kernel == NormForwardKernel::kStatsWarpQuads ? kQuadOrder : 0;
 }
 
 template <NormDType kType, Fp8Format kFormat, bool kY, bool kMx, bool kPaired = false>
@@ -691,11 +718,14 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     FillRtPlan(g, clusters, ctas_per_sm, usable_sms, StagingBytes(g.warps), plan);
     plan->stats_warp = true;
     plan->contiguous_row_groups = contiguous;
-    // The kernel's pair_rounds: whether every cluster gets at least one pair.
+    // The kernel's pair_rounds / quad_rounds: whether every cluster gets at least one pair /
+    // four full groups.
     plan->paired_row_groups = UsesPairs(p) && PairRounds(p.rows, clusters) > 0;
+    plan->quad_row_groups = UsesPairs(p) && (OrderOf(p) & kQuadOrder) != 0 && p.rows / kRtRows / 4 / clusters > 0;
   }
   if (!launch) return cudaSuccess;
-  return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g, contiguous);
+  return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g,
+                          OrderOf(p));
 }
 
 }  // namespace cuda

@@ -8,6 +8,7 @@
 //   columnwise copy is written without y, the pairs' columnwise codes stored together: the
 //   codes-only launch checks those bytes too);
 //   kStatsWarpContiguous: stats warp, one block of consecutive groups per cluster;
+//   kStatsWarpQuads: as kAuto, the codes-only launch taking two adjacent pairs per cluster;
 //   kRegisterTile) write the same bytes: y (FP32), rowwise and columnwise codes, mu,
 //   rsigma, amax and the scale inverses (same tile arithmetic and merge order by
 //   construction);
@@ -226,6 +227,12 @@ TEST_P(StatsWarpGpuTest, PlansTheStatsWarpKernelWithItsRowGroupOrder) {
   const int64_t clusters = codes_only.plan.ctas / codes_only.plan.cluster_size;
   EXPECT_EQ(codes_only.plan.paired_row_groups, GetParam().n / 32 / 2 / clusters > 0);
   EXPECT_FALSE(codes_only.plan.contiguous_row_groups);
+  EXPECT_FALSE(codes_only.plan.quad_row_groups);
+  const Outputs quads = Launch(NormForwardKernel::kStatsWarpQuads, kernels::cuda::NormDType::kFloat32, false);
+  EXPECT_TRUE(quads.plan.stats_warp);
+  EXPECT_EQ(quads.plan.paired_row_groups, codes_only.plan.paired_row_groups);
+  EXPECT_EQ(quads.plan.quad_row_groups, GetParam().n / 32 / 4 / clusters > 0);
+  EXPECT_FALSE(Launch(NormForwardKernel::kStatsWarpQuads).plan.quad_row_groups);  // y is written
   const Outputs contiguous = Launch(NormForwardKernel::kStatsWarpContiguous);
   EXPECT_TRUE(contiguous.plan.stats_warp);
   EXPECT_TRUE(contiguous.plan.contiguous_row_groups);
@@ -259,6 +266,9 @@ TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
   // the same codes, statistics and amax as the register-tile kernel writes with y.
   SCOPED_TRACE("kAuto, codes only");
   ExpectSameCodesAndStatistics(Launch(NormForwardKernel::kAuto, kernels::cuda::NormDType::kFloat32, false), want);
+  SCOPED_TRACE("kStatsWarpQuads, codes only");
+  ExpectSameCodesAndStatistics(Launch(NormForwardKernel::kStatsWarpQuads, kernels::cuda::NormDType::kFloat32, false),
+                               want);
 }
 
 // BF16 and FP16 y are the FP32 y converted per value (FloatToBf16 / the hardware RN
