@@ -3,7 +3,8 @@
 // forward kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200,
 // 16384 x 8192 BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md):
 // 152.9 us (3.51 TB/s) at 1c350f9, 151.7 us at 5f02220 (amax reset as a dependent launch:
-// LaunchRtClusters), against 236 us for the register-tile kernel (the columnwise codes are
+// LaunchRtClusters), 149.9 us (3.58 TB/s) at 2bd486a (a schedule: the quad order's comment
+// below), against 236 us for the register-tile kernel (the columnwise codes are
 // stored under an L2 evict-last policy since 027115f: 2-3 us). The MXFP8
 // output (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) runs
 // 330 us (two normalization passes: bench/NOTES.md item 13).
