@@ -103,6 +103,56 @@ std::vector<float> AsFloats(const std::vector<uint8_t>& bytes) {
   return v;
 }
 
+// Device buffers for every output of a forward launch on n x h, poisoned (y NaN, codes 0xA5,
+// statistics, scale inverses and amax all ones bits), freed with the object.
+struct ForwardBuffers {
+  ForwardBuffers(int64_t n, int64_t h) : numel(n * h) {
+    EXPECT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&mu, n * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&rsigma, n * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(y, 0xFF, numel * 4), cudaSuccess);  // NaN
+    EXPECT_EQ(cudaMemset(rowwise, 0xA5, numel), cudaSuccess);
+    EXPECT_EQ(cudaMemset(columnwise, 0xA5, numel), cudaSuccess);
+    EXPECT_EQ(cudaMemset(mu, 0xFF, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(rsigma, 0xFF, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(scale_inv, 0xFF, 8), cudaSuccess);
+    EXPECT_EQ(cudaMemset(amax, 0xFF, 4), cudaSuccess);
+    // cudaMemset is ordered on the legacy default stream only: done before any launch on
+    // another stream.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  ~ForwardBuffers() {
+    for (void* ptr : {y, static_cast<void*>(rowwise), static_cast<void*>(columnwise), static_cast<void*>(mu),
+                      static_cast<void*>(rsigma), static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
+      cudaFree(ptr);
+    }
+  }
+  ForwardBuffers(const ForwardBuffers&) = delete;
+  ForwardBuffers& operator=(const ForwardBuffers&) = delete;
+
+  // Points p's outputs at these buffers: y only with `with_y`, mu only for LayerNorm.
+  void Attach(kernels::cuda::NormForwardParams* p, bool with_y) const {
+    p->y = with_y ? y : nullptr;
+    p->mu = p->rms ? nullptr : mu;
+    p->rsigma = rsigma;
+    p->rowwise = rowwise;
+    p->columnwise = columnwise;
+    p->rowwise_scale_inv = scale_inv;
+    p->columnwise_scale_inv = scale_inv + 1;
+    p->amax_bits = amax;
+  }
+
+  int64_t numel;
+  void* y = nullptr;
+  uint8_t *rowwise = nullptr, *columnwise = nullptr;
+  float *mu = nullptr, *rsigma = nullptr, *scale_inv = nullptr;
+  uint32_t* amax = nullptr;
+};
+
 class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
  protected:
   void SetUp() override {
@@ -140,25 +190,8 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
                  kernels::cuda::NormDType y_type = kernels::cuda::NormDType::kFloat32, bool with_y = true) const {
     const StatsWarpCase& c = GetParam();
     const int64_t numel = c.n * c.h;
-    void* y = nullptr;
-    uint8_t *rowwise = nullptr, *columnwise = nullptr;
-    float *mu = nullptr, *rsigma = nullptr, *scale_inv = nullptr;
-    uint32_t* amax = nullptr;
+    const ForwardBuffers buffers(c.n, c.h);
     Outputs out;
-    EXPECT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
-    EXPECT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
-    EXPECT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
-    EXPECT_EQ(DeviceAlloc(&mu, c.n * 4), cudaSuccess);
-    EXPECT_EQ(DeviceAlloc(&rsigma, c.n * 4), cudaSuccess);
-    EXPECT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
-    EXPECT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(y, 0xFF, numel * 4), cudaSuccess);  // NaN
-    EXPECT_EQ(cudaMemset(rowwise, 0xA5, numel), cudaSuccess);
-    EXPECT_EQ(cudaMemset(columnwise, 0xA5, numel), cudaSuccess);
-    EXPECT_EQ(cudaMemset(mu, 0xFF, c.n * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(rsigma, 0xFF, c.n * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(scale_inv, 0xFF, 8), cudaSuccess);
-    EXPECT_EQ(cudaMemset(amax, 0xFF, 4), cudaSuccess);
 
     kernels::cuda::NormForwardParams p;
     p.rms = !layer_norm();
@@ -171,35 +204,23 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
     p.beta = layer_norm() ? beta_gpu_.data<float>() : nullptr;
     p.eps = 1e-5f;
     p.zero_centered_gamma = c.zero_centered;
-    p.y = with_y ? y : nullptr;
+    buffers.Attach(&p, with_y);
     p.y_type = y_type;
-    p.mu = layer_norm() ? mu : nullptr;
-    p.rsigma = rsigma;
     p.format = c.format == DType::kFloat8E4M3 ? kernels::cuda::Fp8Format::kE4M3
                                               : kernels::cuda::Fp8Format::kE5M2;
     p.scale = scale_;
     p.scale_inv = 1.0f / scale_;
-    p.rowwise = rowwise;
-    p.columnwise = columnwise;
-    p.rowwise_scale_inv = scale_inv;
-    p.columnwise_scale_inv = scale_inv + 1;
-    p.amax_bits = amax;
     p.kernel = kernel;
     EXPECT_EQ(kernels::cuda::PlanNormForward(p, &out.plan), cudaSuccess);
     EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    out.y = ToHost(y, y_type == kernels::cuda::NormDType::kFloat32 ? numel * 4 : numel * 2);
-    out.rowwise = ToHost(rowwise, numel);
-    out.columnwise = ToHost(columnwise, numel);
-    if (layer_norm()) out.mu = ToHost(mu, c.n * 4);
-    out.rsigma = ToHost(rsigma, c.n * 4);
-    out.scale_inv = ToHost(scale_inv, 8);
-    out.amax = ToHost(amax, 4);
-    for (void* ptr : {y, static_cast<void*>(rowwise), static_cast<void*>(columnwise),
-                      static_cast<void*>(mu), static_cast<void*>(rsigma),
-                      static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
-      cudaFree(ptr);
-    }
+    out.y = ToHost(buffers.y, y_type == kernels::cuda::NormDType::kFloat32 ? numel * 4 : numel * 2);
+    out.rowwise = ToHost(buffers.rowwise, numel);
+    out.columnwise = ToHost(buffers.columnwise, numel);
+    if (layer_norm()) out.mu = ToHost(buffers.mu, c.n * 4);
+    out.rsigma = ToHost(buffers.rsigma, c.n * 4);
+    out.scale_inv = ToHost(buffers.scale_inv, 8);
+    out.amax = ToHost(buffers.amax, 4);
     return out;
   }
 
@@ -432,7 +453,6 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     int64_t n, h;
   };
   for (const Shape shape : {Shape{8, 64}, Shape{256, 8192}}) {
-    const int64_t numel = shape.n * shape.h;
     Tensor x32 = RandomInput(DType::kFloat32, shape.n, shape.h, 4242 + shape.h);
     const Tensor x = OnDevice(kernels::cpu::CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value());
     Tensor gamma_host = RandomVector(shape.h, 0.5f, 1.5f, 17);
@@ -440,17 +460,8 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     for (int64_t j = 0; j < shape.h; ++j) quarter_host.data<float>()[j] *= 0.25f;
     const Tensor gammas[2] = {OnDevice(gamma_host), OnDevice(quarter_host)};
     const Tensor beta = OnDevice(RandomVector(shape.h, -0.01f, 0.01f, 18));
-    float* y = nullptr;
-    uint8_t *rowwise = nullptr, *columnwise = nullptr;
-    float *mu = nullptr, *rsigma = nullptr, *scale_inv = nullptr;
-    uint32_t *amax = nullptr, *copies = nullptr;
-    ASSERT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
-    ASSERT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
-    ASSERT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
-    ASSERT_EQ(DeviceAlloc(&mu, shape.n * 4), cudaSuccess);
-    ASSERT_EQ(DeviceAlloc(&rsigma, shape.n * 4), cudaSuccess);
-    ASSERT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
-    ASSERT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
+    const ForwardBuffers buffers(shape.n, shape.h);
+    uint32_t* copies = nullptr;
     ASSERT_EQ(DeviceAlloc(&copies, kLaunches * 4), cudaSuccess);
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -466,16 +477,9 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         p.cols = shape.h;
         p.beta = beta.data<float>();
         p.eps = 1e-5f;
-        p.y = with_y ? y : nullptr;
-        p.mu = mu;
-        p.rsigma = rsigma;
+        buffers.Attach(&p, with_y);
         p.scale = 1.0f;
         p.scale_inv = 1.0f;
-        p.rowwise = rowwise;
-        p.columnwise = columnwise;
-        p.rowwise_scale_inv = scale_inv;
-        p.columnwise_scale_inv = scale_inv + 1;
-        p.amax_bits = amax;
         p.kernel = kernel;
         kernels::cuda::NormForwardPlan plan;
         ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
@@ -484,10 +488,10 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         uint32_t want[2] = {0, 0};
         for (int g = 0; g < 2; ++g) {
           p.gamma = gammas[g].data<float>();
-          ASSERT_EQ(cudaMemset(amax, 0xFF, 4), cudaSuccess);
+          ASSERT_EQ(cudaMemsetAsync(buffers.amax, 0xFF, 4, stream), cudaSuccess);
           ASSERT_EQ(kernels::cuda::LaunchNormForward(p, stream), cudaSuccess);
           ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-          ASSERT_EQ(cudaMemcpy(&want[g], amax, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(&want[g], buffers.amax, 4, cudaMemcpyDeviceToHost), cudaSuccess);
         }
         float want_f[2];
         std::memcpy(want_f, want, 8);
@@ -498,7 +502,7 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         for (int i = 0; i < kLaunches; ++i) {
           p.gamma = gammas[i % 2].data<float>();
           ASSERT_EQ(kernels::cuda::LaunchNormForward(p, stream), cudaSuccess);
-          ASSERT_EQ(cudaMemcpyAsync(copies + i, amax, 4, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(copies + i, buffers.amax, 4, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
         }
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         const std::vector<uint8_t> got = ToHost(copies, kLaunches * 4);
@@ -510,11 +514,7 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
       }
     }
     EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-    for (void* ptr : {static_cast<void*>(y), static_cast<void*>(rowwise), static_cast<void*>(columnwise),
-                      static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
-                      static_cast<void*>(amax), static_cast<void*>(copies)}) {
-      cudaFree(ptr);
-    }
+    cudaFree(copies);
   }
 }
 
