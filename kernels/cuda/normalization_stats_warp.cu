@@ -257,8 +257,8 @@ __device__ __forceinline__ void WriteRowScales(const NormForwardParams& p, const
 // and the quad bit (kStatsWarpQuads), pairs of adjacent pairs first, groups 4 q .. 4 q + 3 for
 // q = y, y + C, ..., so that one CTA writes both halves of each columnwise line, then pairs
 // and single groups of what is left as before; else the register-tile kernel's order
-// y, y + C, ... All of them give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y is set (a template flag, so the codes-only path carries no
-// per-row y test).
+// y, y + C, ... All of them give every cluster floor(G / C) or ceil(G / C) groups. kY: p.y
+// is set (a template flag, so the codes-only path carries no per-row y test).
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY, bool kMx, bool kPaired>
 __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     NormForwardStatsWarpKernel(NormForwardParams p, RtGeometry g, int order) {
