@@ -270,14 +270,6 @@ __device__ __forceinline__ uint32_t EncodeWord(float a, float b, float c, float 
   return code == 0xFFu ? kFp8NanWord : w;
 }
 
-// Rowwise staging swizzle in 8-byte units (columnwise: ColumnLineSwizzle, device_common.cuh):
-// the lanes of one warp store go to different banks, and each tile line stays whole (BF16:
-// 16-unit lines, rows 16 apart to opposite halves; FP32: 8-unit lines, rows 8 apart).
-template <SourceType kType>
-__device__ __forceinline__ int RowSwizzle(int row) {
-  return kType == SourceType::kBFloat16 ? ((row >> 4) & 1) << 3 : ((row >> 3) & 1) << 2;
-}
-
 // The staged codes of one tile out as whole lines: 8 bytes per lane, kRowUnits lanes per
 // rowwise line (kTileRows lines) and 16 per columnwise line (kTileCols lines). 8-byte
 // stores of 64-byte (rowwise) and 32-byte (columnwise) runs from registers made 2-4 L2
@@ -288,11 +280,11 @@ __device__ __forceinline__ void StoreTileLines(const TileArgs& a, const uint2 (*
                                                int64_t tile_col0, int warp, int lane) {
   if (a.rowwise != nullptr) {
     StoreStagedLines<kRowUnits, kTileRows, kThreads>(a.rowwise, a.cols, tile_row0, a.rows, tile_col0, a.cols,
-                                                     row_tile, RowSwizzle<kType>, warp, lane);
+                                                     row_tile, RowLineSwizzle<kRowUnits>, warp, lane);
   }
   if (a.columnwise != nullptr) {
-    StoreStagedLines<kTileRows / 8, kTileCols, kThreads, true>(a.columnwise, a.rows, tile_col0, a.cols, tile_row0, a.rows,
-                                                         col_tile, ColumnLineSwizzle<kType>, warp, lane);
+    StoreStagedLines<kTileRows / 8, kTileCols, kThreads, true>(a.columnwise, a.rows, tile_col0, a.cols, tile_row0,
+                                                               a.rows, col_tile, ColumnLineSwizzle<kType>, warp, lane);
   }
 }
 
@@ -372,11 +364,11 @@ __global__ void __launch_bounds__(kThreads, 4) Mxfp8TileKernel(const TileArgs a)
               __fmul_rn(f.Value(k, 4 * q + 2), m), __fmul_rn(f.Value(k, 4 * q + 3), m), code);
         }
         const int row = local_row0 + k;
+        uint2& unit = row_tile[row][(local_col0 / 8) ^ RowLineSwizzle<kRowUnits>(row)];
         if constexpr (kCols == 8) {
-          row_tile[row][(local_col0 / 8) ^ RowSwizzle<kType>(row)] = make_uint2(w[0], w[1]);
+          unit = make_uint2(w[0], w[1]);
         } else {
-          reinterpret_cast<uint32_t*>(&row_tile[row][(local_col0 / 8) ^ RowSwizzle<kType>(row)])[(local_col0 / 4) & 1] =
-              w[0];
+          reinterpret_cast<uint32_t*>(&unit)[(local_col0 / 4) & 1] = w[0];
         }
       }
     }

@@ -222,11 +222,6 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
-// Rowwise staging swizzle (8-byte units of a 128-byte tile line; columnwise:
-// ColumnLineSwizzle, device_common.cuh): rows 16 apart, whose lanes store the same units, go
-// to opposite halves of the line.
-__device__ __forceinline__ int RowSwizzle(int row) { return ((row >> 4) & 1) << 3; }
-
 // One 128 x 128 tile per block. Warp w covers rows 32 * (w % 4) .. + 31 and columns
 // 64 * (w / 4) .. + 63 of the tile; lane l owns rows 8 * (l % 4) .. + 7 of those and the
 // two 4-column groups Fragment::GroupColumn(l / 4, g). Every access is 16 bytes (loads)
@@ -283,12 +278,13 @@ __global__ void __launch_bounds__(kFastThreads)
       const int row = tile_r + k;
       if (kType == SourceType::kBFloat16) {  // both groups adjacent: one unit
         const int col = static_cast<int>(c[0] - tile_col0);
-        row_tile[row][(col / 8) ^ RowSwizzle(row)] = make_uint2(codes[k][0], codes[k][1]);
+        row_tile[row][(col / 8) ^ RowLineSwizzle<kFastTileCols / 8>(row)] = make_uint2(codes[k][0], codes[k][1]);
       } else {
 #pragma unroll
         for (int g = 0; g < 2; ++g) {  // 4 bytes per group, half a unit
           const int col = static_cast<int>(c[g] - tile_col0);
-          reinterpret_cast<uint32_t*>(&row_tile[row][(col / 8) ^ RowSwizzle(row)])[(col / 4) & 1] = codes[k][g];
+          uint2& unit = row_tile[row][(col / 8) ^ RowLineSwizzle<kFastTileCols / 8>(row)];
+          reinterpret_cast<uint32_t*>(&unit)[(col / 4) & 1] = codes[k][g];
         }
       }
     }
@@ -315,7 +311,7 @@ __global__ void __launch_bounds__(kFastThreads)
     __syncthreads();
     if (rowwise != nullptr) {
       StoreStagedLines<kFastTileCols / 8, kFastTileRows, kFastThreads>(
-          rowwise, cols, tile_row0, rows, tile_col0, cols, row_tile, RowSwizzle, warp, lane);
+          rowwise, cols, tile_row0, rows, tile_col0, cols, row_tile, RowLineSwizzle<kFastTileCols / 8>, warp, lane);
     }
     if (columnwise != nullptr) {
       StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads, true>(

@@ -152,6 +152,17 @@ __device__ __forceinline__ int ColumnLineSwizzle(int column) {
   return static_cast<int>(((static_cast<unsigned>(column) / kColumnStep) & 3u) << 2);
 }
 
+// Unit swizzle of a rowwise tile line of kUnits 8-byte units (16: 128-byte lines, 8: 64-byte):
+// the lanes of one warp store the same units of rows kUnits apart, so those rows go to
+// opposite halves of the line; the lanes' stores spread over the banks and every line stays
+// whole.
+template <int kUnits>
+__device__ __forceinline__ int RowLineSwizzle(int row) {
+  static_assert(kUnits == 8 || kUnits == 16, "rowwise tile lines of 8 or 16 units");
+  constexpr int kShift = kUnits == 16 ? 4 : 3;
+  return ((row >> kShift) & 1) << (kShift - 1);
+}
+
 // Stores the kLines staged lines of tile[line][kUnits] (unit u of line l at
 // tile[l][u ^ swizzle(l)]) to out + (line0 + l) * line_stride + elem0 + 8 u, 8 bytes per lane,
 // whole lines per warp instruction; lines at or past line_limit and units at or past
