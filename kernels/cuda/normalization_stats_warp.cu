@@ -52,8 +52,9 @@
 //   lane keeps the first tile's columnwise codes (rows 0-3 in registers, 4-7 in shared
 //   memory) and stores them with the second tile's as 64-byte runs per column: one L2
 //   request per 64 bytes instead of per 32. Half of those stores wait for the next tile
-//   (StorePairColumns, normalization_stats_warp_tile.cuh, says why). H200, LN + FP8: 156.3-158.3 -> 155.4-156.3 us; a
-//   layout-free imitation of the same runs measured 150-152 (bench/NOTES.md item 17).
+//   (StorePairColumns, normalization_stats_warp_tile.cuh, says why). H200, LN + FP8:
+//   156.3-158.3 -> 155.4-156.3 us; a layout-free imitation of the same runs measured 150-152
+//   (bench/NOTES.md item 17).
 //   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
 //   groups instead (measured 188 us: bench/NOTES.md).
 #include <cooperative_groups.h>
