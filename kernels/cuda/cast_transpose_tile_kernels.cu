@@ -222,19 +222,88 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
+// Transposes group g of an 8 x 8 code fragment (codes[k][g], column i in byte i) into four
+// 8-byte column units (rows 0-7 of columns col .. col + 3) and stores them through unit_of.
+// The halo's staging; the tile's own staging below spells the same steps out (through this
+// helper ptxas allocated the BF16 kernel's registers differently, so it stays as measured).
+template <typename UnitOf>
+__device__ __forceinline__ void StageColumnUnits(const uint32_t codes[kUnit][2], int g, int col, UnitOf unit_of) {
+  uint32_t top_in[4], bottom_in[4], top[4], bottom[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    top_in[k] = codes[k][g];
+    bottom_in[k] = codes[k + 4][g];
+  }
+  Transpose4x4(top_in, top);
+  Transpose4x4(bottom_in, bottom);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) unit_of(col + i) = make_uint2(top[i], bottom[i]);
+}
+
 // One 128 x 128 tile per block. Warp w covers rows 32 * (w % 4) .. + 31 and columns
 // 64 * (w / 4) .. + 63 of the tile; lane l owns rows 8 * (l % 4) .. + 7 of those and the
 // two 4-column groups Fragment::GroupColumn(l / 4, g). Every access is 16 bytes (loads)
 // or 8 bytes (stores), and each warp instruction covers whole 32-byte sectors: loads 128
 // (BF16) or 2 x 64 (FP32) contiguous bytes per row, rowwise stores 64 (BF16) or 32
 // bytes per row, columnwise stores 32 bytes per transposed row (8 rows x 4 lanes).
-template <SourceType kType, Fp8Format kFormat, bool kDbias>
-__global__ void __launch_bounds__(kFastThreads)
-    FastCastTransposeKernel(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows,
-                            int64_t cols, float scale, float scale_inv,
-                            uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
-                            float* rowwise_scale_inv, float* columnwise_scale_inv,
-                            uint32_t* amax_bits, float* __restrict__ dbias_partial) {
+// Columnwise lines of a tile when rows % 32 != 0 (kHalo). Column c's copy starts at byte
+// c * rows, so when that is not a multiple of 32 every run of 128 rows starts and ends inside
+// a 32-byte sector shared with the vertically adjacent tiles, and those half-written sectors
+// cost the H200 ~17% of the kernel's time at rows % 32 = 16 and ~27% at rows % 32 = 8
+// (bench/NOTES.md item 26; a layout-free imitation with aligned runs ran at the aligned
+// shapes' speed). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c instead,
+// s = (c * rows) % 32: whole sectors, with the s rows above the tile (the halo: staged as
+// units 0-3 for rows 128 t - 32 .. 128 t - 1) encoded by this block too, and its own last s
+// rows left to tile t + 1. Tile 0 starts at row 0 and the last tile ends at `rows`: only the
+// sectors at column boundaries stay shared. A window spans at most 18 units (the last tile:
+// up to 120 own rows plus 24 halo rows), so the lanes of a line take units u and u + 16.
+template <typename Swizzle>
+__device__ __forceinline__ void StoreColumnwiseWindows(uint8_t* out, int64_t rows, int64_t cols, int64_t tile_row0,
+                                                       int64_t tile_col0, const uint2 (*tile)[kFastTileRows / 8],
+                                                       const uint2 (*halo)[4], Swizzle swizzle, int warp, int lane) {
+  const uint64_t policy = L2EvictLastPolicy();
+  constexpr int kUnits = kFastTileRows / 8;                              // 16 per own line
+  constexpr int kWarpLines = kFastTileCols / (kFastThreads / 32);        // 16 lines per warp
+  const int unit = lane % kUnits;
+  const bool last_tile = tile_row0 + kFastTileRows >= rows;
+#pragma unroll
+  for (int j = 0; j < kWarpLines / 2; ++j) {
+    const int line = warp * kWarpLines + 2 * j + lane / kUnits;
+    const int64_t c = tile_col0 + line;
+    if (c >= cols) continue;
+    const int64_t shift = (c * rows) & 31;
+    const int64_t lo = tile_row0 == 0 ? 0 : tile_row0 - shift;
+    const int64_t hi = last_tile ? rows : tile_row0 + kFastTileRows - shift;
+    const int first = static_cast<int>((lo - (tile_row0 - 32)) / 8);  // unit in [halo 0-3 | own 4-19]
+    const int n = static_cast<int>((hi - lo) / 8);
+    uint8_t* dst = out + c * rows + lo;
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int u = unit + pass * kUnits;
+      if (u < n) {
+        const int k = first + u;
+        const uint2 v = k < 4 ? halo[line][k] : tile[line][(k - 4) ^ swizzle(line)];
+        StoreGlobal8EvictLast(dst + 8 * u, v.x, v.y, policy);
+      }
+    }
+  }
+}
+
+// The halo kernel's staged halo: column c's rows 128 t - 32 + 8 k .. + 7 in unit k (a
+// function of its own so that the other kernels' shared-memory layout stays as it was).
+__device__ __forceinline__ uint2 (*HaloTile())[4] {
+  __shared__ uint2 halo_tile[kFastTileCols][4];
+  return halo_tile;
+}
+
+// The kernel body; FastCastTransposeKernel and FastCastTransposeHaloKernel below differ in
+// kHalo and their launch bounds.
+template <SourceType kType, Fp8Format kFormat, bool kDbias, bool kHalo>
+__device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows,
+                                                  int64_t cols, float scale, float scale_inv,
+                                                  uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
+                                                  float* rowwise_scale_inv, float* columnwise_scale_inv,
+                                                  uint32_t* amax_bits, float* __restrict__ dbias_partial) {
   const int64_t tiles_across = (cols + kFastTileCols - 1) / kFastTileCols;
   const int64_t tile_row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * kFastTileRows;
   const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * kFastTileCols;
@@ -289,6 +358,9 @@ __global__ void __launch_bounds__(kFastThreads)
       }
     }
   }
+  // kHalo: units 0-3 of each column line are the 32 rows above the tile (column c, rows
+  // 128 t - 32 + 8 k .. + 7 in unit k).
+  uint2 (*const halo_tile)[4] = kHalo ? HaloTile() : nullptr;
   if (columnwise != nullptr) {
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
@@ -307,6 +379,29 @@ __global__ void __launch_bounds__(kFastThreads)
       }
     }
   }
+  float halo_band_sums[kDbias && kHalo ? 2 : 1][4];  // kHalo: the band sums, taken before the halo
+  if constexpr (kDbias && kHalo) BandColumnSums<kType>(f, halo_band_sums);  // f is dead after this
+  if constexpr (kHalo) {
+    // The warps of the tile's top row band also encode the 32 rows above the tile
+    // (StoreColumnwiseWindows says why), after their own rows: loaded together, both
+    // fragments stayed live (79 instead of 40 registers for BF16, 146 for FP32).
+    if (columnwise != nullptr && tile_row0 > 0 && warp % kWarpsDown == 0) {
+      Fragment<kType> above;
+      bool above_valid[2] = {c[0] < cols, c[1] < cols};  // rows 128 t - 32 .. 128 t - 1 all exist
+      above.Load(x, cols, r0 - kFastTileRows / kWarpsDown, c[0], above_valid);
+      uint32_t above_codes[kUnit][2];
+      if (above.MagnitudeMax() >= kInfBits || !isfinite(scale)) {
+        EncodeFragment<kType, kFormat, true>(above, scale, above_codes);
+      } else {
+        EncodeFragment<kType, kFormat, false>(above, scale, above_codes);
+      }
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        StageColumnUnits(above_codes, g, static_cast<int>(c[g] - tile_col0),
+                         [&](int col) -> uint2& { return halo_tile[col][tile_r / 8]; });
+      }
+    }
+  }
   if (rowwise != nullptr || columnwise != nullptr) {  // uniform across the block
     __syncthreads();
     if (rowwise != nullptr) {
@@ -314,18 +409,28 @@ __global__ void __launch_bounds__(kFastThreads)
           rowwise, cols, tile_row0, rows, tile_col0, cols, row_tile, RowLineSwizzle<kFastTileCols / 8>, warp, lane);
     }
     if (columnwise != nullptr) {
-      StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads, true>(
-          columnwise, rows, tile_col0, cols, tile_row0, rows, col_tile, ColumnLineSwizzle<kType>, warp, lane);
+      if constexpr (kHalo) {
+        StoreColumnwiseWindows(columnwise, rows, cols, tile_row0, tile_col0, col_tile, halo_tile,
+                               ColumnLineSwizzle<kType>, warp, lane);
+      } else {
+        StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads, true>(
+            columnwise, rows, tile_col0, cols, tile_row0, rows, col_tile, ColumnLineSwizzle<kType>, warp, lane);
+      }
     }
   }
 
   if constexpr (kDbias) {
     // Summed after the stores: taken before the encode, the unpacked BF16 values stay
-    // live through it (120 instead of 80 registers).
-    float band_sums[2][4];
-    BandColumnSums<kType>(f, band_sums);
-    WriteTileColumnSums<kType>(band_sums, warp, lane, tile_col0, cols,
-                               dbias_partial + (static_cast<int64_t>(blockIdx.x) / tiles_across) * cols);
+    // live through it (120 instead of 80 registers). kHalo: taken before the halo (above).
+    if constexpr (kHalo) {
+      WriteTileColumnSums<kType>(halo_band_sums, warp, lane, tile_col0, cols,
+                                 dbias_partial + (static_cast<int64_t>(blockIdx.x) / tiles_across) * cols);
+    } else {
+      float band_sums[2][4];
+      BandColumnSums<kType>(f, band_sums);
+      WriteTileColumnSums<kType>(band_sums, warp, lane, tile_col0, cols,
+                                 dbias_partial + (static_cast<int64_t>(blockIdx.x) / tiles_across) * cols);
+    }
   }
   const uint32_t block_amax = BlockMax<kFastThreads>(magnitude);
   if (threadIdx.x == 0) {
@@ -337,6 +442,31 @@ __global__ void __launch_bounds__(kFastThreads)
   }
 }
 
+template <SourceType kType, Fp8Format kFormat, bool kDbias>
+__global__ void __launch_bounds__(kFastThreads)
+    FastCastTransposeKernel(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows, int64_t cols,
+                            float scale, float scale_inv, uint8_t* __restrict__ rowwise,
+                            uint8_t* __restrict__ columnwise, float* rowwise_scale_inv, float* columnwise_scale_inv,
+                            uint32_t* amax_bits, float* __restrict__ dbias_partial) {
+  CastTransposeTile<kType, kFormat, kDbias, false>(x, rows, cols, scale, scale_inv, rowwise, columnwise,
+                                                   rowwise_scale_inv, columnwise_scale_inv, amax_bits, dbias_partial);
+}
+
+// Blocks per SM the halo kernel is held to: its second fragment let ptxas take 63 instead of
+// 40 registers for BF16 (4 blocks per SM instead of 5); with dbias 2 blocks for either type.
+template <SourceType kType, bool kDbias>
+constexpr int kHaloMinBlocks = kDbias ? (kType == SourceType::kBFloat16 ? 3 : 2) : (kType == SourceType::kBFloat16 ? 5 : 3);
+
+template <SourceType kType, Fp8Format kFormat, bool kDbias>
+__global__ void __launch_bounds__(kFastThreads, (kHaloMinBlocks<kType, kDbias>))
+    FastCastTransposeHaloKernel(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows, int64_t cols,
+                                float scale, float scale_inv, uint8_t* __restrict__ rowwise,
+                                uint8_t* __restrict__ columnwise, float* rowwise_scale_inv,
+                                float* columnwise_scale_inv, uint32_t* amax_bits, float* __restrict__ dbias_partial) {
+  CastTransposeTile<kType, kFormat, kDbias, true>(x, rows, cols, scale, scale_inv, rowwise, columnwise,
+                                                  rowwise_scale_inv, columnwise_scale_inv, amax_bits, dbias_partial);
+}
+
 bool IsAligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
@@ -346,8 +476,11 @@ cudaError_t LaunchTyped(const QuantizeLaunchParams& p, cudaStream_t stream) {
   const int64_t tiles = ((p.rows + kFastTileRows - 1) / kFastTileRows) *
                         ((p.cols + kFastTileCols - 1) / kFastTileCols);
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
-  FastCastTransposeKernel<kType, kFormat, kDbias>
-      <<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
+  // Columnwise runs that do not start on a 32-byte boundary: the halo kernel.
+  const bool halo = p.columnwise != nullptr && p.rows % 32 != 0;
+  auto kernel = halo ? FastCastTransposeHaloKernel<kType, kFormat, kDbias>
+                     : FastCastTransposeKernel<kType, kFormat, kDbias>;
+  kernel<<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
           static_cast<const typename Fragment<kType>::Element*>(p.x), p.rows, p.cols, p.scale,
           p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv,
           p.amax_bits, p.dbias_workspace);
