@@ -222,45 +222,22 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
-// Transposes group g of an 8 x 8 code fragment (codes[k][g], column i in byte i) into four
-// 8-byte column units (rows 0-7 of columns col .. col + 3) and stores them through unit_of.
-// The halo's staging; the tile's own staging below spells the same steps out (through this
-// helper ptxas allocated the BF16 kernel's registers differently, so it stays as measured).
-template <typename UnitOf>
-__device__ __forceinline__ void StageColumnUnits(const uint32_t codes[kUnit][2], int g, int col, UnitOf unit_of) {
-  uint32_t top_in[4], bottom_in[4], top[4], bottom[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    top_in[k] = codes[k][g];
-    bottom_in[k] = codes[k + 4][g];
-  }
-  Transpose4x4(top_in, top);
-  Transpose4x4(bottom_in, bottom);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) unit_of(col + i) = make_uint2(top[i], bottom[i]);
-}
-
-// One 128 x 128 tile per block. Warp w covers rows 32 * (w % 4) .. + 31 and columns
-// 64 * (w / 4) .. + 63 of the tile; lane l owns rows 8 * (l % 4) .. + 7 of those and the
-// two 4-column groups Fragment::GroupColumn(l / 4, g). Every access is 16 bytes (loads)
-// or 8 bytes (stores), and each warp instruction covers whole 32-byte sectors: loads 128
-// (BF16) or 2 x 64 (FP32) contiguous bytes per row, rowwise stores 64 (BF16) or 32
-// bytes per row, columnwise stores 32 bytes per transposed row (8 rows x 4 lanes).
 // Columnwise lines of a tile when rows % 32 != 0 (kHalo). Column c's copy starts at byte
 // c * rows, so when that is not a multiple of 32 every run of 128 rows starts and ends inside
 // a 32-byte sector shared with the vertically adjacent tiles, and those half-written sectors
 // cost the H200 ~17% of the kernel's time at rows % 32 = 16 and ~27% at rows % 32 = 8
 // (bench/NOTES.md item 26; a layout-free imitation with aligned runs ran at the aligned
 // shapes' speed). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c instead,
-// s = (c * rows) % 32: whole sectors, with the s rows above the tile (the halo: staged as
-// units 0-3 for rows 128 t - 32 .. 128 t - 1) encoded by this block too, and its own last s
+// s = (c * rows) % 32: whole sectors, with the s rows above the tile (the halo: the 32 rows
+// above, HaloChunks) encoded by this block too, and its own last s
 // rows left to tile t + 1. Tile 0 starts at row 0 and the last tile ends at `rows`: only the
 // sectors at column boundaries stay shared. A window spans at most 18 units (the last tile:
 // up to 120 own rows plus 24 halo rows), so the lanes of a line take units u and u + 16.
 template <typename Swizzle>
 __device__ __forceinline__ void StoreColumnwiseWindows(uint8_t* out, int64_t rows, int64_t cols, int64_t tile_row0,
                                                        int64_t tile_col0, const uint2 (*tile)[kFastTileRows / 8],
-                                                       const uint2 (*halo)[4], Swizzle swizzle, int warp, int lane) {
+                                                       const uint8_t (*halo)[kFastTileCols], Swizzle swizzle, int warp,
+                                                       int lane) {
   const uint64_t policy = L2EvictLastPolicy();
   constexpr int kUnits = kFastTileRows / 8;                              // 16 per own line
   constexpr int kWarpLines = kFastTileCols / (kFastThreads / 32);        // 16 lines per warp
@@ -282,19 +259,79 @@ __device__ __forceinline__ void StoreColumnwiseWindows(uint8_t* out, int64_t row
       const int u = unit + pass * kUnits;
       if (u < n) {
         const int k = first + u;
-        const uint2 v = k < 4 ? halo[line][k] : tile[line][(k - 4) ^ swizzle(line)];
+        uint2 v;
+        if (k < 4) {  // rows 8 k .. 8 k + 7 above the tile, one byte per row
+          v = make_uint2(0u, 0u);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            v.x |= static_cast<uint32_t>(halo[8 * k + r][line]) << (8 * r);
+            v.y |= static_cast<uint32_t>(halo[8 * k + 4 + r][line]) << (8 * r);
+          }
+        } else {
+          v = tile[line][(k - 4) ^ swizzle(line)];
+        }
         StoreGlobal8EvictLast(dst + 8 * u, v.x, v.y, policy);
       }
     }
   }
 }
 
-// The halo kernel's staged halo: column c's rows 128 t - 32 + 8 k .. + 7 in unit k (a
+// The halo kernel's 32 rows above the tile (row-major codes, row h = tile row - 32 + h; a
 // function of its own so that the other kernels' shared-memory layout stays as it was).
-__device__ __forceinline__ uint2 (*HaloTile())[4] {
-  __shared__ uint2 halo_tile[kFastTileCols][4];
-  return halo_tile;
+__device__ __forceinline__ uint8_t (*HaloRows())[kFastTileCols] {
+  __shared__ alignas(16) uint8_t halo_rows[32][kFastTileCols];
+  return halo_rows;
 }
+
+// The halo of a tile spread over the whole block: thread i takes 16-byte chunks i, i + 256,
+// ... of the 32 rows x 128 columns above the tile (BF16: 8 columns a chunk, 2 chunks a
+// thread; FP32: 4 columns, 4 chunks), loaded with the thread's own fragment so that their
+// latency overlaps, encoded after it (always with the NaN-patching encoder: a few values a
+// thread) into HaloRows(). Two warps taking the halo as a second fragment after their own
+// ran 163 us on 16336 x 8192 BF16 against 141.5 for aligned runs without any halo.
+template <SourceType kType>
+struct HaloChunks {
+  using Element = typename Fragment<kType>::Element;
+  static constexpr int kColumns = 16 / static_cast<int>(sizeof(Element));  // per chunk
+  static constexpr int kPerRow = kFastTileCols / kColumns;
+  static constexpr int kPerThread = 32 * kPerRow / kFastThreads;
+  uint4 raw[kPerThread];
+
+  __device__ void Load(const Element* x, int64_t cols, int64_t tile_row0, int64_t tile_col0) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int q = static_cast<int>(threadIdx.x) + i * kFastThreads;
+      const int64_t col = tile_col0 + (q % kPerRow) * kColumns;
+      raw[i] = col < cols ? *reinterpret_cast<const uint4*>(x + (tile_row0 - 32 + q / kPerRow) * cols + col)
+                          : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  template <Fp8Format kFormat>
+  __device__ void Stage(float scale, uint8_t (*halo_rows)[kFastTileCols]) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int q = static_cast<int>(threadIdx.x) + i * kFastThreads;
+      uint8_t* dst = &halo_rows[q / kPerRow][(q % kPerRow) * kColumns];
+      if constexpr (kType == SourceType::kBFloat16) {
+        const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+        float lo[4], hi[4];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          lo[2 * k] = __uint_as_float(w[k] << 16);
+          lo[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+          hi[2 * k] = __uint_as_float(w[k + 2] << 16);
+          hi[2 * k + 1] = __uint_as_float(w[k + 2] & 0xFFFF0000u);
+        }
+        *reinterpret_cast<uint2*>(dst) = make_uint2(EncodeQuad<kFormat, true>(lo, scale),
+                                                    EncodeQuad<kFormat, true>(hi, scale));
+      } else {
+        const float v[4] = {__uint_as_float(raw[i].x), __uint_as_float(raw[i].y), __uint_as_float(raw[i].z),
+                            __uint_as_float(raw[i].w)};
+        *reinterpret_cast<uint32_t*>(dst) = EncodeQuad<kFormat, true>(v, scale);
+      }
+    }
+  }
+};
 
 // The kernel body; FastCastTransposeKernel and FastCastTransposeHaloKernel below differ in
 // kHalo and their launch bounds.
@@ -323,6 +360,12 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
 
   Fragment<kType> f;
   f.Load(x, cols, r0, c[0], valid);
+  // kHalo: the 32 rows above the tile (StoreColumnwiseWindows says why).
+  const bool has_halo = kHalo && columnwise != nullptr && tile_row0 > 0;
+  HaloChunks<kType> halo;
+  if constexpr (kHalo) {
+    if (has_halo) halo.Load(x, cols, tile_row0, tile_col0);
+  }
   const uint32_t magnitude = f.MagnitudeMax();  // zero-filled outside the tensor
   uint32_t codes[kUnit][2];
   // Only fragments holding Inf or NaN (or a non-finite scale) can make a NaN product.
@@ -358,9 +401,7 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
       }
     }
   }
-  // kHalo: units 0-3 of each column line are the 32 rows above the tile (column c, rows
-  // 128 t - 32 + 8 k .. + 7 in unit k).
-  uint2 (*const halo_tile)[4] = kHalo ? HaloTile() : nullptr;
+  uint8_t (*const halo_rows)[kFastTileCols] = kHalo ? HaloRows() : nullptr;  // kHalo: rows above the tile
   if (columnwise != nullptr) {
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
@@ -382,25 +423,7 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
   float halo_band_sums[kDbias && kHalo ? 2 : 1][4];  // kHalo: the band sums, taken before the halo
   if constexpr (kDbias && kHalo) BandColumnSums<kType>(f, halo_band_sums);  // f is dead after this
   if constexpr (kHalo) {
-    // The warps of the tile's top row band also encode the 32 rows above the tile
-    // (StoreColumnwiseWindows says why), after their own rows: loaded together, both
-    // fragments stayed live (79 instead of 40 registers for BF16, 146 for FP32).
-    if (columnwise != nullptr && tile_row0 > 0 && warp % kWarpsDown == 0) {
-      Fragment<kType> above;
-      bool above_valid[2] = {c[0] < cols, c[1] < cols};  // rows 128 t - 32 .. 128 t - 1 all exist
-      above.Load(x, cols, r0 - kFastTileRows / kWarpsDown, c[0], above_valid);
-      uint32_t above_codes[kUnit][2];
-      if (above.MagnitudeMax() >= kInfBits || !isfinite(scale)) {
-        EncodeFragment<kType, kFormat, true>(above, scale, above_codes);
-      } else {
-        EncodeFragment<kType, kFormat, false>(above, scale, above_codes);
-      }
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        StageColumnUnits(above_codes, g, static_cast<int>(c[g] - tile_col0),
-                         [&](int col) -> uint2& { return halo_tile[col][tile_r / 8]; });
-      }
-    }
+    if (has_halo) halo.template Stage<kFormat>(scale, halo_rows);
   }
   if (rowwise != nullptr || columnwise != nullptr) {  // uniform across the block
     __syncthreads();
@@ -410,7 +433,7 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
     }
     if (columnwise != nullptr) {
       if constexpr (kHalo) {
-        StoreColumnwiseWindows(columnwise, rows, cols, tile_row0, tile_col0, col_tile, halo_tile,
+        StoreColumnwiseWindows(columnwise, rows, cols, tile_row0, tile_col0, col_tile, halo_rows,
                                ColumnLineSwizzle<kType>, warp, lane);
       } else {
         StoreStagedLines<kFastTileRows / 8, kFastTileCols, kFastThreads, true>(
