@@ -20,6 +20,9 @@
 //   lanes along rows add theirs with xor shuffles, the 4 warps along rows theirs in warp
 //   order through 2 KiB of shared memory, and 128 threads write the tile's partial row;
 //   cast_kernels.cu reduces the partial rows. Without dbias the kernel is unchanged.
+// - rows % 32 != 0 (BF16 x, no dbias): FastCastTransposeHaloKernel writes each column's
+//   runs shifted to whole 32-byte sectors, encoding the 32 rows above its tile again
+//   (StoreColumnwiseWindows, HaloChunks; bench/NOTES.md item 28).
 // Measured on the H200 (bench/cast_transpose_bench, median of 100, 16384 x 8192 -> E4M3
 // rowwise + columnwise; device copy 4.16 TB/s in the same run): BF16 x (537 MB) 143.3 us
 // = 3.75 TB/s at 52654d7 (145.8 us with the register stores) vs 427 us (1.26 TB/s) with the
@@ -283,21 +286,18 @@ __device__ __forceinline__ uint8_t (*HaloRows())[kFastTileCols] {
   return halo_rows;
 }
 
-// The halo of a tile spread over the whole block: thread i takes 16-byte chunks i, i + 256,
-// ... of the 32 rows x 128 columns above the tile (BF16: 8 columns a chunk, 2 chunks a
-// thread; FP32: 4 columns, 4 chunks), loaded with the thread's own fragment so that their
-// latency overlaps, encoded after it (always with the NaN-patching encoder: a few values a
-// thread) into HaloRows(). Two warps taking the halo as a second fragment after their own
-// ran 163 us on 16336 x 8192 BF16 against 141.5 for aligned runs without any halo.
-template <SourceType kType>
+// The halo of a tile spread over the whole block (BF16 x): thread i takes 16-byte chunks i
+// and i + 256 (8 columns each) of the 32 rows x 128 columns above the tile, loaded with the
+// thread's own fragment so that their latency overlaps, encoded after it (always with the
+// NaN-patching encoder: 16 values a thread) into HaloRows(). Two warps taking the halo as a
+// second fragment after their own ran 163 us on 16336 x 8192 against 146.5 for this.
 struct HaloChunks {
-  using Element = typename Fragment<kType>::Element;
-  static constexpr int kColumns = 16 / static_cast<int>(sizeof(Element));  // per chunk
-  static constexpr int kPerRow = kFastTileCols / kColumns;
-  static constexpr int kPerThread = 32 * kPerRow / kFastThreads;
+  static constexpr int kColumns = 8;                                // per chunk
+  static constexpr int kPerRow = kFastTileCols / kColumns;          // 16
+  static constexpr int kPerThread = 32 * kPerRow / kFastThreads;    // 2
   uint4 raw[kPerThread];
 
-  __device__ void Load(const Element* x, int64_t cols, int64_t tile_row0, int64_t tile_col0) {
+  __device__ void Load(const uint16_t* x, int64_t cols, int64_t tile_row0, int64_t tile_col0) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int q = static_cast<int>(threadIdx.x) + i * kFastThreads;
@@ -311,24 +311,17 @@ struct HaloChunks {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int q = static_cast<int>(threadIdx.x) + i * kFastThreads;
-      uint8_t* dst = &halo_rows[q / kPerRow][(q % kPerRow) * kColumns];
-      if constexpr (kType == SourceType::kBFloat16) {
-        const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-        float lo[4], hi[4];
+      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+      float lo[4], hi[4];  // columns 0-3 and 4-7 of the chunk
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          lo[2 * k] = __uint_as_float(w[k] << 16);
-          lo[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-          hi[2 * k] = __uint_as_float(w[k + 2] << 16);
-          hi[2 * k + 1] = __uint_as_float(w[k + 2] & 0xFFFF0000u);
-        }
-        *reinterpret_cast<uint2*>(dst) = make_uint2(EncodeQuad<kFormat, true>(lo, scale),
-                                                    EncodeQuad<kFormat, true>(hi, scale));
-      } else {
-        const float v[4] = {__uint_as_float(raw[i].x), __uint_as_float(raw[i].y), __uint_as_float(raw[i].z),
-                            __uint_as_float(raw[i].w)};
-        *reinterpret_cast<uint32_t*>(dst) = EncodeQuad<kFormat, true>(v, scale);
+      for (int k = 0; k < 2; ++k) {
+        lo[2 * k] = __uint_as_float(w[k] << 16);
+        lo[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+        hi[2 * k] = __uint_as_float(w[k + 2] << 16);
+        hi[2 * k + 1] = __uint_as_float(w[k + 2] & 0xFFFF0000u);
       }
+      *reinterpret_cast<uint2*>(&halo_rows[q / kPerRow][(q % kPerRow) * kColumns]) =
+          make_uint2(EncodeQuad<kFormat, true>(lo, scale), EncodeQuad<kFormat, true>(hi, scale));
     }
   }
 };
@@ -362,7 +355,8 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
   f.Load(x, cols, r0, c[0], valid);
   // kHalo: the 32 rows above the tile (StoreColumnwiseWindows says why).
   const bool has_halo = kHalo && columnwise != nullptr && tile_row0 > 0;
-  HaloChunks<kType> halo;
+  static_assert(!kHalo || (kType == SourceType::kBFloat16 && !kDbias), "the halo kernel: BF16 x, no dbias");
+  HaloChunks halo;
   if constexpr (kHalo) {
     if (has_halo) halo.Load(x, cols, tile_row0, tile_col0);
   }
@@ -420,8 +414,6 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
       }
     }
   }
-  float halo_band_sums[kDbias && kHalo ? 2 : 1][4];  // kHalo: the band sums, taken before the halo
-  if constexpr (kDbias && kHalo) BandColumnSums<kType>(f, halo_band_sums);  // f is dead after this
   if constexpr (kHalo) {
     if (has_halo) halo.template Stage<kFormat>(scale, halo_rows);
   }
@@ -444,16 +436,11 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
 
   if constexpr (kDbias) {
     // Summed after the stores: taken before the encode, the unpacked BF16 values stay
-    // live through it (120 instead of 80 registers). kHalo: taken before the halo (above).
-    if constexpr (kHalo) {
-      WriteTileColumnSums<kType>(halo_band_sums, warp, lane, tile_col0, cols,
-                                 dbias_partial + (static_cast<int64_t>(blockIdx.x) / tiles_across) * cols);
-    } else {
-      float band_sums[2][4];
-      BandColumnSums<kType>(f, band_sums);
-      WriteTileColumnSums<kType>(band_sums, warp, lane, tile_col0, cols,
-                                 dbias_partial + (static_cast<int64_t>(blockIdx.x) / tiles_across) * cols);
-    }
+    // live through it (120 instead of 80 registers).
+    float band_sums[2][4];
+    BandColumnSums<kType>(f, band_sums);
+    WriteTileColumnSums<kType>(band_sums, warp, lane, tile_col0, cols,
+                               dbias_partial + (static_cast<int64_t>(blockIdx.x) / tiles_across) * cols);
   }
   const uint32_t block_amax = BlockMax<kFastThreads>(magnitude);
   if (threadIdx.x == 0) {
@@ -475,19 +462,16 @@ __global__ void __launch_bounds__(kFastThreads)
                                                    rowwise_scale_inv, columnwise_scale_inv, amax_bits, dbias_partial);
 }
 
-// Blocks per SM the halo kernel is held to: its second fragment let ptxas take 63 instead of
-// 40 registers for BF16 (4 blocks per SM instead of 5); with dbias 2 blocks for either type.
-template <SourceType kType, bool kDbias>
-constexpr int kHaloMinBlocks = kDbias ? (kType == SourceType::kBFloat16 ? 3 : 2) : (kType == SourceType::kBFloat16 ? 5 : 3);
-
-template <SourceType kType, Fp8Format kFormat, bool kDbias>
-__global__ void __launch_bounds__(kFastThreads, (kHaloMinBlocks<kType, kDbias>))
-    FastCastTransposeHaloKernel(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows, int64_t cols,
-                                float scale, float scale_inv, uint8_t* __restrict__ rowwise,
-                                uint8_t* __restrict__ columnwise, float* rowwise_scale_inv,
-                                float* columnwise_scale_inv, uint32_t* amax_bits, float* __restrict__ dbias_partial) {
-  CastTransposeTile<kType, kFormat, kDbias, true>(x, rows, cols, scale, scale_inv, rowwise, columnwise,
-                                                  rowwise_scale_inv, columnwise_scale_inv, amax_bits, dbias_partial);
+// The halo kernel: BF16 x without dbias only (the launcher says why), held to 4 blocks per SM
+// (64 registers; at 5 blocks ptxas spilled and it ran 153 instead of 146.5 us on 16336 x 8192).
+template <Fp8Format kFormat>
+__global__ void __launch_bounds__(kFastThreads, 4)
+    FastCastTransposeHaloKernel(const uint16_t* __restrict__ x, int64_t rows, int64_t cols, float scale,
+                                float scale_inv, uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
+                                float* rowwise_scale_inv, float* columnwise_scale_inv, uint32_t* amax_bits) {
+  CastTransposeTile<SourceType::kBFloat16, kFormat, false, true>(x, rows, cols, scale, scale_inv, rowwise,
+                                                                 columnwise, rowwise_scale_inv, columnwise_scale_inv,
+                                                                 amax_bits, nullptr);
 }
 
 bool IsAligned(const void* p, uintptr_t bytes) {
@@ -499,14 +483,23 @@ cudaError_t LaunchTyped(const QuantizeLaunchParams& p, cudaStream_t stream) {
   const int64_t tiles = ((p.rows + kFastTileRows - 1) / kFastTileRows) *
                         ((p.cols + kFastTileCols - 1) / kFastTileCols);
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
-  // Columnwise runs that do not start on a 32-byte boundary: the halo kernel.
-  const bool halo = p.columnwise != nullptr && p.rows % 32 != 0;
-  auto kernel = halo ? FastCastTransposeHaloKernel<kType, kFormat, kDbias>
-                     : FastCastTransposeKernel<kType, kFormat, kDbias>;
-  kernel<<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
-          static_cast<const typename Fragment<kType>::Element*>(p.x), p.rows, p.cols, p.scale,
-          p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv,
-          p.amax_bits, p.dbias_workspace);
+  // Columnwise runs that do not start on a 32-byte boundary (rows % 32 != 0): the halo
+  // kernel for BF16 x without dbias. H200, 16336 / 16344 / 16360 x 8192 BF16: 166 / 182 / 182
+  // -> 146.5 / 148 / 147 us (16384: 142.7). FP32 x (201 -> 248 us at rows % 32 = 16) and
+  // dbias (154 -> 173) lose more to the halo's extra reads and registers than the misaligned
+  // sectors cost them, so they keep the aligned kernel (bench/NOTES.md item 28).
+  if constexpr (kType == SourceType::kBFloat16 && !kDbias) {
+    if (p.columnwise != nullptr && p.rows % 32 != 0) {
+      FastCastTransposeHaloKernel<kFormat><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(p.x), p.rows, p.cols, p.scale, p.scale_inv, p.rowwise, p.columnwise,
+          p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits);
+      return cudaGetLastError();
+    }
+  }
+  FastCastTransposeKernel<kType, kFormat, kDbias><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
+      static_cast<const typename Fragment<kType>::Element*>(p.x), p.rows, p.cols, p.scale,
+      p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits,
+      p.dbias_workspace);
   return cudaGetLastError();
 }
 

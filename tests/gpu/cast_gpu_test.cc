@@ -7,8 +7,8 @@
 // Inputs span many binades (so the FP8 subnormal range, rounding ties and saturation are
 // all hit): scale = 2 * fp8_max / amax, so the top half of the range saturates.
 // Shapes cover both CUDA paths: rows and cols multiples of 8 take the 128 x 128 tile
-// kernel (partial tiles: 8x8, 136x200; rows % 32 != 0 its halo variant: 136x200, 264x200,
-// 376x136, 400x264, 16336x8192), every other shape the scalar 64 x 64 tile kernel
+// kernel (partial tiles: 8x8, 136x200; with BF16 x and rows % 32 != 0 its halo variant:
+// 136x200, 264x200, 376x136, 400x264, 16336x8192), every other shape the scalar 64 x 64 tile kernel
 // (1x1, 1x259, 257x259, 128x129). BF16 inputs are compared with the CPU op on their exact
 // FP32 widening.
 #include <cmath>
@@ -274,9 +274,10 @@ INSTANTIATE_TEST_SUITE_P(
                       CastCase{DType::kFloat8E4M3, 2048, 4096, DType::kBFloat16},
                       CastCase{DType::kFloat8E5M2, 2048, 4096, DType::kBFloat16},
                       CastCase{DType::kFloat8E4M3, 16384, 8192, DType::kBFloat16},
-                      // rows % 32 != 0: the halo kernel (sector-aligned columnwise runs) with
-                      // rows % 32 = 16, 24 and 8, several tile rows, partial tile columns; 376
-                      // rows end in a 120-row tile, whose windows take 18 units.
+                      // rows % 32 != 0 (BF16: the halo kernel, sector-aligned columnwise runs;
+                      // FP32: the aligned kernel) with rows % 32 = 16, 24 and 8, several tile
+                      // rows, partial tile columns; 376 rows end in a 120-row tile, whose
+                      // windows take 18 units.
                       CastCase{DType::kFloat8E4M3, 400, 264}, CastCase{DType::kFloat8E5M2, 376, 136},
                       CastCase{DType::kFloat8E4M3, 264, 200, DType::kBFloat16},
                       CastCase{DType::kFloat8E5M2, 400, 264, DType::kBFloat16},
@@ -313,8 +314,8 @@ TEST(CastGpu, NanPropagatesToAmaxAndEncodesLikeCpu) {
 // The tile kernel encodes with the hardware conversion and patches NaN products only in
 // fragments holding Inf or NaN: NaN, Inf and -Inf scattered over a 136x200 tensor (some
 // fragments with them, most without) must still give the CPU's codes, for FP32 and BF16 x.
-// 136 rows (rows % 32 = 8) take the halo kernel: rows 100 and 120 lie in the 32 rows above
-// the second tile, which that tile encodes again for its columnwise runs.
+// With BF16 x, 136 rows (rows % 32 = 8) take the halo kernel: rows 100 and 120 lie in the 32
+// rows above the second tile, which that tile encodes again for its columnwise runs.
 TEST(CastGpu, NanAndInfOnTheTileKernelMatchCpu) {
   TESERVE_SKIP_WITHOUT_GPU();
   for (const DType source : {DType::kFloat32, DType::kBFloat16}) {
