@@ -351,82 +351,6 @@ __device__ __forceinline__ float MaxNan(float a, float b) {
   return r;
 }
 
-// The halo kernels (16-bit x, rows % 32 != 0): the tile's columnwise codes staged as
-// StoreStagedLines lines (unit u of column line l at [l][u ^ ColumnLineSwizzle(l)]) and the
-// codes of the 32 rows above the tile (row-major), for StoreColumnwiseWindows
-// (device_common.cuh says why). Functions of their own so that the other kernels' shared
-// memory stays as it was.
-__device__ __forceinline__ uint2 (*ActColumnTile())[kTiledRows / 8] {
-  __shared__ uint2 col_tile[kTiledCols][kTiledRows / 8];
-  return col_tile;
-}
-__device__ __forceinline__ uint8_t (*ActHaloRows())[kTiledCols] {
-  __shared__ alignas(16) uint8_t halo_rows[32][kTiledCols];
-  return halo_rows;
-}
-
-// The 32 rows x 128 columns above a tile, spread over the block (as HaloChunks in
-// cast_transpose_tile_kernels.cu): thread i takes the 8-column chunks i and i + 256 of x (and
-// of the gate half b), copied to shared memory with cp.async when the thread starts (held in
-// registers they made the 80-register kernels spill 32 bytes), turned into y and codes (the
-// NaN-patching encoder: a few values a thread) after the thread's own rows. Each thread
-// reads back only its own chunks, so cp.async.wait_all is the only synchronization.
-template <ActDType kIn, bool kGated>
-struct ActHaloChunks {
-  static_assert(kIn != ActDType::kFloat32, "the halo kernels take 16-bit x");
-  static constexpr int kPerRow = kTiledCols / kUnit;               // 16 chunks
-  static constexpr int kChunks = 32 * kPerRow;                     // 512
-  static constexpr int kPerThread = kChunks / kTiledThreads;       // 2
-
-  __device__ static __forceinline__ uint4 (*Staged())[kChunks] {
-    __shared__ uint4 staged[kGated ? 2 : 1][kChunks];
-    return staged;
-  }
-  __device__ static __forceinline__ void Copy16(uint4* dst, const void* src) {
-    const uint32_t shared = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared), "l"(src) : "memory");
-  }
-
-  __device__ static __forceinline__ void Load(const void* x, int64_t in_cols, int64_t cols, int64_t tile_row0,
-                                              int64_t tile_col0) {
-    using T = typename Elem<kIn>::Type;
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int q = static_cast<int>(threadIdx.x) + i * kTiledThreads;
-      const int64_t col = tile_col0 + (q % kPerRow) * kUnit;
-      if (col >= cols) continue;  // never read: StoreColumnwiseWindows skips those columns
-      const T* a = static_cast<const T*>(x) + (tile_row0 - 32 + q / kPerRow) * in_cols + col;
-      Copy16(&Staged()[0][q], a);
-      if constexpr (kGated) Copy16(&Staged()[1][q], a + cols);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
-  template <typename Op>
-  __device__ static __forceinline__ void Stage(const Op& op, const act::GateClamp& clamp, ActFp8Encoder encoder,
-                                               bool e4m3, float scale, int64_t cols, int64_t tile_col0,
-                                               uint8_t (*halo_rows)[kTiledCols]) {
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int q = static_cast<int>(threadIdx.x) + i * kTiledThreads;
-      if (tile_col0 + (q % kPerRow) * kUnit >= cols) continue;
-      RowOf8<kIn> a, b;
-      a.raw[0] = Staged()[0][q];
-      if constexpr (kGated) b.raw[0] = Staged()[1][q];
-      float y[kUnit];
-#pragma unroll
-      for (int e = 0; e < kUnit; ++e) y[e] = ForwardValue<Op, kGated>(op, clamp, a.Value(e), kGated ? b.Value(e) : 0.0f);
-      uint32_t codes[2];
-      if (e4m3) {
-        EncodeRowAs<Fp8Format::kE4M3>(encoder, true, y, scale, codes);
-      } else {
-        EncodeRowAs<Fp8Format::kE5M2>(encoder, true, y, scale, codes);
-      }
-      *reinterpret_cast<uint2*>(&halo_rows[q / kPerRow][(q % kPerRow) * kUnit]) = make_uint2(codes[0], codes[1]);
-    }
-  }
-};
-
 // One 128 x 128 output tile per block, the thread layout of cast_kernels.cu's
 // FastCastTransposeKernel: warp w covers rows 32 (w % 4) .. + 31 and columns 64 (w / 4)
 // .. + 63; lane l owns rows 8 (l % 4) .. + 7 and 8 columns (RowOf8) from 8 (l / 4) (16-bit
@@ -440,7 +364,7 @@ struct ActHaloChunks {
 // registers of input) loads the second half after the first is done instead. kClamped:
 // args.clamp.enabled, fixed at compile time so that unclamped gated kinds compute
 // f(a) * (b + offset) without the clamp's selects.
-template <typename Op, bool kGated, ActDType kIn, bool kClamped, bool kHalo = false>
+template <typename Op, bool kGated, ActDType kIn, bool kClamped>
 __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
     ActivationForwardTiledKernel(const ForwardArgs<Op> args) {
   constexpr bool kPrefetch = !(kGated && kIn == ActDType::kFloat32);
@@ -465,12 +389,6 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
   const bool quantize = p.rowwise != nullptr || p.columnwise != nullptr;
   const bool e4m3 = p.format == Fp8Format::kE4M3;
   const bool scale_finite = isfinite(p.scale);
-  // kHalo (rows % 32 != 0): the rows above the tile for the sector-aligned columnwise runs.
-  const bool has_halo = kHalo && p.columnwise != nullptr && tile_row0 > 0;
-  using Halo = ActHaloChunks<kHalo ? kIn : ActDType::kBFloat16, kGated>;
-  if constexpr (kHalo) {
-    if (has_halo) Halo::Load(p.x, in_cols, cols, tile_row0, tile_col0);
-  }
 
   float amax = 0.0f;
   if (valid[0] || valid[1]) {
@@ -555,17 +473,7 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
         }
         Transpose4x4(top_in, top_out);
         Transpose4x4(bottom_in, bottom_out);
-        if constexpr (kHalo) {  // staged; stored below as sector-aligned windows
-          if (valid[g]) {
-            const int unit = static_cast<int>(r0 - tile_row0) / kUnit;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int col = static_cast<int>(c0 - tile_col0) + g * kStride + i;
-              ActColumnTile()[col][unit ^ ColumnLineSwizzle<SourceType::kBFloat16>(col)] =
-                  make_uint2(top_out[i], bottom_out[i]);
-            }
-          }
-        } else if (valid[g]) {
+        if (valid[g]) {
           const uint64_t policy = L2EvictLastPolicy();
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -573,15 +481,6 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
           }
         }
       }
-    }
-  }
-
-  if constexpr (kHalo) {
-    if (p.columnwise != nullptr) {  // uniform across the block
-      if (has_halo) Halo::Stage(args.op, clamp, p.encoder, e4m3, p.scale, cols, tile_col0, ActHaloRows());
-      __syncthreads();
-      StoreColumnwiseWindows(p.columnwise, rows, cols, tile_row0, tile_col0, ActColumnTile(), ActHaloRows(),
-                             ColumnLineSwizzle<SourceType::kBFloat16>, warp, lane);
     }
   }
 
@@ -633,31 +532,18 @@ cudaError_t LaunchForwardGated(const ForwardArgs<Op>& args, int64_t tiles, cudaS
 
 template <typename Op, bool kGated, bool kClamped>
 cudaError_t LaunchTiledKernel(const ForwardArgs<Op>& args, unsigned blocks, cudaStream_t stream) {
-  // Columnwise runs that do not start on a 32-byte boundary: the halo kernel (16-bit x;
-  // StoreColumnwiseWindows in device_common.cuh, bench/NOTES.md item 28).
-  const bool halo = args.p.columnwise != nullptr && args.p.rows % 32 != 0;
   switch (args.p.x_type) {
     case ActDType::kFloat32:
       ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat32, kClamped>
           <<<blocks, kTiledThreads, 0, stream>>>(args);
       break;
     case ActDType::kFloat16:
-      if (halo) {
-        ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat16, kClamped, true>
-            <<<blocks, kTiledThreads, 0, stream>>>(args);
-      } else {
-        ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat16, kClamped>
-            <<<blocks, kTiledThreads, 0, stream>>>(args);
-      }
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kFloat16, kClamped>
+          <<<blocks, kTiledThreads, 0, stream>>>(args);
       break;
     case ActDType::kBFloat16:
-      if (halo) {
-        ActivationForwardTiledKernel<Op, kGated, ActDType::kBFloat16, kClamped, true>
-            <<<blocks, kTiledThreads, 0, stream>>>(args);
-      } else {
-        ActivationForwardTiledKernel<Op, kGated, ActDType::kBFloat16, kClamped>
-            <<<blocks, kTiledThreads, 0, stream>>>(args);
-      }
+      ActivationForwardTiledKernel<Op, kGated, ActDType::kBFloat16, kClamped>
+          <<<blocks, kTiledThreads, 0, stream>>>(args);
       break;
     default: return cudaErrorInvalidValue;
   }

@@ -225,6 +225,60 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
   }
 }
 
+// Columnwise lines of a tile when rows % 32 != 0 (kHalo). Column c's copy starts at byte
+// c * rows, so when that is not a multiple of 32 every run of 128 rows starts and ends inside
+// a 32-byte sector shared with the vertically adjacent tiles, and those half-written sectors
+// cost the H200 ~17% of the kernel's time at rows % 32 = 16 and ~27% at rows % 32 = 8
+// (bench/NOTES.md item 26; a layout-free imitation with aligned runs ran at the aligned
+// shapes' speed). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c instead,
+// s = (c * rows) % 32: whole sectors, with the s rows above the tile (the halo: the 32 rows
+// above, HaloChunks) encoded by this block too, and its own last s
+// rows left to tile t + 1. Tile 0 starts at row 0 and the last tile ends at `rows`: only the
+// sectors at column boundaries stay shared. A window spans at most 18 units (the last tile:
+// up to 120 own rows plus 24 halo rows), so the lanes of a line take units u and u + 16.
+template <typename Swizzle>
+__device__ __forceinline__ void StoreColumnwiseWindows(uint8_t* out, int64_t rows, int64_t cols, int64_t tile_row0,
+                                                       int64_t tile_col0, const uint2 (*tile)[kFastTileRows / 8],
+                                                       const uint8_t (*halo)[kFastTileCols], Swizzle swizzle, int warp,
+                                                       int lane) {
+  const uint64_t policy = L2EvictLastPolicy();
+  constexpr int kUnits = kFastTileRows / 8;                              // 16 per own line
+  constexpr int kWarpLines = kFastTileCols / (kFastThreads / 32);        // 16 lines per warp
+  const int unit = lane % kUnits;
+  const bool last_tile = tile_row0 + kFastTileRows >= rows;
+#pragma unroll
+  for (int j = 0; j < kWarpLines / 2; ++j) {
+    const int line = warp * kWarpLines + 2 * j + lane / kUnits;
+    const int64_t c = tile_col0 + line;
+    if (c >= cols) continue;
+    const int64_t shift = (c * rows) & 31;
+    const int64_t lo = tile_row0 == 0 ? 0 : tile_row0 - shift;
+    const int64_t hi = last_tile ? rows : tile_row0 + kFastTileRows - shift;
+    const int first = static_cast<int>((lo - (tile_row0 - 32)) / 8);  // unit in [halo 0-3 | own 4-19]
+    const int n = static_cast<int>((hi - lo) / 8);
+    uint8_t* dst = out + c * rows + lo;
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int u = unit + pass * kUnits;
+      if (u < n) {
+        const int k = first + u;
+        uint2 v;
+        if (k < 4) {  // rows 8 k .. 8 k + 7 above the tile, one byte per row
+          v = make_uint2(0u, 0u);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            v.x |= static_cast<uint32_t>(halo[8 * k + r][line]) << (8 * r);
+            v.y |= static_cast<uint32_t>(halo[8 * k + 4 + r][line]) << (8 * r);
+          }
+        } else {
+          v = tile[line][(k - 4) ^ swizzle(line)];
+        }
+        StoreGlobal8EvictLast(dst + 8 * u, v.x, v.y, policy);
+      }
+    }
+  }
+}
+
 // The halo kernel's 32 rows above the tile (row-major codes, row h = tile row - 32 + h; a
 // function of its own so that the other kernels' shared-memory layout stays as it was).
 __device__ __forceinline__ uint8_t (*HaloRows())[kFastTileCols] {
