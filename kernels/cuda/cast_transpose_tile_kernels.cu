@@ -228,14 +228,14 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
 // Columnwise lines of a tile when rows % 32 != 0 (kHalo). Column c's copy starts at byte
 // c * rows, so when that is not a multiple of 32 every run of 128 rows starts and ends inside
 // a 32-byte sector shared with the vertically adjacent tiles, and those half-written sectors
-// cost the H200 ~17% of the kernel's time at rows % 32 = 16 and ~27% at rows % 32 = 8
-// (bench/NOTES.md item 26; a layout-free imitation with aligned runs ran at the aligned
-// shapes' speed). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c instead,
-// s = (c * rows) % 32: whole sectors, with the s rows above the tile (the halo: the 32 rows
-// above, HaloChunks) encoded by this block too, and its own last s
-// rows left to tile t + 1. Tile 0 starts at row 0 and the last tile ends at `rows`: only the
-// sectors at column boundaries stay shared. A window spans at most 18 units (the last tile:
-// up to 120 own rows plus 24 halo rows), so the lanes of a line take units u and u + 16.
+// cost the H200 12-19% of the kernel's time (bench/NOTES.md item 28: a layout-free imitation
+// with aligned runs ran at the aligned shapes' speed, and making the two halves arrive
+// together did not help). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c
+// instead, s = (c * rows) % 32: whole sectors. The s rows above the tile come from the halo
+// (the codes of the 32 rows above, HaloChunks); the tile's own last s rows are left to tile
+// t + 1. Tile 0 starts at row 0 and the last tile ends at `rows`: only the sectors at column
+// boundaries stay shared. A window spans at most 18 units (the last tile: up to 120 own rows
+// plus 24 halo rows), so the lanes of a line take units u and u + 16.
 template <typename Swizzle>
 __device__ __forceinline__ void StoreColumnwiseWindows(uint8_t* out, int64_t rows, int64_t cols, int64_t tile_row0,
                                                        int64_t tile_col0, const uint2 (*tile)[kFastTileRows / 8],
@@ -326,8 +326,14 @@ struct HaloChunks {
   }
 };
 
-// The kernel body; FastCastTransposeKernel and FastCastTransposeHaloKernel below differ in
-// kHalo and their launch bounds.
+// One 128 x 128 tile per block (the body of FastCastTransposeKernel and, with kHalo,
+// FastCastTransposeHaloKernel below; they differ in their launch bounds). Warp w covers rows
+// 32 * (w % 4) .. + 31 and columns 64 * (w / 4) .. + 63 of the tile; lane l owns rows
+// 8 * (l % 4) .. + 7 of those and the two 4-column groups Fragment::GroupColumn(l / 4, g).
+// Every access is 16 bytes (loads) or 8 bytes (stores), and each warp instruction covers
+// whole 32-byte sectors: loads 128 (BF16) or 2 x 64 (FP32) contiguous bytes per row, rowwise
+// stores 64 (BF16) or 32 bytes per row, columnwise stores 32 bytes per transposed row (8 rows
+// x 4 lanes).
 template <SourceType kType, Fp8Format kFormat, bool kDbias, bool kHalo>
 __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows,
                                                   int64_t cols, float scale, float scale_inv,
