@@ -38,6 +38,7 @@
 #include "kernels/cast.h"
 #include "kernels/cpu/cast_cpu.h"
 #include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/cast_kernels.h"
 #endif
 
 namespace teserve {
@@ -449,6 +450,65 @@ TEST(CastGpu, RunsOnANonDefaultStream) {
   EXPECT_TRUE(BitwiseEqual(*back, expected));
   ExpectBitwiseEqual(gpu->rowwise_data, cpu.rowwise_data, "rowwise_data on a stream");
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// The 128 x 128 tile kernels zero the amax word by a dependent launch in front of the kernel
+// (LaunchAfterWordReset in kernels/cuda/device_common.cuh) instead of a memset. Launches back
+// to back on one stream into the same word, each followed by a device-side copy of it, must
+// each see their own maximum only: a large input, a smaller one, then zeros (no block adds
+// anything there, so only the reset itself can give 0; every block still waits for it, so
+// the grid cannot complete before it). BF16 x on the aligned kernel (256 rows) and the halo
+// kernel (272 rows), FP32 x on the aligned one.
+TEST(CastGpu, EveryLaunchOnAStreamResetsTheAmax) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  constexpr int64_t kCols = 384;
+  for (const DType source : {DType::kBFloat16, DType::kFloat32}) {
+    for (const int64_t rows : {256, 272}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(source), " ", rows, "x", kCols));
+      std::vector<float> large = WideRangeValues(rows * kCols, 41u);
+      std::vector<float> small = WideRangeValues(rows * kCols, 43u);
+      for (float& v : large) v *= 1024.0f;
+      for (float& v : small) v *= 0.125f;
+      const std::vector<float> zeros(rows * kCols, 0.0f);
+      std::vector<DeviceInput> inputs;
+      for (const std::vector<float>* values : {&large, &small, &zeros, &large}) {
+        ASSERT_OK_AND_ASSIGN(DeviceInput in, MakeDeviceInput(*values, rows, kCols, source));
+        inputs.push_back(std::move(in));
+      }
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      uint8_t* codes = nullptr;
+      uint32_t* words = nullptr;  // [0]: the amax word, [1 + i]: its copy after launch i
+      ASSERT_EQ(cudaMalloc(&codes, 2 * rows * kCols), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&words, (1 + inputs.size()) * sizeof(uint32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(words, 0xFF, (1 + inputs.size()) * sizeof(uint32_t), stream), cudaSuccess);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        kernels::cuda::QuantizeLaunchParams params;
+        params.x = inputs[i].device.raw_data();
+        params.type = source == DType::kBFloat16 ? kernels::cuda::SourceType::kBFloat16
+                                                 : kernels::cuda::SourceType::kFloat32;
+        params.rows = rows;
+        params.cols = kCols;
+        params.rowwise = codes;
+        params.columnwise = codes + rows * kCols;
+        params.amax_bits = words;
+        ASSERT_EQ(kernels::cuda::LaunchQuantizePerTensor(params, stream), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(words + 1 + i, words, sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
+                  cudaSuccess);
+      }
+      std::vector<uint32_t> got(1 + inputs.size());
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), words, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
+                cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        ASSERT_OK_AND_ASSIGN(const float want, kernels::cpu::Amax(Context::Cpu(), inputs[i].host_fp32));
+        EXPECT_EQ(got[1 + i], Bits(want)) << "launch " << i;
+      }
+      EXPECT_EQ(cudaFree(codes), cudaSuccess);
+      EXPECT_EQ(cudaFree(words), cudaSuccess);
+      EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    }
+  }
 }
 
 TEST(CastGpu, EmptyTensorGivesZeroAmaxAndEmptyCopies) {
