@@ -471,7 +471,7 @@ TEST(CastGpu, EveryLaunchOnAStreamResetsTheAmax) {
       for (float& v : small) v *= 0.125f;
       const std::vector<float> zeros(rows * kCols, 0.0f);
       std::vector<DeviceInput> inputs;
-      for (const std::vector<float>* values : {&large, &small, &zeros, &large}) {
+      for (const std::vector<float>* values : std::vector<const std::vector<float>*>{&large, &small, &zeros, &large}) {
         ASSERT_OK_AND_ASSIGN(DeviceInput in, MakeDeviceInput(*values, rows, kCols, source));
         inputs.push_back(std::move(in));
       }
@@ -479,8 +479,8 @@ TEST(CastGpu, EveryLaunchOnAStreamResetsTheAmax) {
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
       uint8_t* codes = nullptr;
       uint32_t* words = nullptr;  // [0]: the amax word, [1 + i]: its copy after launch i
-      ASSERT_EQ(cudaMalloc(&codes, 2 * rows * kCols), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&words, (1 + inputs.size()) * sizeof(uint32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&codes), 2 * rows * kCols), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&words), (1 + inputs.size()) * sizeof(uint32_t)), cudaSuccess);
       ASSERT_EQ(cudaMemsetAsync(words, 0xFF, (1 + inputs.size()) * sizeof(uint32_t), stream), cudaSuccess);
       for (size_t i = 0; i < inputs.size(); ++i) {
         kernels::cuda::QuantizeLaunchParams params;
