@@ -452,13 +452,13 @@ TEST(CastGpu, RunsOnANonDefaultStream) {
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
-// The 128 x 128 tile kernels zero the amax word by a dependent launch in front of the kernel
-// (LaunchAfterWordReset in kernels/cuda/device_common.cuh) instead of a memset. Launches back
-// to back on one stream into the same word, each followed by a device-side copy of it, must
-// each see their own maximum only: a large input, a smaller one, then zeros (no block adds
-// anything there, so only the reset itself can give 0; every block still waits for it, so
-// the grid cannot complete before it). BF16 x on the aligned kernel (256 rows) and the halo
-// kernel (272 rows), FP32 x on the aligned one.
+// Launches back to back on one stream into the same amax word, each followed by a
+// device-side copy of it, must each see their own maximum only: a large input, a smaller
+// one, zeros (no block adds anything there, so only the reset can give 0), the large one
+// again. BF16 x on the aligned tile kernel (256 rows) and the halo kernel (272 rows), FP32 x
+// on the aligned one. (A reset by a programmatic dependent launch instead of the memset, as
+// the norm kernels do, passed this test but ran 2-3 us slower on small shapes: bench/NOTES.md
+// item 29.)
 TEST(CastGpu, EveryLaunchOnAStreamResetsTheAmax) {
   TESERVE_SKIP_WITHOUT_GPU();
   constexpr int64_t kCols = 384;
