@@ -353,13 +353,8 @@ int64_t QuantizeDbiasWorkspaceFloats(const QuantizeLaunchParams& p) {
 }
 
 cudaError_t LaunchQuantizePerTensor(const QuantizeLaunchParams& p, cudaStream_t stream) {
-  cudaError_t status = cudaSuccess;
-  // The 128 x 128 tile kernels zero the amax word themselves, by a dependent launch in front
-  // of the kernel (LaunchCastTransposeTile); the memset stays for the other paths.
-  if (p.rows == 0 || p.cols == 0 || !CastTransposeTileApplies(p)) {
-    status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
-    if (status != cudaSuccess) return status;
-  }
+  cudaError_t status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
+  if (status != cudaSuccess) return status;
   if (p.rows == 0 || p.cols == 0) {
     if (p.dbias != nullptr && p.cols > 0) {  // the sum over no rows
       status = cudaMemsetAsync(p.dbias, 0, p.cols * sizeof(float), stream);

@@ -450,7 +450,6 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
   }
   const uint32_t block_amax = BlockMax<kFastThreads>(magnitude);
   if (threadIdx.x == 0) {
-    WaitPrerequisiteGrids();  // the amax reset (LaunchAfterWordReset), also with nothing to add
     if (block_amax != 0u) atomicMax(amax_bits, block_amax);
     if (blockIdx.x == 0) {
       if (rowwise_scale_inv != nullptr) *rowwise_scale_inv = scale_inv;
@@ -495,23 +494,19 @@ cudaError_t LaunchTyped(const QuantizeLaunchParams& p, cudaStream_t stream) {
   // -> 146.5 / 148 / 147 us (16384: 142.7). FP32 x (201 -> 248 us at rows % 32 = 16) and
   // dbias (154 -> 173) lose more to the halo's extra reads and registers than the misaligned
   // sectors cost them, so they keep the aligned kernel (bench/NOTES.md item 28).
-  // The amax word is zeroed by a dependent launch in front of the kernel (LaunchAfterWordReset).
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(tiles), 1, 1);
-  config.blockDim = dim3(kFastThreads, 1, 1);
-  config.stream = stream;
-  using Element = typename Fragment<kType>::Element;
-  const Element* x = static_cast<const Element*>(p.x);
   if constexpr (kType == SourceType::kBFloat16 && !kDbias) {
     if (p.columnwise != nullptr && p.rows % 32 != 0) {
-      return LaunchAfterWordReset(config, p.amax_bits, FastCastTransposeHaloKernel<kFormat>, x, p.rows, p.cols,
-                                  p.scale, p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv,
-                                  p.columnwise_scale_inv, p.amax_bits);
+      FastCastTransposeHaloKernel<kFormat><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(p.x), p.rows, p.cols, p.scale, p.scale_inv, p.rowwise, p.columnwise,
+          p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits);
+      return cudaGetLastError();
     }
   }
-  return LaunchAfterWordReset(config, p.amax_bits, FastCastTransposeKernel<kType, kFormat, kDbias>, x, p.rows, p.cols,
-                              p.scale, p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv,
-                              p.columnwise_scale_inv, p.amax_bits, p.dbias_workspace);
+  FastCastTransposeKernel<kType, kFormat, kDbias><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
+      static_cast<const typename Fragment<kType>::Element*>(p.x), p.rows, p.cols, p.scale,
+      p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits,
+      p.dbias_workspace);
+  return cudaGetLastError();
 }
 
 template <SourceType kType, Fp8Format kFormat>

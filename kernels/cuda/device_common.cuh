@@ -191,48 +191,6 @@ __device__ __forceinline__ void StoreStagedLines(uint8_t* out, int64_t line_stri
   }
 }
 
-// An amax reset as a programmatic dependent launch (sm_90; LaunchAfterWordReset below). A
-// one-thread kernel zeroes the word after letting the next launch on the stream start at
-// once (launch_dependents); the quantizing kernel is launched as that dependent, so its
-// blocks are placed and do their work while the reset is still in flight, and only the
-// threads that add to the word wait for it (WaitPrerequisiteGrids: griddepcontrol.wait
-// returns once every prerequisite grid has completed and its writes are visible), also when
-// they have nothing to add, so that the grid cannot complete before the reset. Everything
-// else the kernel reads was written before the reset kernel started, so it is complete. A
-// cudaMemsetAsync put the reset on the critical path: H200, 16384 x 8192 LN + FP8 153.4 us
-// with it, 152.7 with this, 152.3 with no reset at all (bench/NOTES.md item 24).
-__global__ void ZeroWordLetDependentsStart(uint32_t* word) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  *word = 0u;
-}
-
-// Waits for the grids this launch depends on (the amax reset); a no-op for a launch that
-// was not made a programmatic dependent.
-__device__ __forceinline__ void WaitPrerequisiteGrids() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-
-// Launches `kernel` with `config` (at most 3 launch attributes of its own); with `word`,
-// after ZeroWordLetDependentsStart on config.stream and as its programmatic dependent, so the
-// kernel must call WaitPrerequisiteGrids before it adds to the word.
-template <typename... Params, typename... Args>
-cudaError_t LaunchAfterWordReset(cudaLaunchConfig_t config, uint32_t* word, void (*kernel)(Params...),
-                                 Args... args) {
-  cudaLaunchAttribute attributes[4];
-  if (config.numAttrs > 3) return cudaErrorInvalidValue;
-  for (unsigned i = 0; i < config.numAttrs; ++i) attributes[i] = config.attrs[i];
-  if (word != nullptr) {
-    ZeroWordLetDependentsStart<<<1, 1, 0, config.stream>>>(word);
-    const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) return status;
-    attributes[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-    ++config.numAttrs;
-  }
-  config.attrs = attributes;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
-  if (status != cudaSuccess) return status;
-  return cudaGetLastError();
-}
-
 }  // namespace
 }  // namespace cuda
 }  // namespace kernels
