@@ -106,9 +106,11 @@ struct Fragment<SourceType::kBFloat16> {
     }
     return max(m & 0xFFFF0000u, m << 16);
   }
-  __device__ void Values(int k, int g, float v[4]) const {
-    const uint32_t lo = g == 0 ? raw[k].x : raw[k].z;
-    const uint32_t hi = g == 0 ? raw[k].y : raw[k].w;
+  __device__ void Values(int k, int g, float v[4]) const { GroupValues(raw[k], g, v); }
+  // Group g (columns 4 g .. 4 g + 3) of 8 BF16 values loaded as one uint4, widened.
+  __device__ static void GroupValues(const uint4& r, int g, float v[4]) {
+    const uint32_t lo = g == 0 ? r.x : r.z;
+    const uint32_t hi = g == 0 ? r.y : r.w;
     v[0] = __uint_as_float(lo << 16);
     v[1] = __uint_as_float(lo & 0xFFFF0000u);
     v[2] = __uint_as_float(hi << 16);
@@ -311,15 +313,9 @@ struct HaloChunks {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int q = static_cast<int>(threadIdx.x) + i * kFastThreads;
-      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
       float lo[4], hi[4];  // columns 0-3 and 4-7 of the chunk
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        lo[2 * k] = __uint_as_float(w[k] << 16);
-        lo[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-        hi[2 * k] = __uint_as_float(w[k + 2] << 16);
-        hi[2 * k + 1] = __uint_as_float(w[k + 2] & 0xFFFF0000u);
-      }
+      Fragment<SourceType::kBFloat16>::GroupValues(raw[i], 0, lo);
+      Fragment<SourceType::kBFloat16>::GroupValues(raw[i], 1, hi);
       *reinterpret_cast<uint2*>(&halo_rows[q / kPerRow][(q % kPerRow) * kColumns]) =
           make_uint2(EncodeQuad<kFormat, true>(lo, scale), EncodeQuad<kFormat, true>(hi, scale));
     }
