@@ -214,7 +214,16 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
     const uint16_t* x = static_cast<const uint16_t*>(p.x);
     for (int t = 0; t < tiles; ++t) {
       const int s = t % kStages;
-      if (t >= kStages) MbarrierWait<false>(SharedAddress(&drained[s]), static_cast<uint32_t>(t / kStages - 1) & 1u);
+      if (t >= kStages) {
+        MbarrierWait<false>(SharedAddress(&drained[s]), static_cast<uint32_t>(t / kStages - 1) & 1u);
+      } else if (t == kStages - 1) {
+        // The last stage of the start goes out once the one before it has landed. Issued
+        // together, the second and third stages landed together, ~4.7 us after the first, and
+        // the first tile's normalization waits for the second (the moments run one tile
+        // ahead); staggered, the rowwise-only, BF16-y, RMSNorm and MXFP8 outputs gained
+        // 0.6-1.5 us, LN + FP8 nothing (bench/NOTES.md item 33).
+        MbarrierWait<false>(SharedAddress(&staged[t - 1]), 0u);
+      }
       const int64_t row0 = group_of(t) * kRtRows;
       const int rows = p.rows - row0 < kRtRows ? static_cast<int>(p.rows - row0) : kRtRows;
       const uint32_t bar = SharedAddress(&staged[s]);
