@@ -39,7 +39,8 @@ using kernels::cuda::NormForwardParams;
 std::string ForwardConfig(const NormForwardParams& p) {
   kernels::cuda::NormForwardPlan plan;
   BENCH_CHECK(kernels::cuda::PlanNormForward(p, &plan));
-  return std::string(plan.stats_warp ? (plan.contiguous_row_groups ? "stats-warp register tile (contiguous row groups) "
+  return std::string(plan.row_per_cta ? "one CTA per row "
+                     : plan.stats_warp ? (plan.contiguous_row_groups ? "stats-warp register tile (contiguous row groups) "
                                         : plan.quad_row_groups     ? "stats-warp register tile (quad row groups) "
                                         : plan.paired_row_groups   ? "stats-warp register tile (paired row groups) "
                                                                    : "stats-warp register tile (strided row groups) ")
@@ -113,6 +114,11 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   rowwise_only.columnwise = nullptr;
   rowwise_only.columnwise_scale_inv = nullptr;
   forward("layernorm_fwd_fp8_rowwise", rowwise_only, numel * 2 + numel + stats_ln);
+  if (n <= 1024) {  // kAuto takes the one-CTA-per-row kernel up to 256 rows: the cluster kernel for comparison
+    NormForwardParams rowwise_clusters = rowwise_only;
+    rowwise_clusters.kernel = kernels::cuda::NormForwardKernel::kStatsWarpClusters;
+    forward("layernorm_fwd_fp8_rowwise_clusters", rowwise_clusters, numel * 2 + numel + stats_ln);
+  }
   if (h % 64 == 0 && n % 32 == 0) {  // shapes the fused MXFP8 path takes
     NormForwardParams mxfp8 = base;
     mxfp8.mxfp8 = true;

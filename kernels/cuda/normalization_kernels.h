@@ -41,8 +41,11 @@ enum class Fp8Encoder { kHardware, kCodec };
 //   kStatsWarpQuads:      as kAuto, but where kAuto takes adjacent pairs of row groups
 //                         (codes without y) each cluster takes two adjacent pairs, so one
 //                         CTA writes whole 128-byte columnwise lines (measured slower:
-//                         bench/NOTES.md item 25).
-enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpContiguous, kStatsWarpQuads };
+//                         bench/NOTES.md item 25);
+//   kStatsWarpClusters:   as kAuto, but the stats-warp cluster kernel also where kAuto takes
+//                         the one-CTA-per-row kernel (few rows, no columnwise copy:
+//                         NormForwardPlan::row_per_cta).
+enum class NormForwardKernel { kAuto, kRegisterTile, kStatsWarpContiguous, kStatsWarpQuads, kStatsWarpClusters };
 
 struct NormForwardParams {
   bool rms = false;              // RMSNorm (no mean, no beta) instead of LayerNorm
@@ -99,6 +102,9 @@ struct NormForwardPlan {
                                    // are stored as 64-byte runs
   bool quad_row_groups = false;  // paired, and two adjacent pairs per cluster first
                                  // (NormForwardKernel::kStatsWarpQuads)
+  bool row_per_cta = false;  // few rows without a columnwise copy (kAuto): one CTA per row at a
+                             // time, the stats-warp kernel's merge order, no cluster (a tile of
+                             // one row; rows_per_cta 1)
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

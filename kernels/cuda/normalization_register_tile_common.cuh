@@ -172,6 +172,35 @@ __device__ __forceinline__ void ReduceHalf(float* mean, float* m2, int lane, int
 // lanes have cg8 = lane / 4, so 4; the stats-warp kernel's cg8 = lane % 8, so 1): the steps
 // exchange across lane bits 4 kCgLane, 2 kCgLane, kCgLane, i.e. always across column-group
 // bits 4, 2, 1, so both lane layouts merge the same partials in the same order.
+// WarpMoments' per-lane step for one row's 8 values: mean and M2 (RMSNorm: 0 and the sum of
+// squares), for the one-CTA-per-row kernel. WarpMoments keeps its own loop body: written
+// through this helper it moved the SASS of the stats-warp kernel's paired RMSNorm instantiations.
+template <NormDType kType, bool kRms>
+__device__ __forceinline__ void LaneMoments(const uint4& chunk, float& mean, float& m2) {
+  float v[8];
+  Unpack16<kType>(chunk, v);
+  if constexpr (kRms) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = fmaf(v[i], v[i], s);
+    mean = 0.0f;
+    m2 = s;
+  } else {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += v[i];
+    const float m = s * 0.125f;
+    float q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float d = v[i] - m;
+      q = fmaf(d, d, q);
+    }
+    mean = m;
+    m2 = q;
+  }
+}
+
 template <NormDType kType, bool kRms, int kCgLane>
 __device__ __forceinline__ void WarpMoments(const uint4* tile, int row_stride, int lane, int rg, int cg8,
                                             int warp, float2 (*warp_stats)[kRtRows]) {

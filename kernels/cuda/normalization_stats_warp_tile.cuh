@@ -86,6 +86,39 @@ __device__ __forceinline__ float NormalizeRows(const NormForwardParams& p, const
   return tile_max;
 }
 
+// NormalizeRows' arithmetic for one row's 8 values (chunk; mu, rsigma in st): y stored at
+// y_index when kY, codes into lo / hi when kQuantize, tile_max = max(tile_max, max |y|) (NaN if
+// any is NaN). For the one-CTA-per-row kernel; NormalizeRows keeps its own loop body, because
+// written through this helper it moved the SASS of 12 of the cluster kernel's instantiations.
+template <NormDType kType, Fp8Format kFormat, bool kY, bool kQuantize, bool kPatch>
+__device__ __forceinline__ void NormalizeRow(const NormForwardParams& p, const uint4& chunk, float2 st,
+                                              const float w[8], const float b[8], int64_t y_index, uint32_t& lo,
+                                              uint32_t& hi, float& tile_max) {
+  float v[8];
+  Unpack16<kType>(chunk, v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    v[e] = fmaf((v[e] - st.x) * st.y, w[e], b[e]);
+    tile_max = MaxNaN(tile_max, fabsf(v[e]));
+  }
+  if constexpr (kY) {
+    if constexpr (kPatch) {
+      StoreY8(p.y, p.y_type, y_index, v);
+    } else {
+      StoreY8Pairs(p.y, p.y_type, y_index, v);
+    }
+  }
+  if constexpr (kQuantize) {
+    if constexpr (kPatch) {
+      lo = Encode4<kFormat, Fp8Encoder::kHardware, true>(v, p.scale);
+      hi = Encode4<kFormat, Fp8Encoder::kHardware, true>(v + 4, p.scale);
+    } else {
+      lo = EncodeQuadFinite<kFormat>(v, p.scale);
+      hi = EncodeQuadFinite<kFormat>(v + 4, p.scale);
+    }
+  }
+}
+
 // Columnwise codes of a pair of row groups, 64 rows from `row0` (the first group's rows
 // 8 rg .. 8 rg + 7 in held_*, the second's in now_*; columns col .. col + 7, lane =
 // 8 rg + cg8). Lanes cg8 = 2 j and 2 j + 1 swap the second tile's codes, and then each

@@ -185,9 +185,10 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
 
   bool layer_norm() const { return GetParam().type == NormType::kLayerNorm; }
 
-  // with_y false: codes only (the paired row-group order; out.y stays the poison).
-  Outputs Launch(NormForwardKernel kernel,
-                 kernels::cuda::NormDType y_type = kernels::cuda::NormDType::kFloat32, bool with_y = true) const {
+  // with_y false: codes only (the paired row-group order; out.y stays the poison);
+  // with_columnwise false: no columnwise copy (out.columnwise stays the poison).
+  Outputs Launch(NormForwardKernel kernel, kernels::cuda::NormDType y_type = kernels::cuda::NormDType::kFloat32,
+                 bool with_y = true, bool with_columnwise = true) const {
     const StatsWarpCase& c = GetParam();
     const int64_t numel = c.n * c.h;
     const ForwardBuffers buffers(c.n, c.h);
@@ -205,6 +206,10 @@ class StatsWarpGpuTest : public ::testing::TestWithParam<StatsWarpCase> {
     p.eps = 1e-5f;
     p.zero_centered_gamma = c.zero_centered;
     buffers.Attach(&p, with_y);
+    if (!with_columnwise) {
+      p.columnwise = nullptr;
+      p.columnwise_scale_inv = nullptr;
+    }
     p.y_type = y_type;
     p.format = c.format == DType::kFloat8E4M3 ? kernels::cuda::Fp8Format::kE4M3
                                               : kernels::cuda::Fp8Format::kE5M2;
@@ -290,6 +295,54 @@ TEST_P(StatsWarpGpuTest, WritesTheRegisterTileKernelsBytes) {
   SCOPED_TRACE("kStatsWarpQuads, codes only");
   ExpectSameCodesAndStatistics(Launch(NormForwardKernel::kStatsWarpQuads, kernels::cuda::NormDType::kFloat32, false),
                                want);
+}
+
+// Up to 256 rows without a columnwise copy, kAuto takes the one-CTA-per-row kernel
+// (NormForwardPlan::row_per_cta): the same y, rowwise codes, statistics, amax and scale
+// inverse as the register-tile kernel and the stats-warp cluster kernel
+// (kStatsWarpClusters), with FP32 or BF16 y or codes only, and the columnwise buffer left
+// untouched.
+TEST_P(StatsWarpGpuTest, FewRowsWithoutColumnwiseCodesTakeOneCtaPerRow) {
+  const StatsWarpCase& c = GetParam();
+  using kernels::cuda::NormDType;
+  const Outputs want = Launch(NormForwardKernel::kRegisterTile);
+  const bool few = c.n <= 256;
+  auto expect_same = [&](const Outputs& got, const Outputs& ref, bool y) {
+    if (y) EXPECT_TRUE(got.y == ref.y) << "y";
+    EXPECT_TRUE(got.rowwise == ref.rowwise) << "rowwise codes";
+    EXPECT_TRUE(got.mu == ref.mu) << "mu";
+    EXPECT_TRUE(got.rsigma == ref.rsigma) << "rsigma";
+    EXPECT_EQ(got.amax, ref.amax);
+    EXPECT_EQ(std::vector<uint8_t>(got.scale_inv.begin(), got.scale_inv.begin() + 4),
+              std::vector<uint8_t>(ref.scale_inv.begin(), ref.scale_inv.begin() + 4));
+    EXPECT_TRUE(std::all_of(got.columnwise.begin(), got.columnwise.end(), [](uint8_t v) { return v == 0xA5; }))
+        << "columnwise buffer written";
+  };
+  {
+    SCOPED_TRACE("kAuto, FP32 y and rowwise codes");
+    const Outputs got = Launch(NormForwardKernel::kAuto, NormDType::kFloat32, true, false);
+    EXPECT_EQ(got.plan.row_per_cta, few);
+    if (few) {
+      EXPECT_EQ(got.plan.rows_per_cta, 1);
+      EXPECT_EQ(got.plan.cluster_size, 1);
+      EXPECT_LE(got.plan.ctas, std::min<int64_t>(c.n, got.plan.usable_sms * got.plan.ctas_per_sm));
+    }
+    expect_same(got, want, true);
+    const Outputs clusters = Launch(NormForwardKernel::kStatsWarpClusters, NormDType::kFloat32, true, false);
+    EXPECT_FALSE(clusters.plan.row_per_cta);
+    EXPECT_TRUE(clusters.plan.stats_warp);
+    expect_same(clusters, want, true);
+  }
+  {
+    SCOPED_TRACE("kAuto, rowwise codes only");
+    const Outputs got = Launch(NormForwardKernel::kAuto, NormDType::kFloat32, false, false);
+    EXPECT_EQ(got.plan.row_per_cta, few);
+    expect_same(got, want, false);
+  }
+  SCOPED_TRACE("kAuto against kStatsWarpClusters, BF16 y and rowwise codes");
+  const Outputs bf16 = Launch(NormForwardKernel::kAuto, NormDType::kBFloat16, true, false);
+  const Outputs bf16_clusters = Launch(NormForwardKernel::kStatsWarpClusters, NormDType::kBFloat16, true, false);
+  expect_same(bf16, bf16_clusters, true);
 }
 
 // BF16 and FP16 y are the FP32 y converted per value (FloatToBf16 / the hardware RN
@@ -431,6 +484,13 @@ std::vector<StatsWarpCase> StatsWarpCases() {
       // One-CTA clusters (16 warps) with enough groups for the paired order (two pairs per
       // cluster on 132 SMs), the partial last group among the single ones.
       {ln, f16, 17416, 1024, e4m3, false},
+      // Few rows (the one-CTA-per-row kernel without a columnwise copy): 8 rows of 8192, 136
+      // rows of 4096 (clusters of 4), 256 rows of 8192 (more rows than CTAs: each takes two);
+      // 1024 rows of 8192 take the cluster kernel.
+      {ln, bf16, 8, 8192, e4m3, false},
+      {ln, f16, 136, 4096, e4m3, true},
+      {rms, bf16, 256, 8192, e5m2, false},
+      {ln, bf16, 1024, 8192, e4m3, false},
   };
 }
 
@@ -445,7 +505,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, StatsWarpGpuTest, ::testing::ValuesIn(StatsWarp
 // copy must hold the amax of a launch of that gamma alone. A tiny one-CTA shape (the kernel
 // is done within microseconds, so the reset's and the kernel's windows overlap most) and a
 // cluster-of-8 shape, each on the stats-warp and the register-tile kernel, with and without
-// y (the codes-only launch takes the paired order).
+// y (the codes-only launch takes the paired order), and with rowwise codes only (kAuto: the
+// one-CTA-per-row kernel, which waits for the reset the same way).
 TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
   TESERVE_SKIP_WITHOUT_GPU();
   constexpr int kLaunches = 24;
@@ -466,10 +527,11 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     for (const NormForwardKernel kernel : {NormForwardKernel::kAuto, NormForwardKernel::kRegisterTile}) {
-      for (const bool with_y : {false, true}) {
+      for (const int mode : {0, 1, 2}) {  // codes only, with y, rowwise codes only
+        const bool with_y = mode == 1;
         SCOPED_TRACE(absl::StrCat(ShapeName(shape.n, shape.h), kernel == NormForwardKernel::kAuto ? " stats warp"
                                                                                                    : " register tile",
-                                  with_y ? " with y" : " codes only"));
+                                  mode == 0 ? " codes only" : mode == 1 ? " with y" : " rowwise codes only"));
         kernels::cuda::NormForwardParams p;
         p.x = x.raw_data();
         p.x_type = kernels::cuda::NormDType::kBFloat16;
@@ -478,12 +540,17 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         p.beta = beta.data<float>();
         p.eps = 1e-5f;
         buffers.Attach(&p, with_y);
+        if (mode == 2) {  // few rows: the one-CTA-per-row kernel (kAuto)
+          p.columnwise = nullptr;
+          p.columnwise_scale_inv = nullptr;
+        }
         p.scale = 1.0f;
         p.scale_inv = 1.0f;
         p.kernel = kernel;
         kernels::cuda::NormForwardPlan plan;
         ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
-        EXPECT_EQ(plan.stats_warp, kernel == NormForwardKernel::kAuto);
+        EXPECT_EQ(plan.stats_warp || plan.row_per_cta, kernel == NormForwardKernel::kAuto);
+        EXPECT_EQ(plan.row_per_cta, kernel == NormForwardKernel::kAuto && mode == 2);
         // Each gamma alone, synchronized, from a poisoned word.
         uint32_t want[2] = {0, 0};
         for (int g = 0; g < 2; ++g) {
