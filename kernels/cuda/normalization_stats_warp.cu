@@ -7,7 +7,8 @@
 // below), against 236 us for the register-tile kernel (the columnwise codes are
 // stored under an L2 evict-last policy since 027115f: 2-3 us). The MXFP8
 // output (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) runs
-// 330 us (two normalization passes: bench/NOTES.md item 13).
+// 330 us (two normalization passes: bench/NOTES.md item 13). Up to 256 rows without a
+// columnwise copy, NormForwardRowKernel (below) takes one row per CTA instead.
 //
 // Same tile (32 rows x 64 columns per compute warp, cluster of S CTAs along the row) and
 // arithmetic as the register-tile kernel (normalization_register_tile.cu, helpers in
