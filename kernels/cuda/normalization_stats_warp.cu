@@ -626,7 +626,7 @@ RowKernelFn RowKernelFor(const NormForwardParams& p) {
               : RowKernelFor<NormDType::kFloat16, Fp8Format::kE5M2>(p);
 }
 
-// Plans / launches the one-CTA-per-row kernel for p (TakesRowPerCta(p), Covers(p)).
+// Plans / launches the one-CTA-per-row kernel for p (TakesRowPerCta(p), Covers(p, true)).
 cudaError_t RowPerCtaForward(const NormForwardParams& p, const RtGeometry& g, int usable_sms, NormForwardPlan* plan,
                              cudaStream_t stream, bool launch) {
   const RowKernelFn kernel = RowKernelFor(p);
@@ -692,10 +692,12 @@ KernelFn KernelFor(const NormForwardParams& p) {
                                       : KernelForY<kType, Fp8Format::kE5M2>(p);
 }
 
-bool Covers(const NormForwardParams& p) {
+// any_rows: for the one-CTA-per-row kernel, which takes any row count (the cluster kernel's
+// 8-row lane blocks need rows % 8 == 0).
+bool Covers(const NormForwardParams& p, bool any_rows) {
   if (p.kernel == NormForwardKernel::kRegisterTile) return false;
   if (p.x_type == NormDType::kFloat32 || p.encoder != Fp8Encoder::kHardware) return false;
-  if (p.rows <= 0 || p.rows % 8 != 0) return false;
+  if (p.rows <= 0 || (!any_rows && p.rows % 8 != 0)) return false;
   if (p.cols % kRtColsPerWarp != 0 || p.cols > kRtColsPerWarp * kRtMaxWarps * kRtMaxCluster) return false;
   if (!IsAligned(p.x, 16) || !IsAligned(p.gamma, 16)) return false;
   if (!p.rms && !IsAligned(p.beta, 16)) return false;
@@ -719,10 +721,11 @@ int StagingBytes(int warps) { return kStages * kRtRows * warps * kRtColsPerWarp 
 cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
                              cudaStream_t stream, bool launch, bool* handled) {
   *handled = false;
-  if (!Covers(p)) return cudaSuccess;
+  const bool row_per_cta = TakesRowPerCta(p);
+  if (!Covers(p, row_per_cta)) return cudaSuccess;
   // The register-tile kernel's geometry (same tiles, so the same statistics order).
   const RtGeometry g = RtGeometryFor(p.rows, p.cols);
-  if (TakesRowPerCta(p)) {
+  if (row_per_cta) {
     *handled = true;
     return RowPerCtaForward(p, g, usable_sms, plan, stream, launch);
   }

@@ -14,11 +14,13 @@ namespace kernels {
 namespace cuda {
 
 // Plans (and with launch = true, launches on `stream`) the stats-warp forward for `p` on
-// `usable_sms` multiprocessors. *handled is false (and nothing is launched) when the kernel
-// does not cover `p`: the register-tile kernel's conditions (x BF16/FP16, cols a multiple
-// of 64 up to 8192, rows a multiple of 8, aligned pointers, the hardware encoder; for MXFP8
-// output the same block conditions), or a cluster that does not fit on the usable SMs. The caller has validated
-// p and written nothing yet; amax is zeroed here when launched.
+// `usable_sms` multiprocessors, or for up to 256 rows without a columnwise copy the
+// one-CTA-per-row kernel. *handled is false (and nothing is launched) when neither covers
+// `p`: the register-tile kernel's conditions (x BF16/FP16, cols a multiple of 64 up to 8192,
+// rows a multiple of 8 (any row count for the one-CTA-per-row kernel), aligned pointers, the
+// hardware encoder; for MXFP8 output the same block conditions), or a cluster that does not
+// fit on the usable SMs. The caller has validated p and written nothing yet; amax is zeroed
+// here when launched.
 cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
                              cudaStream_t stream, bool launch, bool* handled);
 

@@ -585,6 +585,78 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
   }
 }
 
+// The one-CTA-per-row kernel also takes row counts the cluster kernels cannot (rows % 8 !=
+// 0: decode-sized batches). A row's outputs depend only on that row and the column count, so
+// the first n rows of an 8-row launch of the register-tile kernel on the same x are the
+// reference for n = 1, 3, 5, 7: y, rowwise codes, mu and rsigma byte for byte, amax the
+// largest |y| of those rows (NaN once the NaN row 2 is among them).
+TEST(StatsWarpGpu, OneCtaPerRowTakesAnyRowCount) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  constexpr int64_t kRows = 8, kCols = 8192;
+  Tensor x32 = RandomInput(DType::kFloat32, kRows, kCols, 991);
+  x32.data<float>()[2 * kCols + 7] = std::nanf("");
+  const Tensor x = OnDevice(kernels::cpu::CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value());
+  const Tensor gamma = OnDevice(RandomVector(kCols, 0.5f, 1.5f, 992));
+  const Tensor beta = OnDevice(RandomVector(kCols, -1.0f, 1.0f, 993));
+  auto launch = [&](int64_t n, NormForwardKernel kernel, bool with_columnwise) {
+    const ForwardBuffers buffers(n, kCols);
+    kernels::cuda::NormForwardParams p;
+    p.x = x.raw_data();
+    p.x_type = kernels::cuda::NormDType::kBFloat16;
+    p.rows = n;
+    p.cols = kCols;
+    p.gamma = gamma.data<float>();
+    p.beta = beta.data<float>();
+    p.eps = 1e-5f;
+    buffers.Attach(&p, true);
+    if (!with_columnwise) {
+      p.columnwise = nullptr;
+      p.columnwise_scale_inv = nullptr;
+    }
+    p.y_type = kernels::cuda::NormDType::kFloat32;
+    p.scale = 64.0f;
+    p.scale_inv = 1.0f / 64.0f;
+    p.kernel = kernel;
+    Outputs out;
+    EXPECT_EQ(kernels::cuda::PlanNormForward(p, &out.plan), cudaSuccess);
+    EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    out.y = ToHost(buffers.y, n * kCols * 4);
+    out.rowwise = ToHost(buffers.rowwise, n * kCols);
+    out.mu = ToHost(buffers.mu, n * 4);
+    out.rsigma = ToHost(buffers.rsigma, n * 4);
+    out.amax = ToHost(buffers.amax, 4);
+    return out;
+  };
+  const Outputs want = launch(kRows, NormForwardKernel::kRegisterTile, true);
+  ASSERT_TRUE(want.plan.register_tile);
+  auto head = [](const std::vector<uint8_t>& v, int64_t bytes) {
+    return std::vector<uint8_t>(v.begin(), v.begin() + bytes);
+  };
+  for (const int64_t n : {1, 3, 5, 7}) {
+    SCOPED_TRACE(absl::StrCat(n, " rows"));
+    const Outputs got = launch(n, NormForwardKernel::kAuto, false);
+    EXPECT_TRUE(got.plan.row_per_cta);
+    EXPECT_LE(got.plan.ctas, n);
+    EXPECT_TRUE(got.y == head(want.y, n * kCols * 4)) << "y";
+    EXPECT_TRUE(got.rowwise == head(want.rowwise, n * kCols)) << "rowwise codes";
+    EXPECT_TRUE(got.mu == head(want.mu, n * 4)) << "mu";
+    EXPECT_TRUE(got.rsigma == head(want.rsigma, n * 4)) << "rsigma";
+    const float amax = AsFloats(got.amax)[0];
+    if (n > 2) {
+      EXPECT_TRUE(std::isnan(amax)) << amax;
+    } else {
+      const std::vector<float> y = AsFloats(want.y);
+      float largest = 0.0f;
+      for (int64_t i = 0; i < n * kCols; ++i) largest = std::max(largest, std::fabs(y[i]));
+      EXPECT_EQ(amax, largest);
+    }
+  }
+  // With a columnwise copy such row counts are not the stats-warp kernels' (the op's tile
+  // kernel takes them).
+  EXPECT_FALSE(launch(3, NormForwardKernel::kAuto, true).plan.row_per_cta);
+}
+
 #else
 
 TEST(StatsWarpGpu, SkippedWithoutCuda) {
