@@ -508,9 +508,13 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
 // ranks in rank order with the cluster kernel's MergeWeights, and NormalizeRow. So mu,
 // rsigma, y, codes and amax equal the cluster kernel's (and the register-tile kernel's) bit
 // for bit. Persistent over min(rows, usable SMs x resident CTAs) CTAs (sm_margin holds).
+// cluster_reset (up to 8 rows: all CTAs one cluster): the kernel zeroes the amax itself,
+// before a cluster barrier arrive that every thread passes at its start and waits on before
+// adding to the word, instead of the reset kernel in front (LaunchRtClusters), whose launch
+// is a large part of the latency at this size.
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
 __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp / 8, 1)
-    NormForwardRowKernel(NormForwardParams p, RtGeometry g) {
+    NormForwardRowKernel(NormForwardParams p, RtGeometry g, int cluster_reset) {
   __shared__ float2 unit_stats[kRtMaxWarps * kRtMaxCluster];  // (mean, m2) of each 64-column unit
   __shared__ float2 rank_parts[kRtMaxCluster];
   __shared__ float2 row_stats;  // (mu, rsigma)
@@ -520,6 +524,10 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
   const int64_t col = 8 * static_cast<int64_t>(active ? t : 0);
   const uint4* const x = static_cast<const uint4*>(p.x);
   const float cols_f = static_cast<float>(p.cols);
+  if (cluster_reset) {
+    if (blockIdx.y == 0 && t == 0 && p.amax_bits != nullptr) *p.amax_bits = 0u;
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  }
   float w[8], b[8];
   LoadAffine8<kRms>(p, col, w, b);
   auto active_of = [&](int r) { return min(g.warps, g.units - r * g.warps); };
@@ -583,10 +591,11 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
       amax = MaxNaN(amax, row_max);
     }
   }
+  if (cluster_reset) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // the reset above
   if (p.amax_bits != nullptr) {
     const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
     if (lane == 0) {
-      WaitPrerequisiteGrids();  // the amax reset (LaunchRtClusters), as in the cluster kernel
+      WaitPrerequisiteGrids();  // else the amax reset (LaunchRtClusters), as in the cluster kernel
       if (bits != 0u) atomicMax(p.amax_bits, bits);
     }
   }
@@ -597,16 +606,17 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
 }
 
 // Rows up to which kAuto takes the one-CTA-per-row kernel (without a columnwise copy). H200,
-// x 8192 BF16, rowwise FP8 codes (norm_bench, bench/NOTES.md item 34): 8 / 32 / 128 rows
-// 7.6-9.6 / 7.7-9.5 / 9.7 us against 10.0-10.4 / 10.1-10.7 / 10.3-10.9 for the cluster kernel,
-// 256 rows the same (11.4-11.6), 512 / 1024 rows slower (14.9 / 21.7 against 13.8 / 16.9).
+// x 8192 BF16, rowwise FP8 codes (norm_bench, bench/NOTES.md item 34): 1 / 4 / 8 rows (one
+// cluster, no reset kernel) 6.1-6.7 us against 21.9 / 24.4 (the tile kernel: rows % 8 != 0) /
+// 9.7-10.6; 32 / 128 rows 7.4-9.1 / 9.1-9.9 against 10.0-11.0 / 10.2-11.2; 256 rows the same
+// (11.4-11.6); 512 / 1024 rows slower (14.9 / 21.7 against 13.8 / 16.9).
 constexpr int64_t kRowPerCtaMaxRows = 256;
 
 bool TakesRowPerCta(const NormForwardParams& p) {
   return p.kernel == NormForwardKernel::kAuto && !p.mxfp8 && p.columnwise == nullptr && p.rows <= kRowPerCtaMaxRows;
 }
 
-using RowKernelFn = void (*)(NormForwardParams, RtGeometry);
+using RowKernelFn = void (*)(NormForwardParams, RtGeometry, int);
 
 template <NormDType kType, Fp8Format kFormat>
 RowKernelFn RowKernelFor(const NormForwardParams& p) {
@@ -650,9 +660,17 @@ cudaError_t RowPerCtaForward(const NormForwardParams& p, const RtGeometry& g, in
     plan->shared_bytes = 0;
   }
   if (!launch) return cudaSuccess;
+  if (ctas <= kRtMaxCluster) {  // one cluster of ctas CTAs, which resets the amax itself
+    cudaLaunchAttribute attribute;
+    cudaLaunchConfig_t config =
+        ClusterLaunchConfig(dim3(1, static_cast<unsigned>(ctas), 1), 1, threads, 0, stream, &attribute);
+    attribute.val.clusterDim.y = static_cast<unsigned>(ctas);
+    const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, p, g, 1);
+    return launched != cudaSuccess ? launched : cudaGetLastError();
+  }
   RtGeometry grid = g;
   grid.cluster = 1;  // LaunchRtClusters' grid: 1 x ctas (the kernel takes the row geometry g)
-  return LaunchRtClusters(kernel, grid, ctas, threads, 0, p.amax_bits, stream, p, g);
+  return LaunchRtClusters(kernel, grid, ctas, threads, 0, p.amax_bits, stream, p, g, 0);
 }
 
 using KernelFn = void (*)(NormForwardParams, RtGeometry, int);

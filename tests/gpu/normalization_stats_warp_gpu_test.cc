@@ -506,7 +506,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, StatsWarpGpuTest, ::testing::ValuesIn(StatsWarp
 // is done within microseconds, so the reset's and the kernel's windows overlap most) and a
 // cluster-of-8 shape, each on the stats-warp and the register-tile kernel, with and without
 // y (the codes-only launch takes the paired order), and with rowwise codes only (kAuto: the
-// one-CTA-per-row kernel, which waits for the reset the same way).
+// one-CTA-per-row kernel; on the 8-row shape one cluster of 8 CTAs that zeroes the word
+// itself behind a cluster barrier, on 256 rows the reset kernel in front as above).
 TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
   TESERVE_SKIP_WITHOUT_GPU();
   constexpr int kLaunches = 24;
