@@ -1,7 +1,8 @@
 // Internal to kernels/cuda/normalization_*: the stats-warp forward kernel
-// (normalization_stats_warp.cu), which LaunchNormForward / PlanNormForward select before
-// the register-tile kernel unless params.kernel says otherwise. Light header: CUDA runtime
-// types only.
+// (normalization_stats_warp.cu) and the one-CTA-per-row kernel
+// (normalization_row_per_cta.cu), which LaunchNormForward / PlanNormForward select before the
+// register-tile kernel unless params.kernel says otherwise. Light header: CUDA runtime types
+// only.
 #ifndef TESERVE_KERNELS_CUDA_NORMALIZATION_STATS_WARP_H_
 #define TESERVE_KERNELS_CUDA_NORMALIZATION_STATS_WARP_H_
 
@@ -23,6 +24,13 @@ namespace cuda {
 // here when launched.
 cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan,
                              cudaStream_t stream, bool launch, bool* handled);
+
+// The one-CTA-per-row kernel (normalization_row_per_cta.cu): whether kAuto takes it for p
+// (up to 256 rows, no columnwise copy, no MXFP8 output), and its plan / launch for such a p
+// that StatsWarpForward's conditions cover (any row count).
+bool TakesRowPerCta(const NormForwardParams& p);
+cudaError_t RowPerCtaForward(const NormForwardParams& p, int usable_sms, NormForwardPlan* plan, cudaStream_t stream,
+                             bool launch);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -1,13 +1,17 @@
-// Internal to normalization_stats_warp.cu: the per-lane tile work of its compute warps:
-// encoding four normalized values, BF16 / FP16 y by pair conversions, the normalize pass over
-// a lane's 8 rows x 8 columns, the paired order's columnwise stores (StorePairColumns and the
-// half it leaves for the next tile) and the MXFP8 output's rowwise scale rows. The kernel and
-// its protocol are described in normalization_stats_warp.cu.
+// Internal to normalization_stats_warp.cu (and NormalizeRow to normalization_row_per_cta.cu):
+// the per-lane tile work of the compute warps: encoding four normalized values, BF16 / FP16 y
+// by pair conversions, the normalize pass over a lane's 8 rows x 8 columns, the paired order's
+// columnwise stores (StorePairColumns and the half it leaves for the next tile) and the MXFP8
+// output's rowwise scale rows. The kernel and its protocol are described in
+// normalization_stats_warp.cu.
 //
 // Included inside namespace teserve::kernels::cuda::{anonymous}, after
-// normalization_register_tile_common.cuh and kScaleRowBytes.
+// normalization_register_tile_common.cuh (by normalization_stats_warp.cu and, for
+// NormalizeRow, normalization_row_per_cta.cu).
 #ifndef TESERVE_KERNELS_CUDA_NORMALIZATION_STATS_WARP_TILE_CUH_
 #define TESERVE_KERNELS_CUDA_NORMALIZATION_STATS_WARP_TILE_CUH_
+
+constexpr int kScaleRowBytes = 2 * kRtMaxWarps;  // rowwise E8M0 codes of one row of a CTA
 
 // Codes of v[0..3] * scale (v[0] in the low byte), products by one FP32 multiply each, for
 // values the caller knows hold no NaN product: the two pair conversions merge into one word
