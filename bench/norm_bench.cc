@@ -4,6 +4,11 @@
 //                            kernel choice (NormForwardKernel::kAuto: the stats-warp
 //                            kernel, row groups y, y + clusters, ... per cluster, where
 //                            it applies)
+//                            The forward rows pass an amax_sync workspace (a caller that
+//                            keeps one per stream), so the stats-warp and one-CTA-per-row
+//                            kernels zero the amax themselves: no reset launch in front.
+//   layernorm_fwd_fp8_reset_kernel  the same without amax_sync: the amax reset kernel in
+//                            front (any caller without a workspace)
 //   layernorm_fwd_fp8_register_tile  the same on the register-tile kernel (kRegisterTile)
 //   layernorm_fwd_fp8_contiguous     the same on the stats-warp kernel with one block of
 //                            consecutive row groups per cluster (kStatsWarpContiguous)
@@ -50,7 +55,12 @@ std::string ForwardConfig(const NormForwardParams& p) {
          ", cluster " + std::to_string(plan.cluster_size) + ", " + std::to_string(plan.ctas) +
          " CTAs (" + std::to_string(plan.ctas_per_sm) + "/SM), smem " +
          std::to_string(plan.shared_bytes / 1024) + " KiB" +
-         (plan.separate_stats ? ", separate stats" : "");
+         (plan.separate_stats ? ", separate stats" : "") +
+         (p.amax_bits == nullptr        ? ""
+          : p.amax_sync != nullptr && (plan.stats_warp || (plan.row_per_cta && plan.ctas > 8))
+              ? ", amax zeroed in the kernel (amax_sync)"
+          : plan.row_per_cta && plan.ctas <= 8 ? ", amax zeroed in the cluster"
+                                               : ", amax reset launched in front");
 }
 
 void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results) {
@@ -66,6 +76,8 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   auto* rsigma = static_cast<float*>(DeviceBuffer(n * 4));
   auto* scale_inv = static_cast<float*>(DeviceBuffer(8));
   auto* amax = static_cast<uint32_t*>(DeviceBuffer(4));
+  auto* amax_sync = static_cast<uint32_t*>(DeviceBuffer(16));
+  BENCH_CHECK(cudaMemset(amax_sync, 0, 16));  // zeroed once, then the kernels' own
   auto* rowwise_e8m0 = static_cast<uint8_t*>(DeviceBuffer(numel / 32));
   auto* columnwise_e8m0 = static_cast<uint8_t*>(DeviceBuffer(numel / 32));
 
@@ -86,6 +98,7 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   base.rowwise_scale_inv = scale_inv;
   base.columnwise_scale_inv = scale_inv + 1;
   base.amax_bits = amax;
+  base.amax_sync = amax_sync;
 
   auto forward = [&](const std::string& op, const NormForwardParams& p, int64_t bytes) {
     const Timing t = TimeLaunches([&] { return kernels::cuda::LaunchNormForward(p, nullptr); }, flags);
@@ -93,6 +106,9 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   };
   const int64_t stats_ln = n * 8, stats_rms = n * 4;
   forward("layernorm_fwd_fp8", base, numel * 2 + numel * 2 + stats_ln);
+  NormForwardParams reset_kernel = base;
+  reset_kernel.amax_sync = nullptr;
+  forward("layernorm_fwd_fp8_reset_kernel", reset_kernel, numel * 2 + numel * 2 + stats_ln);
   NormForwardParams register_tile = base;
   register_tile.kernel = kernels::cuda::NormForwardKernel::kRegisterTile;
   forward("layernorm_fwd_fp8_register_tile", register_tile, numel * 2 + numel * 2 + stats_ln);
@@ -118,6 +134,9 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
     NormForwardParams rowwise_clusters = rowwise_only;
     rowwise_clusters.kernel = kernels::cuda::NormForwardKernel::kStatsWarpClusters;
     forward("layernorm_fwd_fp8_rowwise_clusters", rowwise_clusters, numel * 2 + numel + stats_ln);
+    NormForwardParams rowwise_reset_kernel = rowwise_only;
+    rowwise_reset_kernel.amax_sync = nullptr;
+    forward("layernorm_fwd_fp8_rowwise_reset_kernel", rowwise_reset_kernel, numel * 2 + numel + stats_ln);
   }
   if (h % 64 == 0 && n % 32 == 0) {  // shapes the fused MXFP8 path takes
     NormForwardParams mxfp8 = base;
@@ -177,7 +196,7 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
   FreeDeviceBuffers({x, dy, static_cast<void*>(gamma), static_cast<void*>(beta), y,
                     static_cast<void*>(rowwise), static_cast<void*>(columnwise),
                     static_cast<void*>(mu), static_cast<void*>(rsigma), static_cast<void*>(scale_inv),
-                    static_cast<void*>(amax), static_cast<void*>(rowwise_e8m0),
+                    static_cast<void*>(amax), static_cast<void*>(amax_sync), static_cast<void*>(rowwise_e8m0),
                     static_cast<void*>(columnwise_e8m0), static_cast<void*>(dgamma), static_cast<void*>(dbeta),
                     static_cast<void*>(grad.workspace)});
 }

@@ -527,6 +527,7 @@ cudaError_t DispatchFormat(const NormForwardParams& p, NormForwardPlan* plan, cu
 cudaError_t DispatchForward(const NormForwardParams& p, NormForwardPlan* plan, cudaStream_t stream,
                             bool launch) {
   if (p.cols <= 0 || p.rows < 0) return cudaErrorInvalidValue;
+  if (p.amax_sync != nullptr && reinterpret_cast<uintptr_t>(p.amax_sync) % 8 != 0) return cudaErrorInvalidValue;
   switch (p.x_type) {
     case NormDType::kFloat32: return DispatchFormat<NormDType::kFloat32>(p, plan, stream, launch);
     case NormDType::kFloat16: return DispatchFormat<NormDType::kFloat16>(p, plan, stream, launch);

@@ -70,7 +70,7 @@ struct NormForwardParams {
   uint8_t* columnwise = nullptr;          // [cols, rows]
   float* rowwise_scale_inv = nullptr;     // [1]
   float* columnwise_scale_inv = nullptr;  // [1]
-  uint32_t* amax_bits = nullptr;          // [1] FP32 bits of max |y|; zeroed by the launcher
+  uint32_t* amax_bits = nullptr;          // [1] FP32 bits of max |y|; zeroed by the launch
   int sm_margin = 0;
   // MXFP8 output instead of the per-tensor one (kernels/block_quantize.h's QuantizeMxfp8 of
   // the FP32 y): rowwise / columnwise receive the codes of 1x32 / 32x1 blocks, the E8M0
@@ -82,6 +82,15 @@ struct NormForwardParams {
   uint8_t* rowwise_e8m0 = nullptr;     // [rows, cols / 32], with rowwise
   uint8_t* columnwise_e8m0 = nullptr;  // [cols, rows / 32], with columnwise (rows % 32 == 0)
   NormForwardKernel kernel = NormForwardKernel::kAuto;
+  // Optional: 16 bytes of device memory, 8-byte aligned, zeroed once by the caller and then
+  // left to the kernels, used by one stream at a time (launches of several streams that may
+  // overlap each need their own). With it the stats-warp and one-CTA-per-row kernels zero
+  // amax_bits themselves (the first CTA to start does, the others wait for it before adding
+  // to the word: kernels/cuda/amax_sync.cuh) instead of a reset kernel launched in front,
+  // which costs ~0.5-1 us on a 150 us launch and ~2 us on a few rows; the other kernels
+  // ignore it. Must stay zero-initialized or as the last launch left it; never shared by
+  // launches that may overlap.
+  uint32_t* amax_sync = nullptr;
 };
 
 // How LaunchNormForward splits the work (for tests and benchmarks).

@@ -22,6 +22,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 
+#include "kernels/cuda/amax_sync.cuh"
 #include "kernels/cuda/normalization_register_tile_common.cuh"
 #include "kernels/cuda/normalization_stats_warp_tile.cuh"
 
@@ -38,7 +39,11 @@ namespace cg = cooperative_groups;
 // cluster_reset (up to 8 rows: all CTAs one cluster): the kernel zeroes the amax itself,
 // before a cluster barrier arrive that every thread passes at its start and waits on before
 // adding to the word, instead of the reset kernel in front (LaunchRtClusters), whose launch
-// is a large part of the latency at this size.
+// is a large part of the latency at this size. With more CTAs and p.amax_sync, the first CTA
+// to start zeroes it and the others wait for that before adding (amax_sync.cuh), also
+// without a launch in front. The three ways are the kernel's cluster_reset argument:
+constexpr int kResetInFront = 0, kClusterReset = 1, kSyncReset = 2;
+
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
 __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp / 8, 1)
     NormForwardRowKernel(NormForwardParams p, RtGeometry g, int cluster_reset) {
@@ -51,9 +56,12 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
   const int64_t col = 8 * static_cast<int64_t>(active ? t : 0);
   const uint4* const x = static_cast<const uint4*>(p.x);
   const float cols_f = static_cast<float>(p.cols);
-  if (cluster_reset) {
+  __shared__ uint32_t sync_target;  // kSyncReset: AmaxSyncArrive's value for this CTA
+  if (cluster_reset == kClusterReset) {
     if (blockIdx.y == 0 && t == 0 && p.amax_bits != nullptr) *p.amax_bits = 0u;
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  } else if (cluster_reset == kSyncReset && t == 0) {
+    sync_target = AmaxSyncArrive(p.amax_sync, p.amax_bits, gridDim.y);
   }
   float w[8], b[8];
   LoadAffine8<kRms>(p, col, w, b);
@@ -118,11 +126,19 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
       amax = MaxNaN(amax, row_max);
     }
   }
-  if (cluster_reset) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // the reset above
+  if (cluster_reset == kClusterReset) {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // the reset above
+  } else if (cluster_reset == kSyncReset) {
+    __syncthreads();  // sync_target written
+  }
   if (p.amax_bits != nullptr) {
     const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
     if (lane == 0) {
-      WaitPrerequisiteGrids();  // else the amax reset (LaunchRtClusters), as in the cluster kernel
+      if (cluster_reset == kSyncReset) {
+        AmaxSyncWait(p.amax_sync, sync_target);  // the first CTA's zero
+      } else {
+        WaitPrerequisiteGrids();  // else the amax reset (LaunchRtClusters), as in the cluster kernel
+      }
       if (bits != 0u) atomicMax(p.amax_bits, bits);
     }
   }
@@ -194,12 +210,15 @@ cudaError_t RowPerCtaForward(const NormForwardParams& p, int usable_sms, NormFor
     cudaLaunchConfig_t config =
         ClusterLaunchConfig(dim3(1, static_cast<unsigned>(ctas), 1), 1, threads, 0, stream, &attribute);
     attribute.val.clusterDim.y = static_cast<unsigned>(ctas);
-    const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, p, g, 1);
+    const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, p, g, kClusterReset);
     return launched != cudaSuccess ? launched : cudaGetLastError();
   }
   RtGeometry grid = g;
   grid.cluster = 1;  // LaunchRtClusters' grid: 1 x ctas (the kernel takes the row geometry g)
-  return LaunchRtClusters(kernel, grid, ctas, threads, 0, p.amax_bits, stream, p, g, 0);
+  if (p.amax_sync != nullptr && p.amax_bits != nullptr) {  // the kernel zeroes the amax itself
+    return LaunchRtClusters(kernel, grid, ctas, threads, 0, nullptr, stream, p, g, kSyncReset);
+  }
+  return LaunchRtClusters(kernel, grid, ctas, threads, 0, p.amax_bits, stream, p, g, kResetInFront);
 }
 
 }  // namespace cuda

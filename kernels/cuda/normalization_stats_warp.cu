@@ -79,6 +79,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 
+#include "kernels/cuda/amax_sync.cuh"
 #include "kernels/cuda/normalization_register_tile_common.cuh"
 #include "kernels/cuda/normalization_register_tile_mxfp8.cuh"
 #include "kernels/cuda/stats_warp_ptx.cuh"
@@ -248,6 +249,12 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       const int r = lane - kRtMaxWarps;
       merge_w[lane] = MergeWeights(static_cast<float>(kRtColsPerWarp * min(g.units, r * g.warps)),
                                    static_cast<float>(kRtColsPerWarp * min(g.warps, g.units - r * g.warps)));
+    }
+    if (p.amax_sync != nullptr && p.amax_bits != nullptr) {
+      // The amax reset without a launch in front (amax_sync.cuh). The compute warps add to
+      // the word only after the last tile's statistics, which this warp hands over after
+      // the wait (mbarrier / named-barrier release), so they come after the zero.
+      if (lane == 0) AmaxSyncWait(p.amax_sync, AmaxSyncArrive(p.amax_sync, p.amax_bits, gridDim.x * gridDim.y));
     }
     __syncwarp();
     for (int t = 0; t < tiles; ++t) {
@@ -598,8 +605,9 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     plan->quad_row_groups = UsesPairs(p) && (OrderOf(p) & kQuadOrder) != 0 && QuadRounds(p.rows, clusters) > 0;
   }
   if (!launch) return cudaSuccess;
-  return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), p.amax_bits, stream, p, g,
-                          OrderOf(p));
+  // With amax_sync the kernel zeroes the amax itself: no reset kernel in front.
+  uint32_t* const reset = p.amax_sync != nullptr ? nullptr : p.amax_bits;
+  return LaunchRtClusters(kernel, g, clusters, threads, StagingBytes(g.warps), reset, stream, p, g, OrderOf(p));
 }
 
 }  // namespace cuda

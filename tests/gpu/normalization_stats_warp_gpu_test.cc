@@ -507,14 +507,23 @@ INSTANTIATE_TEST_SUITE_P(Shapes, StatsWarpGpuTest, ::testing::ValuesIn(StatsWarp
 // cluster-of-8 shape, each on the stats-warp and the register-tile kernel, with and without
 // y (the codes-only launch takes the paired order), and with rowwise codes only (kAuto: the
 // one-CTA-per-row kernel; on the 8-row shape one cluster of 8 CTAs that zeroes the word
-// itself behind a cluster barrier, on 256 rows the reset kernel in front as above).
+// itself behind a cluster barrier, on 256 rows the reset kernel in front as above). Each of
+// them once more with an amax_sync workspace, with which the stats-warp and the one-CTA-per-
+// row kernels zero the word themselves (the first CTA to start does, amax_sync.cuh) and the
+// others keep their reset: the workspace is zeroed once for the whole test and carries over
+// from launch to launch, across shapes and grid sizes, as a caller's would.
 TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
   TESERVE_SKIP_WITHOUT_GPU();
   constexpr int kLaunches = 24;
   struct Shape {
     int64_t n, h;
   };
-  for (const Shape shape : {Shape{8, 64}, Shape{256, 8192}}) {
+  uint32_t* sync = nullptr;
+  ASSERT_EQ(DeviceAlloc(&sync, 16), cudaSuccess);
+  ASSERT_EQ(cudaMemset(sync, 0, 16), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (const bool with_sync : {false, true})
+  for (const Shape shape : {Shape{8, 64}, Shape{256, 8192}, Shape{4096, 4096}}) {
     Tensor x32 = RandomInput(DType::kFloat32, shape.n, shape.h, 4242 + shape.h);
     const Tensor x = OnDevice(kernels::cpu::CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value());
     Tensor gamma_host = RandomVector(shape.h, 0.5f, 1.5f, 17);
@@ -532,7 +541,8 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         const bool with_y = mode == 1;
         SCOPED_TRACE(absl::StrCat(ShapeName(shape.n, shape.h), kernel == NormForwardKernel::kAuto ? " stats warp"
                                                                                                    : " register tile",
-                                  mode == 0 ? " codes only" : mode == 1 ? " with y" : " rowwise codes only"));
+                                  mode == 0 ? " codes only" : mode == 1 ? " with y" : " rowwise codes only",
+                                  with_sync ? ", amax_sync" : ""));
         kernels::cuda::NormForwardParams p;
         p.x = x.raw_data();
         p.x_type = kernels::cuda::NormDType::kBFloat16;
@@ -548,10 +558,11 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
         p.scale = 1.0f;
         p.scale_inv = 1.0f;
         p.kernel = kernel;
+        p.amax_sync = with_sync ? sync : nullptr;
         kernels::cuda::NormForwardPlan plan;
         ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
         EXPECT_EQ(plan.stats_warp || plan.row_per_cta, kernel == NormForwardKernel::kAuto);
-        EXPECT_EQ(plan.row_per_cta, kernel == NormForwardKernel::kAuto && mode == 2);
+        EXPECT_EQ(plan.row_per_cta, kernel == NormForwardKernel::kAuto && mode == 2 && shape.n <= 256);
         // Each gamma alone, synchronized, from a poisoned word.
         uint32_t want[2] = {0, 0};
         for (int g = 0; g < 2; ++g) {
@@ -584,6 +595,34 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
     cudaFree(copies);
   }
+  cudaFree(sync);
+}
+
+// amax_sync must be 8-byte aligned (a 64-bit atomic on its first word): rejected otherwise,
+// before anything is launched.
+TEST(StatsWarpGpu, MisalignedAmaxSyncIsRejected) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const ForwardBuffers buffers(256, 1024);
+  Tensor x = OnDevice(RandomInput(DType::kFloat32, 256, 1024, 5));
+  const Tensor gamma = OnDevice(RandomVector(1024, 0.5f, 1.5f, 6));
+  const Tensor beta = OnDevice(RandomVector(1024, -0.5f, 0.5f, 7));
+  uint32_t* sync = nullptr;
+  ASSERT_EQ(DeviceAlloc(&sync, 32), cudaSuccess);
+  ASSERT_EQ(cudaMemset(sync, 0, 32), cudaSuccess);
+  kernels::cuda::NormForwardParams p;
+  p.x = x.raw_data();
+  p.x_type = kernels::cuda::NormDType::kFloat32;
+  p.rows = 256;
+  p.cols = 1024;
+  p.gamma = gamma.data<float>();
+  p.beta = beta.data<float>();
+  buffers.Attach(&p, /*with_y=*/false);
+  p.amax_sync = sync + 1;
+  EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaErrorInvalidValue);
+  p.amax_sync = sync + 2;
+  EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(sync);
 }
 
 // The one-CTA-per-row kernel also takes row counts the cluster kernels cannot (rows % 8 !=
