@@ -4,11 +4,13 @@
 // 16384 x 8192 BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md):
 // 152.9 us (3.51 TB/s) at 1c350f9, 151.7 us at 5f02220 (amax reset as a dependent launch:
 // LaunchRtClusters), 149.9 us (3.58 TB/s) at 2bd486a (a schedule: the quad order's comment
-// below), against 236 us for the register-tile kernel (the columnwise codes are
-// stored under an L2 evict-last policy since 027115f: 2-3 us). The MXFP8
-// output (kMx, the register-tile kernel's Mxfp8Tile with this kernel's lane bits) runs
-// 330 us (two normalization passes: bench/NOTES.md item 13). Up to 256 rows without a
-// columnwise copy, the one-CTA-per-row kernel (normalization_row_per_cta.cu) takes them.
+// below), 148.3-149.5 us with an amax_sync workspace (5a91ca1: the first CTA zeroes the
+// amax, no reset launch in front; amax_sync.cuh, bench/NOTES.md item 35), against 236 us for
+// the register-tile kernel (the columnwise codes are stored under an L2 evict-last policy
+// since 027115f: 2-3 us). The MXFP8 output (kMx, the register-tile kernel's Mxfp8Tile with
+// this kernel's lane bits) runs 328 us (two normalization passes: bench/NOTES.md item 13).
+// Up to 256 rows without a columnwise copy, the one-CTA-per-row kernel
+// (normalization_row_per_cta.cu) takes them.
 //
 // Same tile (32 rows x 64 columns per compute warp, cluster of S CTAs along the row) and
 // arithmetic as the register-tile kernel (normalization_register_tile.cu, helpers in
