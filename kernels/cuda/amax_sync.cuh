@@ -20,14 +20,24 @@
 #ifndef TESERVE_KERNELS_CUDA_AMAX_SYNC_CUH_
 #define TESERVE_KERNELS_CUDA_AMAX_SYNC_CUH_
 
+// AmaxSyncWait gives up (trap) after this many polls (each an L2 round trip plus a short
+// sleep: about a second in all), so that a workspace that was never zeroed, or one shared by
+// overlapping launches, fails the launch instead of hanging it (a correct wait is over
+// within microseconds).
+constexpr uint32_t kAmaxSyncMaxPolls = 1u << 20;
+
 // Arrives for this CTA (call once per CTA, from one thread) and returns the value of
 // `released` that AmaxSyncWait must see. The first CTA of the grid zeroes *amax_bits.
-__device__ __forceinline__ uint32_t AmaxSyncArrive(uint32_t* sync, uint32_t* amax_bits, uint32_t ctas) {
+// zero_delay_ns (tests only) holds the first CTA back between its arrival and the zero, so
+// that every other CTA reaches its wait first.
+__device__ __forceinline__ uint32_t AmaxSyncArrive(uint32_t* sync, uint32_t* amax_bits, uint32_t ctas,
+                                                   uint32_t zero_delay_ns = 0) {
   auto* ticket = reinterpret_cast<unsigned long long*>(sync);
   const unsigned long long old = atomicAdd(ticket, 1ull);
   const uint32_t target = static_cast<uint32_t>(old >> 32) + 1u;
   const uint32_t arrival = static_cast<uint32_t>(old);
   if (arrival == 0u) {
+    for (uint32_t slept = 0; slept < zero_delay_ns; slept += 1000u) __nanosleep(1000u);
     *reinterpret_cast<volatile uint32_t*>(amax_bits) = 0u;
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(sync + 2), "r"(target) : "memory");
   }
@@ -38,10 +48,11 @@ __device__ __forceinline__ uint32_t AmaxSyncArrive(uint32_t* sync, uint32_t* ama
 // Waits until the first CTA has zeroed the amax of this launch (`target` from
 // AmaxSyncArrive); the caller's later atomics on the word come after the zero.
 __device__ __forceinline__ void AmaxSyncWait(const uint32_t* sync, uint32_t target) {
-  while (true) {
+  for (uint32_t polls = 1;; ++polls) {
     uint32_t released;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(released) : "l"(sync + 2) : "memory");
     if (static_cast<int32_t>(released - target) >= 0) return;
+    if (polls >= kAmaxSyncMaxPolls) __trap();
     __nanosleep(32);
   }
 }

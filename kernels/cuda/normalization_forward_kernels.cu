@@ -527,7 +527,12 @@ cudaError_t DispatchFormat(const NormForwardParams& p, NormForwardPlan* plan, cu
 cudaError_t DispatchForward(const NormForwardParams& p, NormForwardPlan* plan, cudaStream_t stream,
                             bool launch) {
   if (p.cols <= 0 || p.rows < 0) return cudaErrorInvalidValue;
-  if (p.amax_sync != nullptr && reinterpret_cast<uintptr_t>(p.amax_sync) % 8 != 0) return cudaErrorInvalidValue;
+  if (p.amax_sync != nullptr) {  // 8-byte aligned (a 64-bit atomic), and apart from the amax word
+    const uintptr_t sync = reinterpret_cast<uintptr_t>(p.amax_sync);
+    const uintptr_t amax = reinterpret_cast<uintptr_t>(p.amax_bits);
+    if (sync % 8 != 0) return cudaErrorInvalidValue;
+    if (p.amax_bits != nullptr && amax + 4 > sync && amax < sync + 16) return cudaErrorInvalidValue;
+  }
   switch (p.x_type) {
     case NormDType::kFloat32: return DispatchFormat<NormDType::kFloat32>(p, plan, stream, launch);
     case NormDType::kFloat16: return DispatchFormat<NormDType::kFloat16>(p, plan, stream, launch);

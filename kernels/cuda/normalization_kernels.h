@@ -89,7 +89,9 @@ struct NormForwardParams {
   // to the word: kernels/cuda/amax_sync.cuh) instead of a reset kernel launched in front,
   // which costs ~0.5-1 us on a 150 us launch and ~2 us on a few rows; the other kernels
   // ignore it. Must stay zero-initialized or as the last launch left it; never shared by
-  // launches that may overlap.
+  // launches that may overlap (a broken workspace fails the launch, cudaErrorLaunchFailure,
+  // after about a second). Rejected (cudaErrorInvalidValue) when not 8-byte aligned or overlapping
+  // amax_bits.
   uint32_t* amax_sync = nullptr;
 };
 

@@ -594,16 +594,23 @@ TEST(StatsWarpGpu, EveryLaunchOfAStreamResetsTheAmaxBeforeAddingToIt) {
     }
     EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
     cudaFree(copies);
+    // Every launch turned the ticket over: no arrival left over, the generation published.
+    uint32_t words[4];
+    ASSERT_EQ(cudaMemcpy(words, sync, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(words[0], 0u) << "arrivals left in the ticket";
+    EXPECT_EQ(words[1], words[2]) << "ticket generation against released";
+    if (with_sync) EXPECT_GT(words[2], 0u);
   }
   cudaFree(sync);
 }
 
-// amax_sync must be 8-byte aligned (a 64-bit atomic on its first word): rejected otherwise,
-// before anything is launched.
+// amax_sync must be 8-byte aligned (a 64-bit atomic on its first word) and apart from the
+// amax word: rejected otherwise, before anything is launched.
 TEST(StatsWarpGpu, MisalignedAmaxSyncIsRejected) {
   TESERVE_SKIP_WITHOUT_GPU();
   const ForwardBuffers buffers(256, 1024);
-  Tensor x = OnDevice(RandomInput(DType::kFloat32, 256, 1024, 5));
+  Tensor x32 = RandomInput(DType::kFloat32, 256, 1024, 5);
+  const Tensor x = OnDevice(kernels::cpu::CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value());
   const Tensor gamma = OnDevice(RandomVector(1024, 0.5f, 1.5f, 6));
   const Tensor beta = OnDevice(RandomVector(1024, -0.5f, 0.5f, 7));
   uint32_t* sync = nullptr;
@@ -611,17 +618,31 @@ TEST(StatsWarpGpu, MisalignedAmaxSyncIsRejected) {
   ASSERT_EQ(cudaMemset(sync, 0, 32), cudaSuccess);
   kernels::cuda::NormForwardParams p;
   p.x = x.raw_data();
-  p.x_type = kernels::cuda::NormDType::kFloat32;
+  p.x_type = kernels::cuda::NormDType::kBFloat16;
   p.rows = 256;
   p.cols = 1024;
   p.gamma = gamma.data<float>();
   p.beta = beta.data<float>();
   buffers.Attach(&p, /*with_y=*/false);
+  kernels::cuda::NormForwardPlan plan;
+  ASSERT_EQ(kernels::cuda::PlanNormForward(p, &plan), cudaSuccess);
+  EXPECT_TRUE(plan.stats_warp);
   p.amax_sync = sync + 1;
   EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaErrorInvalidValue);
   p.amax_sync = sync + 2;
+  uint32_t* const amax = p.amax_bits;
+  p.amax_bits = sync + 5;  // inside [amax_sync, amax_sync + 16)
+  EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaErrorInvalidValue);
+  p.amax_bits = sync + 1;  // the 4 bytes just before it
+  EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
+  p.amax_bits = amax;
   EXPECT_EQ(kernels::cuda::LaunchNormForward(p, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  uint32_t words[6];
+  ASSERT_EQ(cudaMemcpy(words, sync, 24, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(words[2], 0u);  // the workspace at sync + 2: two launches, no arrival left over
+  EXPECT_EQ(words[3], 2u);
+  EXPECT_EQ(words[4], 2u);
   cudaFree(sync);
 }
 
