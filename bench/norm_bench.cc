@@ -56,11 +56,9 @@ std::string ForwardConfig(const NormForwardParams& p) {
          " CTAs (" + std::to_string(plan.ctas_per_sm) + "/SM), smem " +
          std::to_string(plan.shared_bytes / 1024) + " KiB" +
          (plan.separate_stats ? ", separate stats" : "") +
-         (p.amax_bits == nullptr        ? ""
-          : p.amax_sync != nullptr && (plan.stats_warp || (plan.row_per_cta && plan.ctas > 8))
-              ? ", amax zeroed in the kernel (amax_sync)"
-          : plan.row_per_cta && plan.ctas <= 8 ? ", amax zeroed in the cluster"
-                                               : ", amax reset launched in front");
+         (p.amax_bits == nullptr             ? ""
+          : plan.amax_zeroed_in_kernel ? ", amax zeroed in the kernel"
+                                       : ", amax reset launched in front");
 }
 
 void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results) {

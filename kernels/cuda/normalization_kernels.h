@@ -116,6 +116,9 @@ struct NormForwardPlan {
   bool row_per_cta = false;  // few rows without a columnwise copy (kAuto): one CTA per row at a
                              // time, the stats-warp kernel's merge order, no cluster (a tile of
                              // one row; rows_per_cta 1)
+  bool amax_zeroed_in_kernel = false;  // the kernel zeroes amax_bits itself (amax_sync, or the
+                                       // one-CTA-per-row kernel as one cluster); else a reset
+                                       // runs in front of it
   int ctas = 0;             // CTAs launched (persistent: each loops over row groups)
   int ctas_per_sm = 0;      // resident CTAs per SM the grid was sized with
   int usable_sms = 0;       // SMs - sm_margin

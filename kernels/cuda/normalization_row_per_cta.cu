@@ -36,17 +36,17 @@ namespace cg = cooperative_groups;
 // ranks in rank order with the cluster kernel's MergeWeights, and NormalizeRow. So mu,
 // rsigma, y, codes and amax equal the cluster kernel's (and the register-tile kernel's) bit
 // for bit. Persistent over min(rows, usable SMs x resident CTAs) CTAs (sm_margin holds).
-// cluster_reset (up to 8 rows: all CTAs one cluster): the kernel zeroes the amax itself,
+// Up to 8 rows (all CTAs one cluster, kClusterReset) the kernel zeroes the amax itself,
 // before a cluster barrier arrive that every thread passes at its start and waits on before
 // adding to the word, instead of the reset kernel in front (LaunchRtClusters), whose launch
-// is a large part of the latency at this size. With more CTAs and p.amax_sync, the first CTA
-// to start zeroes it and the others wait for that before adding (amax_sync.cuh), also
-// without a launch in front. The three ways are the kernel's cluster_reset argument:
+// is a large part of the latency at this size. With more CTAs and p.amax_sync (kSyncReset),
+// the first CTA to start zeroes it and the others wait for that before adding
+// (amax_sync.cuh), also without a launch in front. The kernel's amax_reset argument:
 constexpr int kResetInFront = 0, kClusterReset = 1, kSyncReset = 2;
 
 template <NormDType kType, Fp8Format kFormat, bool kRms, bool kY>
 __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp / 8, 1)
-    NormForwardRowKernel(NormForwardParams p, RtGeometry g, int cluster_reset) {
+    NormForwardRowKernel(NormForwardParams p, RtGeometry g, int amax_reset) {
   __shared__ float2 unit_stats[kRtMaxWarps * kRtMaxCluster];  // (mean, m2) of each 64-column unit
   __shared__ float2 rank_parts[kRtMaxCluster];
   __shared__ float2 row_stats;  // (mu, rsigma)
@@ -57,10 +57,10 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
   const uint4* const x = static_cast<const uint4*>(p.x);
   const float cols_f = static_cast<float>(p.cols);
   __shared__ uint32_t sync_target;  // kSyncReset: AmaxSyncArrive's value for this CTA
-  if (cluster_reset == kClusterReset) {
+  if (amax_reset == kClusterReset) {
     if (blockIdx.y == 0 && t == 0 && p.amax_bits != nullptr) *p.amax_bits = 0u;
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  } else if (cluster_reset == kSyncReset && t == 0) {
+  } else if (amax_reset == kSyncReset && t == 0) {
     sync_target = AmaxSyncArrive(p.amax_sync, p.amax_bits, gridDim.y);
   }
   float w[8], b[8];
@@ -126,15 +126,15 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
       amax = MaxNaN(amax, row_max);
     }
   }
-  if (cluster_reset == kClusterReset) {
+  if (amax_reset == kClusterReset) {
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // the reset above
-  } else if (cluster_reset == kSyncReset) {
+  } else if (amax_reset == kSyncReset) {
     __syncthreads();  // sync_target written
   }
   if (p.amax_bits != nullptr) {
     const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(amax));
     if (lane == 0) {
-      if (cluster_reset == kSyncReset) {
+      if (amax_reset == kSyncReset) {
         AmaxSyncWait(p.amax_sync, sync_target);  // the first CTA's zero
       } else {
         WaitPrerequisiteGrids();  // else the amax reset (LaunchRtClusters), as in the cluster kernel
@@ -199,6 +199,7 @@ cudaError_t RowPerCtaForward(const NormForwardParams& p, int usable_sms, NormFor
     plan->register_tile = false;
     plan->stats_warp = false;
     plan->row_per_cta = true;
+    plan->amax_zeroed_in_kernel = ctas <= kRtMaxCluster || p.amax_sync != nullptr;
     plan->ctas = static_cast<int>(ctas);
     plan->ctas_per_sm = ctas_per_sm;
     plan->usable_sms = usable_sms;

@@ -601,6 +601,7 @@ cudaError_t StatsWarpForward(const NormForwardParams& p, int usable_sms, NormFor
     FillRtPlan(g, clusters, ctas_per_sm, usable_sms, StagingBytes(g.warps), plan);
     plan->stats_warp = true;
     plan->contiguous_row_groups = contiguous;
+    plan->amax_zeroed_in_kernel = p.amax_sync != nullptr;
     // The kernel's pair_rounds / quad_rounds: whether every cluster gets at least one pair /
     // four full groups.
     plan->paired_row_groups = UsesPairs(p) && PairRounds(p.rows, clusters) > 0;

@@ -1,7 +1,7 @@
 // Helpers shared by the normalization GPU tests (normalization_gpu_test.cc: forward and
 // encoders; normalization_backward_gpu_test.cc: backward, sm_margin, FP32 entry points):
-// random inputs with outlier rows, FP8 code ordinals and the forward-error scales the
-// tolerances are taken on. Only built with CUDA (TESERVE_WITH_CUDA).
+// random inputs with outlier rows, FP8 code ordinals, the forward-error scales the
+// tolerances are taken on, and poisoned output buffers for direct forward launches. Only built with CUDA (TESERVE_WITH_CUDA).
 #ifndef TESERVE_TESTS_GPU_NORMALIZATION_GPU_TEST_UTIL_H_
 #define TESERVE_TESTS_GPU_NORMALIZATION_GPU_TEST_UTIL_H_
 
@@ -17,7 +17,9 @@
 #include "core/dtype.h"
 #include "core/float_codec.h"
 #include "core/tensor.h"
+#include "gtest/gtest.h"
 #include "kernels/cpu/cast_cpu.h"
+#include "kernels/cuda/normalization_kernels.h"
 #include "tests/gpu/quantize_gpu_test_util.h"
 
 namespace teserve {
@@ -119,6 +121,63 @@ inline void BackwardScales(const std::vector<float>& x, const std::vector<float>
     }
   }
 }
+
+// Host copy of `bytes` bytes of device memory.
+inline std::vector<uint8_t> ToHost(const void* device, int64_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+// Device buffers for every output of a forward launch on n x h, poisoned (y NaN, codes 0xA5,
+// statistics, scale inverses and amax all ones bits), freed with the object.
+struct ForwardBuffers {
+  ForwardBuffers(int64_t n, int64_t h) : numel(n * h) {
+    EXPECT_EQ(DeviceAlloc(&y, numel * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&rowwise, numel), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&columnwise, numel), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&mu, n * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&rsigma, n * 4), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&scale_inv, 8), cudaSuccess);
+    EXPECT_EQ(DeviceAlloc(&amax, 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(y, 0xFF, numel * 4), cudaSuccess);  // NaN
+    EXPECT_EQ(cudaMemset(rowwise, 0xA5, numel), cudaSuccess);
+    EXPECT_EQ(cudaMemset(columnwise, 0xA5, numel), cudaSuccess);
+    EXPECT_EQ(cudaMemset(mu, 0xFF, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(rsigma, 0xFF, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemset(scale_inv, 0xFF, 8), cudaSuccess);
+    EXPECT_EQ(cudaMemset(amax, 0xFF, 4), cudaSuccess);
+    // cudaMemset is ordered on the legacy default stream only: done before any launch on
+    // another stream.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  ~ForwardBuffers() {
+    for (void* ptr : {y, static_cast<void*>(rowwise), static_cast<void*>(columnwise), static_cast<void*>(mu),
+                      static_cast<void*>(rsigma), static_cast<void*>(scale_inv), static_cast<void*>(amax)}) {
+      cudaFree(ptr);
+    }
+  }
+  ForwardBuffers(const ForwardBuffers&) = delete;
+  ForwardBuffers& operator=(const ForwardBuffers&) = delete;
+
+  // Points p's outputs at these buffers: y only with `with_y`, mu only for LayerNorm.
+  void Attach(kernels::cuda::NormForwardParams* p, bool with_y) const {
+    p->y = with_y ? y : nullptr;
+    p->mu = p->rms ? nullptr : mu;
+    p->rsigma = rsigma;
+    p->rowwise = rowwise;
+    p->columnwise = columnwise;
+    p->rowwise_scale_inv = scale_inv;
+    p->columnwise_scale_inv = scale_inv + 1;
+    p->amax_bits = amax;
+  }
+
+  int64_t numel;
+  void* y = nullptr;
+  uint8_t *rowwise = nullptr, *columnwise = nullptr;
+  float *mu = nullptr, *rsigma = nullptr, *scale_inv = nullptr;
+  uint32_t* amax = nullptr;
+};
 
 }  // namespace norm_gpu_test
 }  // namespace teserve
