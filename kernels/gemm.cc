@@ -8,6 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/gemm_cpu.h"
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/gemm/cublaslt_gemm.h"
+#endif
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -79,6 +82,162 @@ absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Ten
   }
   RETURN_IF_ERROR(CpuOnly("ColumnSum", ctx));
   return cpu::ColumnSum(ctx, x, accumulate, out);
+}
+
+// ---------------------------------------------------------------------------------------
+// The general GEMM.
+
+namespace {
+
+constexpr int64_t kFloat8LeadingMultiple = 16;  // cuBLASLt FP8: 16-byte aligned rows
+
+bool IsGemmHighPrecision(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
+absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, const Context& ctx) {
+  const std::string data = absl::StrCat(name, ".data");
+  RETURN_IF_ERROR(CheckDefined(data, operand.data));
+  RETURN_IF_ERROR(CheckRank(data, operand.data, 2));
+  RETURN_IF_ERROR(CheckDevice(data, operand.data, ctx));
+  const DType dtype = operand.data.dtype();
+  if (!IsGemmHighPrecision(dtype) && !IsFloat8(dtype)) {
+    return InvalidField(absl::StrCat(data, ".dtype"),
+                        "one of FLOAT32, BFLOAT16, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2", DTypeName(dtype));
+  }
+  const std::string scale = absl::StrCat(name, ".scale_inv");
+  if (!IsFloat8(dtype)) {
+    if (operand.scale_inv.defined()) {
+      return InvalidField(scale, absl::StrCat("no scale_inv for a ", DTypeName(dtype), " operand"),
+                          "a tensor");
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CheckTensorOfShape(scale, operand.scale_inv, DType::kFloat32, {1}, ctx));
+  if (operand.data.dim(1) % kFloat8LeadingMultiple != 0) {
+    return InvalidField(absl::StrCat(data, ".shape[1]"),
+                        absl::StrCat("a multiple of ", kFloat8LeadingMultiple,
+                                     " (the stored row length of an FP8 GEMM operand)"),
+                        operand.data.dim(1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOperandPair(const GemmOperand& a, const GemmOperand& b) {
+  const DType ta = a.data.dtype();
+  const DType tb = b.data.dtype();
+  if (IsFloat8(ta) != IsFloat8(tb) || (!IsFloat8(ta) && ta != tb)) {
+    return InvalidField("b.data.dtype", absl::StrCat("a dtype to pair with a.data's ", DTypeName(ta)),
+                        DTypeName(tb));
+  }
+  if (!IsFloat8(ta)) return absl::OkStatus();
+  if (ta == DType::kFloat8E5M2 && tb == DType::kFloat8E5M2) {
+    return InvalidField("b.data.dtype", "FLOAT8_E4M3 when a.data is FLOAT8_E5M2 (E5M2 x E5M2 has no kernel)",
+                        DTypeName(tb));
+  }
+  if (a.transpose || !b.transpose) {
+    return InvalidField("a.transpose / b.transpose",
+                        "false / true for FP8 operands (k contiguous in both: pass columnwise copies)",
+                        absl::StrCat(a.transpose ? "true" : "false", " / ", b.transpose ? "true" : "false"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVector(absl::string_view name, const Tensor* t, int64_t length, DType d_dtype,
+                         const Context& ctx) {
+  if (t == nullptr) return InvalidField(name, absl::StrCat("a [", length, "] tensor"), "nullptr");
+  RETURN_IF_ERROR(CheckDefined(name, *t));
+  if (t->dtype() != DType::kFloat32 && t->dtype() != d_dtype) {
+    return InvalidField(absl::StrCat(name, ".dtype"), absl::StrCat("FLOAT32 or ", DTypeName(d_dtype)),
+                        DTypeName(t->dtype()));
+  }
+  RETURN_IF_ERROR(CheckDevice(name, *t, ctx));
+  return CheckShape(name, *t, {length});
+}
+
+absl::Status CheckGemmOutput(const GemmOperand& a, const GemmOperand& b, const Tensor* d,
+                             const GemmOptions& options, const Context& ctx) {
+  if (d == nullptr) return InvalidField("d", "an allocated output tensor", "nullptr");
+  RETURN_IF_ERROR(CheckDefined("d", *d));
+  RETURN_IF_ERROR(CheckRank("d", *d, 2));
+  RETURN_IF_ERROR(CheckDevice("d", *d, ctx));
+  const bool fp8_inputs = IsFloat8(a.data.dtype());
+  if (!IsGemmHighPrecision(d->dtype()) && !(fp8_inputs && IsFloat8(d->dtype()))) {
+    return InvalidField("d.dtype",
+                        fp8_inputs ? "one of FLOAT32, BFLOAT16, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2"
+                                   : "one of FLOAT32, BFLOAT16, FLOAT16 (FP8 output needs FP8 operands)",
+                        DTypeName(d->dtype()));
+  }
+  if (!fp8_inputs && d->dtype() != a.data.dtype() && d->dtype() != DType::kFloat32) {
+    return InvalidField("d.dtype", absl::StrCat(DTypeName(a.data.dtype()), " or FLOAT32"),
+                        DTypeName(d->dtype()));
+  }
+  RETURN_IF_ERROR(CheckGemmShapes(a.data, a.transpose, b.data, b.transpose, *d));
+  if (IsFloat8(d->dtype())) {
+    if (options.d_scale == nullptr) return InvalidField("options.d_scale", "an FP32 [1] tensor for an FP8 d", "nullptr");
+    RETURN_IF_ERROR(CheckTensorOfShape("options.d_scale", *options.d_scale, DType::kFloat32, {1}, ctx));
+    if (options.beta != 0.0f) return InvalidField("options.beta", "0 for an FP8 d", options.beta);
+  } else if (options.d_scale != nullptr) {
+    return InvalidField("options.d_scale", "nullptr for a high-precision d", "a tensor");
+  }
+  if (options.d_amax != nullptr) {
+    if (!fp8_inputs) return InvalidField("options.d_amax", "nullptr for high-precision operands", "a tensor");
+    RETURN_IF_ERROR(CheckTensorOfShape("options.d_amax", *options.d_amax, DType::kFloat32, {1}, ctx));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEpilogue(const Tensor& d, const GemmOptions& options,
+                           const Context& ctx) {
+  const int64_t m = d.dim(0);
+  const int64_t n = d.dim(1);
+  const bool wants_bias = options.epilogue == GemmEpilogue::kBias || options.epilogue == GemmEpilogue::kGeluAuxBias;
+  const bool wants_aux = options.epilogue == GemmEpilogue::kGeluAuxBias || options.epilogue == GemmEpilogue::kDGeluBGrad;
+  const bool wants_bias_grad =
+      options.epilogue == GemmEpilogue::kDGeluBGrad || options.epilogue == GemmEpilogue::kBGradB;
+  if (wants_bias) {
+    RETURN_IF_ERROR(CheckVector("options.bias", options.bias, n, d.dtype(), ctx));
+  } else if (options.bias != nullptr) {
+    return InvalidField("options.bias", "nullptr for this epilogue", "a tensor");
+  }
+  if (wants_aux) {
+    if (options.aux == nullptr) return InvalidField("options.aux", "an [m, n] tensor", "nullptr");
+    if (IsFloat8(d.dtype())) return InvalidField("d.dtype", "a high-precision d with a GELU epilogue", DTypeName(d.dtype()));
+    RETURN_IF_ERROR(CheckTensorOfShape("options.aux", *options.aux, d.dtype(), {m, n}, ctx));
+  } else if (options.aux != nullptr) {
+    return InvalidField("options.aux", "nullptr for this epilogue", "a tensor");
+  }
+  if (wants_bias_grad) {
+    const int64_t length = options.epilogue == GemmEpilogue::kBGradB ? m : n;
+    RETURN_IF_ERROR(CheckVector("options.bias_grad", options.bias_grad, length, d.dtype(), ctx));
+    if (options.bias_grad->dtype() != DType::kFloat32) {
+      return InvalidField("options.bias_grad.dtype", "FLOAT32", DTypeName(options.bias_grad->dtype()));
+    }
+  } else if (options.bias_grad != nullptr) {
+    return InvalidField("options.bias_grad", "nullptr for this epilogue", "a tensor");
+  }
+  if (options.epilogue != GemmEpilogue::kNone && options.beta != 0.0f) {
+    return InvalidField("options.beta", "0 with an epilogue", options.beta);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
+                  const GemmOptions& options) {
+  RETURN_IF_ERROR(CheckOperand("a", a, ctx));
+  RETURN_IF_ERROR(CheckOperand("b", b, ctx));
+  RETURN_IF_ERROR(CheckOperandPair(a, b));
+  RETURN_IF_ERROR(CheckGemmOutput(a, b, d, options, ctx));
+  RETURN_IF_ERROR(CheckEpilogue(*d, options, ctx));
+  ScopedKernelTimer timer(ctx, KernelOp::kGemm);
+  if (ctx.device.is_cpu()) return cpu::Gemm(ctx, a, b, d, options);
+#if TESERVE_WITH_CUDA
+  return cuda::Gemm(ctx, a, b, d, options);
+#else
+  return CpuOnly("Gemm", ctx);
+#endif
 }
 
 }  // namespace kernels

@@ -13,11 +13,16 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/activation_math.h"
+#include "kernels/cpu/cast_cpu.h"
 
 namespace teserve {
 namespace kernels {
@@ -41,7 +46,100 @@ void ScaleInPlace(float beta, Tensor* c) {
   }
 }
 
+// dst's bytes become src's (same dtype and size); nothing to do when they share a buffer.
+void CopyBytes(const Tensor& src, Tensor* dst) {
+  if (src.raw_data() != dst->raw_data()) std::memcpy(dst->raw_data(), src.raw_data(), src.nbytes());
+}
+
+// An operand as the FP32 matrix it stands for: FP8 codes times their scale_inv.
+absl::StatusOr<Tensor> DecodeOperand(const Context& ctx, const GemmOperand& operand) {
+  ASSIGN_OR_RETURN(Tensor values, ToFloat32(ctx, operand.data));
+  if (IsFloat8(operand.data.dtype())) {
+    const float scale_inv = operand.scale_inv.data<float>()[0];
+    for (float& v : values.mutable_floats()) v *= scale_inv;
+  }
+  return values;
+}
+
+// The epilogue on the FP32 product (which already holds alpha * AB + beta * D).
+absl::Status ApplyEpilogue(const Context& ctx, const GemmOptions& options, const Tensor& a_values,
+                           bool transpose_a, Tensor* product) {
+  const int64_t m = product->dim(0);
+  const int64_t n = product->dim(1);
+  absl::Span<float> y = product->mutable_floats();
+  const act::GeluOp gelu;
+  switch (options.epilogue) {
+    case GemmEpilogue::kNone:
+      return absl::OkStatus();
+    case GemmEpilogue::kBias:
+    case GemmEpilogue::kGeluAuxBias: {
+      ASSIGN_OR_RETURN(Tensor bias, ToFloat32(ctx, *options.bias));
+      const float* b = bias.data<float>();
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
+      }
+      if (options.epilogue == GemmEpilogue::kBias) return absl::OkStatus();
+      ASSIGN_OR_RETURN(Tensor aux, CastFromFloat32(ctx, *product, options.aux->dtype()));
+      CopyBytes(aux, options.aux);
+      for (float& v : y) v = gelu.Value(v);
+      return absl::OkStatus();
+    }
+    case GemmEpilogue::kDGeluBGrad: {
+      ASSIGN_OR_RETURN(Tensor aux, ToFloat32(ctx, *options.aux));
+      const float* pre = aux.data<float>();
+      for (int64_t i = 0; i < m * n; ++i) y[i] *= gelu.Grad(pre[i]);
+      return ColumnSum(ctx, *product, /*accumulate=*/false, options.bias_grad);
+    }
+    case GemmEpilogue::kBGradB: {
+      // bias_grad[i] = sum over k of op(A)[i, k]: column sums of A^T, or of A itself
+      // when op(A) = A^T.
+      if (transpose_a) return ColumnSum(ctx, a_values, /*accumulate=*/false, options.bias_grad);
+      const int64_t k = a_values.dim(1);
+      const float* av = a_values.data<float>();
+      float* out = options.bias_grad->data<float>();
+      for (int64_t i = 0; i < m; ++i) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < k; ++j) sum += av[i * k + j];
+        out[i] = static_cast<float>(sum);
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError("Gemm: unknown epilogue");
+}
+
 }  // namespace
+
+absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
+                  const GemmOptions& options) {
+  ASSIGN_OR_RETURN(Tensor a_values, DecodeOperand(ctx, a));
+  ASSIGN_OR_RETURN(Tensor b_values, DecodeOperand(ctx, b));
+  Tensor product;
+  if (options.beta != 0.0f) {
+    // The FP32 copy of D must not share D's buffer: D is written only at the end.
+    ASSIGN_OR_RETURN(product, ToFloat32(ctx, *d));
+    if (product.raw_data() == d->raw_data()) {
+      ASSIGN_OR_RETURN(product, d->Clone());
+    }
+  } else {
+    ASSIGN_OR_RETURN(product, Tensor::Zeros(DType::kFloat32, d->shape()));
+  }
+  RETURN_IF_ERROR(Gemm(ctx, a_values, a.transpose, b_values, b.transpose, options.alpha,
+                       options.beta, &product));
+  RETURN_IF_ERROR(ApplyEpilogue(ctx, options, a_values, a.transpose, &product));
+  if (options.d_amax != nullptr) {
+    float amax = 0.0f;
+    for (float v : product.floats()) amax = std::max(amax, std::fabs(v));
+    options.d_amax->data<float>()[0] = amax;
+  }
+  if (IsFloat8(d->dtype())) {
+    const float scale = options.d_scale->data<float>()[0];
+    for (float& v : product.mutable_floats()) v *= scale;
+  }
+  ASSIGN_OR_RETURN(Tensor encoded, CastFromFloat32(ctx, product, d->dtype()));
+  CopyBytes(encoded, d);
+  return absl::OkStatus();
+}
 
 absl::Status Gemm(const Context&, const Tensor& a, bool transpose_a, const Tensor& b,
                   bool transpose_b, float alpha, float beta, Tensor* c) {

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/gemm.h"
 
 namespace teserve {
 namespace kernels {
@@ -15,6 +16,12 @@ namespace cpu {
 
 absl::Status Gemm(const Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b,
                   bool transpose_b, float alpha, float beta, Tensor* c);
+
+// kernels/gemm.h's general GEMM: operands decoded to FP32 (FP8 codes times scale_inv),
+// sgemm, the epilogue in FP32, then D encoded in its dtype (FP8 after d_scale,
+// saturating). Host scale tensors are read directly.
+absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
+                  const GemmOptions& options);
 
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y);
 

@@ -53,4 +53,11 @@ MATCHER_P2(HasError, code, fragment,
 }  // namespace testing_kernels
 }  // namespace teserve
 
+// ASSERT_OK(status or StatusOr): fails the test with the status when it is not OK.
+#define ASSERT_OK(expr)                                                          \
+  do {                                                                           \
+    const absl::Status teserve_assert_ok_ = ::teserve::testing_kernels::StatusOf(expr); \
+    ASSERT_TRUE(teserve_assert_ok_.ok()) << teserve_assert_ok_;                  \
+  } while (0)
+
 #endif  // TESERVE_TESTS_KERNELS_TEST_UTIL_H_

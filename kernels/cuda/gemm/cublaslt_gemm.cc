@@ -1,0 +1,334 @@
+#include "kernels/cuda/gemm/cublaslt_gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/scoped_device.h"
+
+// Turns a failed cuBLASLt call into a Status naming the statement, file and line.
+#define TESERVE_CUBLAS_RETURN_IF_ERROR(statement)                                          \
+  do {                                                                                     \
+    const cublasStatus_t teserve_cublas_status_ = (statement);                             \
+    if (teserve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                 \
+      return ::teserve::kernels::cuda::CublasErrorToStatus(teserve_cublas_status_,         \
+                                                           #statement, __FILE__, __LINE__); \
+    }                                                                                      \
+  } while (0)
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+
+absl::Status CublasErrorToStatus(cublasStatus_t status, const char* statement, const char* file,
+                                 int line) {
+  const std::string message = absl::StrCat("cuBLASLt error ", cublasLtGetStatusName(status), " (",
+                                           cublasLtGetStatusString(status), ") in `", statement,
+                                           "` at ", file, ":", line);
+  switch (status) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return absl::ResourceExhaustedError(message);
+    case CUBLAS_STATUS_INVALID_VALUE:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return absl::InvalidArgumentError(message);
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+namespace {
+
+struct HandleDeleter {
+  void operator()(cublasLtHandle_t h) const { cublasLtDestroy(h); }
+};
+struct MatmulDescDeleter {
+  void operator()(cublasLtMatmulDesc_t d) const { cublasLtMatmulDescDestroy(d); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayout_t l) const { cublasLtMatrixLayoutDestroy(l); }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using MatmulDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDeleter>;
+using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDeleter>;
+using Preference =
+    std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
+
+absl::StatusOr<cudaDataType_t> CudaType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    case DType::kFloat8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kFloat8E5M2:
+      return CUDA_R_8F_E5M2;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("Gemm: no cuBLASLt type for ", DTypeName(dtype)));
+  }
+}
+
+cublasLtEpilogue_t LtEpilogue(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGeluBGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kBGradB:
+      return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::kNone:
+      break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by the
+// alignment its preference is told, so it is part of the cache key.
+uint32_t AlignmentOf(const void* ptr) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t alignment = 256;
+  while (alignment > 1 && (p % alignment) != 0) alignment /= 2;
+  return alignment;
+}
+
+// What the heuristic's choice depends on.
+struct ProblemKey {
+  int device;
+  int64_t m, n, k;
+  int a_type, b_type, d_type, bias_type;
+  bool transpose_a, transpose_b, fast_accumulation, has_beta, has_amax;
+  int epilogue;
+  uint32_t align_a, align_b, align_d;
+
+  auto Tie() const {
+    return std::tie(device, m, n, k, a_type, b_type, d_type, bias_type, transpose_a, transpose_b,
+                    fast_accumulation, has_beta, has_amax, epilogue, align_a, align_b, align_d);
+  }
+  bool operator<(const ProblemKey& other) const { return Tie() < other.Tie(); }
+};
+
+// Process-wide cuBLASLt state: handles, workspaces and chosen algorithms. Everything
+// here is created once and kept for the life of the process.
+class LtState {
+ public:
+  static LtState& Get() {
+    static LtState* state = new LtState();
+    return *state;
+  }
+
+  absl::StatusOr<cublasLtHandle_t> Handle(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(device);
+    if (it != handles_.end()) return it->second.get();
+    cublasLtHandle_t handle = nullptr;
+    TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle));
+    handles_[device].reset(handle);
+    return handle;
+  }
+
+  absl::StatusOr<void*> Workspace(int device, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto key = std::make_pair(device, stream);
+    auto it = workspaces_.find(key);
+    if (it != workspaces_.end()) return it->second;
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, kGemmWorkspaceBytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Gemm: cannot allocate the ", kGemmWorkspaceBytes, "-byte cuBLASLt workspace on cuda:",
+          device));
+    }
+    TESERVE_CUDA_RETURN_IF_ERROR(status);
+    workspaces_[key] = ptr;
+    return ptr;
+  }
+
+  bool FindAlgo(const ProblemKey& key, cublasLtMatmulAlgo_t* algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = algos_.find(key);
+    if (it == algos_.end()) return false;
+    *algo = it->second;
+    return true;
+  }
+
+  void StoreAlgo(const ProblemKey& key, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    algos_[key] = algo;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, HandleDeleter>> handles_;
+  std::map<std::pair<int, cudaStream_t>, void*> workspaces_;
+  std::map<ProblemKey, cublasLtMatmulAlgo_t> algos_;
+};
+
+template <typename T>
+absl::Status SetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                          const T& value) {
+  TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+  return absl::OkStatus();
+}
+
+// Column-major layout of a row-major [rows, cols] tensor: [cols, rows], ld = cols.
+absl::StatusOr<Layout> RowMajorLayout(DType dtype, int64_t rows, int64_t cols) {
+  ASSIGN_OR_RETURN(cudaDataType_t type, CudaType(dtype));
+  cublasLtMatrixLayout_t layout = nullptr;
+  TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&layout, type, cols, rows, cols));
+  return Layout(layout);
+}
+
+std::string Describe(const ProblemKey& key) {
+  return absl::StrCat("m=", key.m, " n=", key.n, " k=", key.k, " a=", DTypeName(static_cast<DType>(key.a_type)),
+                      " b=", DTypeName(static_cast<DType>(key.b_type)),
+                      " d=", DTypeName(static_cast<DType>(key.d_type)), " epilogue=", key.epilogue);
+}
+
+}  // namespace
+
+absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
+                  const GemmOptions& options) {
+  const int64_t m = d->dim(0);
+  const int64_t n = d->dim(1);
+  const int64_t k = a.transpose ? a.data.dim(0) : a.data.dim(1);
+  if (m == 0 || n == 0) return absl::OkStatus();
+  const int device = d->device().index;
+  ScopedDevice scoped(device);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const bool fp8 = IsFloat8(a.data.dtype());
+
+  LtState& state = LtState::Get();
+  ASSIGN_OR_RETURN(cublasLtHandle_t handle, state.Handle(device));
+  ASSIGN_OR_RETURN(void* workspace, state.Workspace(device, stream));
+
+  // cuBLASLt's A is our B and its B is our A (see the header).
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MatmulDesc desc(raw_desc);
+  const cublasOperation_t op_lt_a = b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_lt_b = a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, op_lt_a));
+  RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, op_lt_b));
+  const bool fast = fp8 && options.accumulation == GemmAccumulation::kFast;
+  if (fp8) {
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast)));
+    const void* lt_a_scale = b.scale_inv.raw_data();
+    const void* lt_b_scale = a.scale_inv.raw_data();
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, lt_a_scale));
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lt_b_scale));
+    if (IsFloat8(d->dtype())) {
+      const void* d_scale = options.d_scale->raw_data();
+      RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale));
+    }
+    if (options.d_amax != nullptr) {
+      void* amax = options.d_amax->raw_data();
+      RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax));
+    }
+  }
+
+  DType bias_dtype = d->dtype();
+  RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, LtEpilogue(options.epilogue)));
+  const Tensor* bias_vector = options.bias != nullptr ? options.bias : options.bias_grad;
+  if (bias_vector != nullptr) {
+    bias_dtype = bias_vector->dtype();
+    ASSIGN_OR_RETURN(cudaDataType_t bias_type, CudaType(bias_dtype));
+    const void* bias_ptr = bias_vector->raw_data();
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr));
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type));
+  }
+  if (options.aux != nullptr) {
+    void* aux = options.aux->raw_data();
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux));
+    RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, n));
+  }
+
+  ASSIGN_OR_RETURN(Layout lt_a, RowMajorLayout(b.data.dtype(), b.data.dim(0), b.data.dim(1)));
+  ASSIGN_OR_RETURN(Layout lt_b, RowMajorLayout(a.data.dtype(), a.data.dim(0), a.data.dim(1)));
+  ASSIGN_OR_RETURN(Layout lt_d, RowMajorLayout(d->dtype(), m, n));
+  // An FP8 D takes a 16-bit C layout (cuBLASLt has no FP8 C); beta is 0 then, so C is
+  // never read.
+  ASSIGN_OR_RETURN(Layout lt_c, RowMajorLayout(IsFloat8(d->dtype()) ? DType::kBFloat16 : d->dtype(), m, n));
+
+  const ProblemKey key{device,
+                       m,
+                       n,
+                       k,
+                       static_cast<int>(a.data.dtype()),
+                       static_cast<int>(b.data.dtype()),
+                       static_cast<int>(d->dtype()),
+                       static_cast<int>(bias_dtype),
+                       a.transpose,
+                       b.transpose,
+                       fast,
+                       options.beta != 0.0f,
+                       options.d_amax != nullptr,
+                       static_cast<int>(options.epilogue),
+                       AlignmentOf(a.data.raw_data()),
+                       AlignmentOf(b.data.raw_data()),
+                       AlignmentOf(d->raw_data())};
+  cublasLtMatmulAlgo_t algo;
+  if (!state.FindAlgo(key, &algo)) {
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
+    Preference pref(raw_pref);
+    const uint64_t workspace_bytes = kGemmWorkspaceBytes;
+    TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto& [attribute, value] : alignments) {
+      TESERVE_CUBLAS_RETURN_IF_ERROR(
+          cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &value, sizeof(value)));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), lt_a.get(), lt_b.get(), lt_c.get(), lt_d.get(),
+                                       pref.get(), 1, &result, &found);
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Gemm: cuBLASLt has no algorithm for ", Describe(key), " (", cublasLtGetStatusString(status), ")"));
+    }
+    algo = result.algo;
+    state.StoreAlgo(key, algo);
+  }
+
+  const float alpha = options.alpha;
+  const float beta = options.beta;
+  TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle, desc.get(), &alpha, b.data.raw_data(), lt_a.get(),
+                                                a.data.raw_data(), lt_b.get(), &beta, d->raw_data(), lt_c.get(),
+                                                d->raw_data(), lt_d.get(), &algo, workspace,
+                                                kGemmWorkspaceBytes, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve

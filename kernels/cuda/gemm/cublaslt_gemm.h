@@ -1,0 +1,41 @@
+// CUDA backend of kernels/gemm.h's general GEMM, through cuBLASLt.
+//
+// Row-major to cuBLASLt: a row-major [r, c] matrix is the column-major [c, r] one, so
+// D = op(A) op(B) (row-major [m, n]) is computed as D^T = op(B)^T op(A)^T, i.e. cuBLASLt's
+// "A" is our B and its "B" is our A, with M = n, N = m. Our FP8 layout rule (A not
+// transposed, B transposed) is exactly cuBLASLt's TN, the only FP8 layout Hopper runs.
+//
+// What is cached and why:
+// - one cuBLASLt handle per device (created on first use, lives for the process);
+// - a 32 MiB workspace per (device, stream), so GEMMs of sessions on different streams
+//   never share scratch memory; a stream must be idle before it is destroyed (its
+//   workspace may be handed to the next stream created at the same address);
+// - the heuristic's algorithm per problem (shapes, dtypes, layout, epilogue, pointer
+//   alignment), so steady-state calls skip the heuristic query.
+// Descriptors are created per call (cheap) and owned by unique_ptr, so an error between
+// create and destroy leaks nothing.
+#ifndef TESERVE_KERNELS_CUDA_GEMM_CUBLASLT_GEMM_H_
+#define TESERVE_KERNELS_CUDA_GEMM_CUBLASLT_GEMM_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "kernels/gemm.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
+// Assumes the checks of kernels/gemm.cc have passed (dtypes, shapes, devices, layout).
+absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
+                  const GemmOptions& options);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CUDA_GEMM_CUBLASLT_GEMM_H_
