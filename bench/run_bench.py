@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Runs teserve's C++ CUDA benchmarks and PyTorch equivalents on the same shapes.
 
-On the GPU host (shared/GPU.md), from the repository root, after `source <bundle>/env.sh`:
+On the GPU host (docs/gpu.md), from the repository root, after `source <bundle>/env.sh`:
 
-    python3 bench/run_bench.py --bin-dir .devbundle_g1/bin --json $OUT/bench.json
+    python3 bench/run_bench.py --bin-dir .devbundle_b/bin --json $OUT/bench.json
 
 Each C++ benchmark (BENCHES) prints JSON results {op, shape, dtype, median_us, bytes,
 ...}; for every op with an entry in TORCH_EQUIVALENTS the same work is timed in torch
@@ -13,7 +13,7 @@ Each C++ benchmark (BENCHES) prints JSON results {op, shape, dtype, median_us, b
 
 speedup = torch time / our time; TB/s = the op's minimal bytes (inputs read once, outputs
 written once) over our time; % of copy = that over the 4.28 TB/s device copy measured on
-the H200 host (GPU.md); the copy measured in this run is printed too.
+the H200 host (docs/gpu.md); the copy measured in this run is printed too.
 
 To add a benchmark: put its binary name in BENCHES and, for each op it reports, a torch
 builder in TORCH_EQUIVALENTS (a function (rows, cols) -> (callable, note)).
@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 
-COPY_TBPS = 4.28  # device-to-device copy on the H200 host, bytes read + written (GPU.md)
+COPY_TBPS = 4.28  # device-to-device copy on the H200 host, bytes read + written (docs/gpu.md)
 
 BENCHES = ["norm_bench", "cast_transpose_bench"]
 

@@ -3,8 +3,8 @@
 //
 // The rowwise copy is laid out like the source ([rows, cols]); the columnwise copy is
 // its transpose ([cols, rows]) so the TN-only FP8 GEMMs can read either operand along
-// its reduction dimension (DESIGN.md section 4: fprop/dgrad/wgrad). Either copy may be
-// absent when no GEMM needs it.
+// its reduction dimension (fprop/dgrad/wgrad: docs/te_facts.md, "GEMMs"). Either copy
+// may be absent when no GEMM needs it.
 #ifndef TESERVE_CORE_QUANTIZED_TENSOR_H_
 #define TESERVE_CORE_QUANTIZED_TENSOR_H_
 

@@ -1,7 +1,7 @@
 // Linear: y = x W^T + b with W [out_features, in_features] (TE's Linear).
 //
 // Under a quantizing recipe the three GEMMs use quantized operands, each from its own
-// quantizer (DESIGN.md section 4):
+// quantizer (docs/ARCHITECTURE.md, docs/te_facts.md "GEMMs"):
 //   fprop  y  = x W^T    x rowwise,  W rowwise           (input, weight quantizers)
 //   dgrad  dx = dy W     dy rowwise, W columnwise        (grad_output quantizer)
 //   wgrad  dW = dy^T x   dy columnwise, x columnwise

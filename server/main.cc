@@ -1,4 +1,4 @@
-// teserve: the gRPC training server. See shared/DESIGN.md section 8 for the flags.
+// teserve: the gRPC training server. Flags are defined below (README.md describes them).
 //
 // Signals: SIGTERM and SIGINT are blocked in every thread (the mask is set before gRPC
 // starts any) and received synchronously by main with sigwait, so shutdown work runs in

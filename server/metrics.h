@@ -1,6 +1,6 @@
-// Prometheus metrics of the server (DESIGN.md section 9): prometheus-cpp's metric types
-// and text format, served by MetricsHttpServer (metrics_http.h says why not
-// prometheus-cpp's Exposer).
+// Prometheus metrics of the server (the series are listed in README.md, "Metrics and
+// dashboards"): prometheus-cpp's metric types and text format, served by
+// MetricsHttpServer (metrics_http.h says why not prometheus-cpp's Exposer).
 //
 // Catalogue (labels: session = session id, layer = quantizer layer name, tensor =
 // "input" | "weight" | "grad_output", or "all" at --metrics_detail=layer):

@@ -3,8 +3,8 @@
 //
 // Each handler validates the request, calls into the session and finishes its reactor
 // before returning (the CPU reference backend computes inline on the gRPC callback
-// thread; the per-device executor of DESIGN.md section 8 replaces that when the CUDA
-// layers land). absl::Status is converted to grpc::Status only here; the codes line up.
+// thread; the per-device executor of docs/ARCHITECTURE.md, "Device model", replaces
+// that when the CUDA layers land). absl::Status is converted to grpc::Status only here; the codes line up.
 // Nothing on these paths throws, aborts or exits on client input.
 #ifndef TESERVE_SERVER_TRAINER_SERVICE_H_
 #define TESERVE_SERVER_TRAINER_SERVICE_H_

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every GPU test, compute-sanitizer memcheck on each test binary (large shapes
 # filtered out: memcheck slows kernels ~100x) and the benchmarks, on the GPU host, from
-# a bundle made by shared/tools/device-bundle.sh (shared/GPU.md):
+# a bundle made by tools/device_bundle.sh (docs/gpu.md):
 #
 #   bash tools/gpu_suite.sh BUNDLE OUTDIR [tests|memcheck|check|bench|all]   (default all)
 #

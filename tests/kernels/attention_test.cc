@@ -246,11 +246,11 @@ std::vector<AttentionCase> Cases() {
     add("Thd_Padding_Dropout0.2_Learnable", p);
   }
   {
-    // TE_FACTS "weird" shape: 3 x 37 x 3 heads x 23.
+    // TE's "weird" test shape (docs/te_facts.md): 3 x 37 x 3 heads x 23.
     AttentionProblem p = Base(F::kSbhd, M::kCausal);
     p.batch = 3, p.s_q = 37, p.s_kv = 37, p.heads = 3, p.groups = 3, p.d_qk = 23, p.d_v = 23;
     add("Weird_Sbhd_Causal_3x37x3x23", p);
-    // TE_FACTS "small" shape: batch 2, seq 128, 8 heads, head dim 16.
+    // TE's "small" test shape (docs/te_facts.md): batch 2, seq 128, 8 heads, head dim 16.
     p = Base(F::kBshd, M::kPaddingCausal);
     p.s_q = 128, p.s_kv = 128, p.heads = 8, p.groups = 8, p.d_qk = 16, p.d_v = 16;
     p.cu_q = {0, 128, 228}, p.cu_kv = {0, 128, 228};

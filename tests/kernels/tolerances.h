@@ -1,5 +1,5 @@
 // The one tolerance table for kernel tests, keyed by the dtype of the output checked.
-// Values are Transformer Engine's C++ op tests (shared/TE_FACTS.md, "C++ op tests"):
+// Values are Transformer Engine's C++ op tests (docs/te_facts.md, "Tolerances"):
 //   FP32 atol 1e-6 / rtol 5e-6, FP16 1e-5 / 1e-3, BF16 1e-5 / 1e-2, FP8 1e-2 / 1e-2.
 // Quantized codes and scales are not compared with tolerances at all: they must be
 // bit-exact (TE expects quantize kernels with the same scale to be bit-exact).

@@ -174,7 +174,7 @@ TEST_P(LayerNormLinearRecipeTest, EqualsNormalizationThenLinearBitwise) {
 }
 
 // y = q(ln_out) q(W)^T + b, dW = q(dy)^T q(ln_out), d_ln = q(dy) q(W) in FP64 on the
-// copies DESIGN.md section 4 assigns each GEMM; dx and dgamma/dbeta from d_ln through
+// copies docs/te_facts.md ("GEMMs") assigns each GEMM; dx and dgamma/dbeta from d_ln through
 // the normalization backward kernel (itself tested against FP64 closed forms).
 TEST_P(LayerNormLinearRecipeTest, MatchesFp64ReferenceOnDequantizedOperands) {
   const RecipeCase& c = GetParam();

@@ -2,7 +2,7 @@
 // recipes: each GEMM operand is quantized as the recipe's quantizer for its role would
 // quantize it (fresh quantizers, so delayed scaling uses its initial scale 1), then
 // dequantized and multiplied in double. Tolerances are TE's module-test values per
-// format (shared/TE_FACTS.md).
+// format (docs/te_facts.md).
 #ifndef TESERVE_TESTS_LAYERS_RECIPE_REFERENCE_H_
 #define TESERVE_TESTS_LAYERS_RECIPE_REFERENCE_H_
 
