@@ -157,6 +157,7 @@ struct Result {
   Timing timing;
   int64_t bytes = 0;
   std::string config;  // how the op ran (grid, variant), free text
+  int64_t flops = 0;   // arithmetic ops, for compute-bound ops (GEMM); 0 = not reported
 };
 
 inline std::string DeviceName() {
@@ -178,11 +179,12 @@ inline void WriteJson(const std::string& bench, const std::vector<Result>& resul
     std::snprintf(line, sizeof(line),
                   "%s\n  {\"op\": \"%s\", \"shape\": [%lld, %lld], \"dtype\": \"%s\", "
                   "\"median_us\": %.3f, \"min_us\": %.3f, \"bytes\": %lld, \"tbps\": %.4f, "
-                  "\"config\": \"%s\"}",
+                  "\"flops\": %lld, \"tflops\": %.1f, \"config\": \"%s\"}",
                   i == 0 ? "" : ",", r.op.c_str(), static_cast<long long>(r.rows),
                   static_cast<long long>(r.cols), r.dtype.c_str(), r.timing.median_us,
                   r.timing.min_us, static_cast<long long>(r.bytes),
-                  r.bytes / (r.timing.median_us * 1e-6) / 1e12, r.config.c_str());
+                  r.bytes / (r.timing.median_us * 1e-6) / 1e12, static_cast<long long>(r.flops),
+                  r.flops / (r.timing.median_us * 1e-6) / 1e12, r.config.c_str());
     out += line;
   }
   out += "\n]}\n";

@@ -466,6 +466,38 @@ TORCH_EQUIVALENTS.update({
 })
 
 
+# --- GEMM (gemm_bench): rows x cols means m = rows, n = k = cols -------------------------
+
+BENCHES.append("gemm_bench")
+
+
+def _torch_matmul_bf16(rows, cols):
+    torch = _torch()
+    a = _randn(rows, cols, torch.bfloat16, seed=1)
+    b = _randn(cols, cols, torch.bfloat16, seed=2)
+    return (lambda: torch.matmul(a, b.t())), "torch.matmul(a, b.t()) BF16 -> BF16"
+
+
+def _torch_scaled_mm(fast):
+    def build(rows, cols):
+        torch = _torch()
+        a = _randn(rows, cols, torch.float32, seed=1).to(torch.float8_e4m3fn)
+        b = _randn(cols, cols, torch.float32, seed=2).to(torch.float8_e4m3fn)
+        sa = torch.tensor(0.5, device="cuda")
+        sb = torch.tensor(0.25, device="cuda")
+        return (lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                         use_fast_accum=fast)), \
+            f"torch._scaled_mm E4M3 x E4M3 -> BF16, use_fast_accum={fast}"
+    return build
+
+
+TORCH_EQUIVALENTS.update({
+    "gemm_bf16": _torch_matmul_bf16,
+    "gemm_fp8_fast": _torch_scaled_mm(True),
+    "gemm_fp8_split": _torch_scaled_mm(False),
+})
+
+
 def time_torch(fn, warmup, iters):
     torch = _torch()
     for _ in range(warmup):
@@ -548,14 +580,15 @@ def main():
         torch_version = None
 
     copy = next((r for r in rows if r["op"] == "copy_d2d"), None)
-    header = ("op", "shape", "ours (us)", "torch (us)", "speedup", "TB/s", "% of copy")
+    header = ("op", "shape", "ours (us)", "torch (us)", "speedup", "TB/s", "% of copy", "TFLOP/s")
     table = []
     for r in rows:
         shape = "x".join(str(d) for d in r["shape"])
         torch_us = r.get("torch_us")
         speedup = f"{torch_us / r['median_us']:.2f}x" if torch_us else "-"
         table.append((r["op"], shape, f"{r['median_us']:.1f}", f"{torch_us:.1f}" if torch_us else "-",
-                      speedup, f"{r['tbps']:.2f}", f"{100.0 * r['tbps'] / COPY_TBPS:.0f}%"))
+                      speedup, f"{r['tbps']:.2f}", f"{100.0 * r['tbps'] / COPY_TBPS:.0f}%",
+                      f"{r['tflops']:.0f}" if r.get("flops") else "-"))
     widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
