@@ -9,7 +9,7 @@
 #include "core/status.h"
 #include "kernels/cpu/gemm_cpu.h"
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/gemm/cublaslt_gemm.h"
+#include "kernels/cuda/gemm/gemm_cuda.h"
 #endif
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"

@@ -1,4 +1,4 @@
-#include "kernels/cuda/gemm/cublaslt_gemm.h"
+#include "kernels/cuda/gemm/gemm_cuda.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -220,6 +220,16 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   const bool fp8 = IsFloat8(a.data.dtype());
+  if (k == 0) {
+    // cuBLASLt wants k >= 1. D = beta * D: zeros, D itself, or a scaling we do not need.
+    if (options.beta == 0.0f) {
+      TESERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d->raw_data(), 0, d->nbytes(), stream));
+      return absl::OkStatus();
+    }
+    if (options.beta == 1.0f) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: k = 0 with beta = ", options.beta, " (only 0 or 1 are supported on CUDA)"));
+  }
 
   LtState& state = LtState::Get();
   ASSIGN_OR_RETURN(cublasLtHandle_t handle, state.Handle(device));

@@ -268,6 +268,50 @@ TEST(GemmGpu, RepeatedCallsReuseTheCachedAlgorithmAndAgree) {
   EXPECT_EQ(testing::Bytes(first), testing::Bytes(second));
 }
 
+// Linear's FP32 helpers (the CPU layers' Gemm, AddBias, ColumnSum) on the device.
+TEST(GemmGpuFp32Helpers, GemmWithBetaAddBiasAndColumnSumMatchTheCpu) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const int64_t m = 300, n = 77, k = 45;
+  const Tensor a = RandomTensor({k, m}, -1.0f, 1.0f, 81);
+  const Tensor b = RandomTensor({n, k}, -1.0f, 1.0f, 82);
+  const Tensor c0 = RandomTensor({m, n}, -1.0f, 1.0f, 83);
+  Tensor c_cpu = c0.Clone().value();
+  Tensor c_gpu = testing::OnDevice(c0);
+  ASSERT_OK(Gemm(Context::Cpu(), a, true, b, true, 0.5f, 1.0f, &c_cpu));
+  ASSERT_OK(Gemm(testing::GpuContext(), testing::OnDevice(a), true, testing::OnDevice(b), true, 0.5f, 1.0f, &c_gpu));
+  std::vector<double> magnitude = TermMagnitude(GemmOperand{a, true}, GemmOperand{b, true}, c_cpu, 0.5f);
+  for (size_t i = 0; i < magnitude.size(); ++i) magnitude[i] += std::fabs(c0.floats()[i]);
+  EXPECT_TRUE(AllClose(testing::Floats(c_gpu), std::vector<double>(c_cpu.floats().begin(), c_cpu.floats().end()),
+                       kF32, magnitude));
+
+  const Tensor bias = RandomTensor({n}, -1.0f, 1.0f, 84);
+  ASSERT_OK(AddBias(Context::Cpu(), bias, &c_cpu));
+  ASSERT_OK(AddBias(testing::GpuContext(), testing::OnDevice(bias), &c_gpu));
+  for (size_t i = 0; i < magnitude.size(); ++i) magnitude[i] += 1.0;
+  EXPECT_TRUE(AllClose(testing::Floats(c_gpu), std::vector<double>(c_cpu.floats().begin(), c_cpu.floats().end()),
+                       kF32, magnitude));
+
+  // Column sums of the same matrix (on each side its own copy), then accumulated once more.
+  Tensor sums_cpu = RandomTensor({n}, -1.0f, 1.0f, 85);
+  Tensor sums_gpu = testing::OnDevice(sums_cpu);
+  for (bool accumulate : {false, true}) {
+    ASSERT_OK(ColumnSum(Context::Cpu(), c_cpu, accumulate, &sums_cpu));
+    ASSERT_OK(ColumnSum(testing::GpuContext(), testing::OnDevice(c_cpu), accumulate, &sums_gpu));
+    std::vector<double> sum_magnitude(n, 0.0);
+    for (int64_t i = 0; i < m * n; ++i) sum_magnitude[i % n] += std::fabs(c_cpu.floats()[i]);
+    for (double& v : sum_magnitude) v *= 2.0;
+    EXPECT_TRUE(AllClose(testing::Floats(sums_gpu),
+                         std::vector<double>(sums_cpu.floats().begin(), sums_cpu.floats().end()), kF32,
+                         sum_magnitude));
+  }
+
+  // k = 0: beta = 0 clears D.
+  Tensor empty_k = Tensor::Zeros(kF32, {m, 0}, Device::Cuda(0)).value();
+  Tensor empty_b = Tensor::Zeros(kF32, {0, n}, Device::Cuda(0)).value();
+  ASSERT_OK(Gemm(testing::GpuContext(), empty_k, false, empty_b, false, 1.0f, 0.0f, &c_gpu));
+  for (float v : testing::Floats(c_gpu)) ASSERT_EQ(v, 0.0f);
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace teserve

@@ -1,4 +1,5 @@
-// CUDA backend of kernels/gemm.h's general GEMM, through cuBLASLt.
+// CUDA backend of kernels/gemm.h: the general GEMM through cuBLASLt (cublaslt_gemm.cc)
+// and Linear's FP32 bias helpers (bias_cuda.cc, kernels in bias_kernels.cu).
 //
 // Row-major to cuBLASLt: a row-major [r, c] matrix is the column-major [c, r] one, so
 // D = op(A) op(B) (row-major [m, n]) is computed as D^T = op(B)^T op(A)^T, i.e. cuBLASLt's
@@ -14,8 +15,8 @@
 //   alignment), so steady-state calls skip the heuristic query.
 // Descriptors are created per call (cheap) and owned by unique_ptr, so an error between
 // create and destroy leaks nothing.
-#ifndef TESERVE_KERNELS_CUDA_GEMM_CUBLASLT_GEMM_H_
-#define TESERVE_KERNELS_CUDA_GEMM_CUBLASLT_GEMM_H_
+#ifndef TESERVE_KERNELS_CUDA_GEMM_GEMM_CUDA_H_
+#define TESERVE_KERNELS_CUDA_GEMM_GEMM_CUDA_H_
 
 #include <cstddef>
 
@@ -30,12 +31,19 @@ namespace cuda {
 
 inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
-// Assumes the checks of kernels/gemm.cc have passed (dtypes, shapes, devices, layout).
+// Each assumes the checks of kernels/gemm.cc have passed (dtypes, shapes, devices,
+// layout). None synchronizes: the work is enqueued on ctx.stream.
+
+// k == 0 leaves beta * D (an epilogue, if any, is not applied: there is no product).
 absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
                   const GemmOptions& options);
+
+absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y);
+
+absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Tensor* out);
 
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve
 
-#endif  // TESERVE_KERNELS_CUDA_GEMM_CUBLASLT_GEMM_H_
+#endif  // TESERVE_KERNELS_CUDA_GEMM_GEMM_CUDA_H_
