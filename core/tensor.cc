@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -16,14 +17,19 @@ namespace {
 
 class CpuAllocator : public Allocator {
  public:
-  absl::StatusOr<void*> Allocate(int64_t bytes, int) override {
-    void* ptr = std::calloc(static_cast<size_t>(bytes > 0 ? bytes : 1), 1);
+  absl::StatusOr<void*> Allocate(int64_t bytes, int, void*, bool zero) override {
+    const size_t size = static_cast<size_t>(bytes > 0 ? bytes : 1);
+    void* ptr = zero ? std::calloc(size, 1) : std::malloc(size);
     if (ptr == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
     }
     return ptr;
   }
-  void Deallocate(void* ptr, int) override { std::free(ptr); }
+  void Deallocate(void* ptr, int, void*) override { std::free(ptr); }
+  absl::Status Copy(void* dst, const void* src, int64_t bytes, int, void*) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
 };
 
 Allocator*& AllocatorSlot(DeviceType type) {
@@ -73,7 +79,7 @@ std::string ShapeToString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::StatusOr<Tensor> Tensor::Zeros(DType dtype, Shape shape, Device device) {
+absl::StatusOr<Tensor> Tensor::Allocate(DType dtype, Shape shape, Device device, void* stream, bool zero) {
   ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
   ASSIGN_OR_RETURN(int64_t nbytes, DTypeStorageBytes(dtype, numel));
   Allocator* allocator = AllocatorSlot(device.type);
@@ -81,10 +87,11 @@ absl::StatusOr<Tensor> Tensor::Zeros(DType dtype, Shape shape, Device device) {
     return absl::FailedPreconditionError(
         absl::StrCat("no allocator for device ", device.ToString(), " (built without CUDA?)"));
   }
-  ASSIGN_OR_RETURN(void* ptr, allocator->Allocate(nbytes, device.index));
+  ASSIGN_OR_RETURN(void* ptr, allocator->Allocate(nbytes, device.index, stream, zero));
   Tensor t;
   const int index = device.index;
-  t.buffer_ = std::shared_ptr<void>(ptr, [allocator, index](void* p) { allocator->Deallocate(p, index); });
+  t.buffer_ = std::shared_ptr<void>(
+      ptr, [allocator, index, stream](void* p) { allocator->Deallocate(p, index, stream); });
   t.data_ = ptr;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
@@ -93,6 +100,18 @@ absl::StatusOr<Tensor> Tensor::Zeros(DType dtype, Shape shape, Device device) {
   t.device_ = device;
   t.defined_ = true;
   return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Zeros(DType dtype, Shape shape, Device device) {
+  return Allocate(dtype, std::move(shape), device, /*stream=*/nullptr, /*zero=*/true);
+}
+
+absl::StatusOr<Tensor> Tensor::Empty(DType dtype, Shape shape, Device device, void* stream) {
+  return Allocate(dtype, std::move(shape), device, stream, /*zero=*/false);
+}
+
+absl::StatusOr<Tensor> Tensor::ZerosOn(DType dtype, Shape shape, Device device, void* stream) {
+  return Allocate(dtype, std::move(shape), device, stream, /*zero=*/true);
 }
 
 Tensor Tensor::Borrow(void* data, DType dtype, Shape shape, Device device) {
@@ -119,13 +138,22 @@ absl::StatusOr<Tensor> Tensor::FromFloats(absl::Span<const float> values, Shape 
   return t;
 }
 
+void Tensor::CheckOnHost(const char* accessor) const {
+  if (device_.is_cpu()) return;
+  std::fprintf(stderr, "teserve: Tensor::%s() on a %s tensor %s: host accessors need a CPU tensor\n", accessor,
+               device_.ToString().c_str(), ShapeToString(shape_).c_str());
+  std::abort();
+}
+
 absl::Span<const float> Tensor::floats() const {
-  if (dtype_ != DType::kFloat32 || !device_.is_cpu() || data_ == nullptr) return {};
+  CheckOnHost("floats");
+  if (dtype_ != DType::kFloat32 || data_ == nullptr) return {};
   return absl::Span<const float>(data<float>(), numel_);
 }
 
 absl::Span<float> Tensor::mutable_floats() {
-  if (dtype_ != DType::kFloat32 || !device_.is_cpu() || data_ == nullptr) return {};
+  CheckOnHost("mutable_floats");
+  if (dtype_ != DType::kFloat32 || data_ == nullptr) return {};
   return absl::Span<float>(data<float>(), numel_);
 }
 
@@ -151,10 +179,11 @@ absl::StatusOr<Tensor> Tensor::As2D() const {
   return Reshape({rows, shape_.back()});
 }
 
-absl::StatusOr<Tensor> Tensor::Clone() const {
-  if (!device_.is_cpu()) return absl::UnimplementedError("Clone of a device tensor");
-  ASSIGN_OR_RETURN(Tensor t, Zeros(dtype_, shape_, device_));
-  if (nbytes_ > 0) std::memcpy(t.raw_data(), data_, nbytes_);
+absl::StatusOr<Tensor> Tensor::Clone(void* stream) const {
+  ASSIGN_OR_RETURN(Tensor t, Allocate(dtype_, shape_, device_, stream, /*zero=*/false));
+  if (nbytes_ > 0) {
+    RETURN_IF_ERROR(AllocatorSlot(device_.type)->Copy(t.raw_data(), data_, nbytes_, device_.index, stream));
+  }
   return t;
 }
 

@@ -36,11 +36,25 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text);
 
 // Memory for one device type. The CPU allocator is built in; the CUDA backend
 // registers its own (kernels/cuda) so core stays free of CUDA.
+//
+// `stream` orders the allocation for device memory (a cudaStream_t; nullptr is the
+// device's legacy default stream). The contract:
+// - Allocate(..., stream, zero): memory usable by work enqueued on `stream` after the
+//   call; zero-filled when `zero`, the fill ordered on `stream` as well. With a null
+//   stream and `zero`, the call returns only once the zeros are written, so work on any
+//   stream may use them (what Tensor::Zeros without a stream promises).
+// - Deallocate(ptr, index, stream): the memory returns to the allocator once the work
+//   enqueued on `stream` before the call has finished. A tensor is freed on the stream
+//   it was allocated on, so a session that keeps all its work on its own stream never
+//   waits on an allocation or a free.
+// - Copy: `bytes` from src to dst on the same device, ordered on `stream`.
+// Failures to allocate are RESOURCE_EXHAUSTED naming the bytes asked and the bytes free.
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  virtual absl::StatusOr<void*> Allocate(int64_t bytes, int device_index) = 0;
-  virtual void Deallocate(void* ptr, int device_index) = 0;
+  virtual absl::StatusOr<void*> Allocate(int64_t bytes, int device_index, void* stream, bool zero) = 0;
+  virtual void Deallocate(void* ptr, int device_index, void* stream) = 0;
+  virtual absl::Status Copy(void* dst, const void* src, int64_t bytes, int device_index, void* stream) = 0;
 };
 void RegisterAllocator(DeviceType type, Allocator* allocator);
 
@@ -56,8 +70,14 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Zero-filled tensor.
+  // Zero-filled tensor; on a device, the zeros are written before this returns.
   static absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device = Device::Cpu());
+  // Stream-ordered (see Allocator): memory for work enqueued on `stream` (a
+  // cudaStream_t on CUDA devices), returned to the allocator in that stream's order when
+  // the last copy of the tensor goes. Empty leaves the contents undefined; ZerosOn fills
+  // them on the stream without waiting. On the CPU both are plain allocations.
+  static absl::StatusOr<Tensor> Empty(DType dtype, Shape shape, Device device, void* stream);
+  static absl::StatusOr<Tensor> ZerosOn(DType dtype, Shape shape, Device device, void* stream);
   // Non-owning view of caller memory, which must outlive every copy of the tensor.
   static Tensor Borrow(void* data, DType dtype, Shape shape, Device device = Device::Cpu());
   // FP32 CPU tensor holding `values`; their count must match the shape.
@@ -78,7 +98,9 @@ class Tensor {
   T* data() { return static_cast<T*>(data_); }
   template <typename T>
   const T* data() const { return static_cast<const T*>(data_); }
-  // FP32 CPU contents as a span (empty for other dtypes or devices).
+  // FP32 CPU contents as a span (empty for other dtypes). Host accessors: calling them
+  // on a device tensor is a programming error that aborts with the tensor's device and
+  // shape, never an empty span that makes a loop silently do nothing.
   absl::Span<const float> floats() const;
   absl::Span<float> mutable_floats();
 
@@ -86,10 +108,13 @@ class Tensor {
   absl::StatusOr<Tensor> Reshape(Shape shape) const;
   // [rows, cols] view: all leading dims folded into rows.
   absl::StatusOr<Tensor> As2D() const;
-  // Deep copy on the same device (CPU only for now).
-  absl::StatusOr<Tensor> Clone() const;
+  // Deep copy on the same device; a device copy is ordered on `stream` (see Allocator).
+  absl::StatusOr<Tensor> Clone(void* stream = nullptr) const;
 
  private:
+  static absl::StatusOr<Tensor> Allocate(DType dtype, Shape shape, Device device, void* stream, bool zero);
+  void CheckOnHost(const char* accessor) const;
+
   std::shared_ptr<void> buffer_;  // keeps owned memory alive; null when borrowed
   void* data_ = nullptr;
   DType dtype_ = DType::kFloat32;

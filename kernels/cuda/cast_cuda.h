@@ -9,6 +9,8 @@
 #ifndef TESERVE_KERNELS_CUDA_CAST_CUDA_H_
 #define TESERVE_KERNELS_CUDA_CAST_CUDA_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/context.h"
@@ -20,9 +22,17 @@ namespace teserve {
 namespace kernels {
 namespace cuda {
 
-// Registers the cudaMalloc/cudaFree allocator for DeviceType::kCuda with core. Safe to
-// call many times and from many threads; the functions below call it themselves.
+// Registers the stream-ordered pool allocator for DeviceType::kCuda with core
+// (cuda_allocator.cc). Safe to call many times and from many threads; the functions
+// below call it themselves.
 void RegisterCudaAllocator();
+
+// Bytes the device's memory pool holds from the driver, and of those the bytes in use.
+struct DevicePoolMemory {
+  uint64_t reserved = 0;
+  uint64_t used = 0;
+};
+absl::StatusOr<DevicePoolMemory> PoolMemory(int device_index);
 
 // max |x| over all elements (FP32 or BF16 x on a CUDA device); NaN if any is NaN.
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x);

@@ -103,6 +103,22 @@ TEST(Tensor, FloatsIsEmptyForOtherDtypes) {
   EXPECT_TRUE(t->mutable_floats().empty());
 }
 
+TEST(TensorDeathTest, HostAccessorsOnADeviceTensorAbort) {
+  float storage[4] = {1, 2, 3, 4};  // never read: the device tensor only borrows its address
+  Tensor t = Tensor::Borrow(storage, DType::kFloat32, {2, 2}, Device::Cuda(0));
+  EXPECT_DEATH(t.floats(), "floats\\(\\) on a cuda:0 tensor \\[2, 2\\]: host accessors need a CPU tensor");
+  EXPECT_DEATH(t.mutable_floats(), "mutable_floats");
+}
+
+TEST(Tensor, EmptyAndZerosOnAreHostAllocationsOnTheCpu) {
+  auto empty = Tensor::Empty(DType::kFloat32, {3, 5}, Device::Cpu(), nullptr);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->nbytes(), 60);
+  auto zeros = Tensor::ZerosOn(DType::kBFloat16, {7}, Device::Cpu(), nullptr);
+  ASSERT_TRUE(zeros.ok()) << zeros.status();
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(zeros->data<uint16_t>()[i], 0);
+}
+
 TEST(Tensor, ReshapeSharesTheBuffer) {
   auto t = Tensor::FromFloats({1, 2, 3, 4, 5, 6}, {2, 3});
   ASSERT_TRUE(t.ok());
@@ -151,9 +167,12 @@ TEST(Tensor, CloneCopiesTheBytes) {
   EXPECT_FALSE(BitwiseEqual(*t, *c));
 }
 
-TEST(Tensor, CloneOfDeviceTensorIsUnimplemented) {
+TEST(Tensor, DeviceAllocationWithoutTheCudaBackendNamesTheDevice) {
+  // core alone has no CUDA allocator (kernels/cuda registers it).
   const Tensor device_view = Tensor::Borrow(nullptr, DType::kFloat32, {4}, Device::Cuda(0));
-  EXPECT_EQ(device_view.Clone().status().code(), absl::StatusCode::kUnimplemented);
+  const absl::Status status = device_view.Clone().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("no allocator for device cuda:0"));
 }
 
 TEST(Tensor, BorrowDoesNotOwnAndPacksFp4) {
