@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -56,9 +57,9 @@ absl::Status Gemm(const Context& ctx, const Tensor& a, bool transpose_a, const T
   RETURN_IF_ERROR(CheckFloatTensor("b", b, 2, ctx));
   RETURN_IF_ERROR(CheckOutput("c", c, 2, ctx));
   RETURN_IF_ERROR(CheckGemmShapes(a, transpose_a, b, transpose_b, *c));
-  RETURN_IF_ERROR(CpuOnly("Gemm", ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kGemm);
-  return cpu::Gemm(ctx, a, transpose_a, b, transpose_b, alpha, beta, c);
+  return Dispatch("Gemm", ctx, [&] { return cpu::Gemm(ctx, a, transpose_a, b, transpose_b, alpha, beta, c); },
+                  kNoCudaKernel);
 }
 
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y) {
@@ -67,8 +68,7 @@ absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y) {
   if (bias.dim(0) != y->dim(1)) {
     return InvalidField("bias.shape", ShapeToString({y->dim(1)}), ShapeToString(bias.shape()));
   }
-  RETURN_IF_ERROR(CpuOnly("AddBias", ctx));
-  return cpu::AddBias(ctx, bias, y);
+  return Dispatch("AddBias", ctx, [&] { return cpu::AddBias(ctx, bias, y); }, kNoCudaKernel);
 }
 
 absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Tensor* out) {
@@ -77,8 +77,7 @@ absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Ten
   if (out->dim(0) != x.dim(1)) {
     return InvalidField("out.shape", ShapeToString({x.dim(1)}), ShapeToString(out->shape()));
   }
-  RETURN_IF_ERROR(CpuOnly("ColumnSum", ctx));
-  return cpu::ColumnSum(ctx, x, accumulate, out);
+  return Dispatch("ColumnSum", ctx, [&] { return cpu::ColumnSum(ctx, x, accumulate, out); }, kNoCudaKernel);
 }
 
 }  // namespace kernels
