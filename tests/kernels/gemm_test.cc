@@ -235,7 +235,8 @@ TEST(GemmErrors, CudaContextIsUnimplementedAndNamesTheOp) {
   Context ctx;
   ctx.device = Device::Cuda(0);
   EXPECT_THAT(Gemm(ctx, a, false, a, false, 1.0f, 0.0f, &c),
-              HasError(absl::StatusCode::kUnimplemented, "Gemm"));
+              HasError(absl::StatusCode::kUnimplemented,
+                       "Gemm has no kernel for cuda:0 (only the CPU reference exists)"));
   EXPECT_THAT(Gemm(Context::Cpu(), a, false, a, false, 1.0f, 0.0f, &c),
               HasError(kInvalid, "a.device: expected cpu, got cuda:0"));
 }
