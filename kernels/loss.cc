@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "kernels/cpu/loss_cpu.h"
 #include "kernels/dispatch.h"
+#include "kernels/loss_math.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -69,7 +70,7 @@ absl::Status CheckCrossEntropyLabels(const Tensor& labels, const Shape& leading_
     return InvalidField(absl::StrCat(field, ".device"), "cpu", labels.device().ToString());
   }
   for (int64_t r = 0; r < labels.numel(); ++r) {
-    const int64_t label = cpu::LabelAt(labels, r);
+    const int64_t label = loss_math::LabelAt(labels, r);
     if (label == ignore_index || (label >= 0 && label < num_classes)) continue;
     return InvalidField(absl::StrCat(field, "[", r, "]"),
                         absl::StrCat("a class in [0, ", num_classes, ") or ignore_index ", ignore_index), label);
