@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "kernels/cpu/activation_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -95,35 +96,6 @@ absl::Status CheckForwardOptions(const ActivationForwardOptions& options) {
   return absl::OkStatus();
 }
 
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op) {
-  return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-}
-#endif
-
-absl::StatusOr<ActivationForwardResult> DispatchForward(absl::string_view op, const Context& ctx, Activation kind,
-                                                        const ActivationParams& params, const Tensor& x,
-                                                        const ActivationForwardOptions& options) {
-  if (ctx.device.is_cpu()) return cpu::FusedActivationForward(ctx, kind, params, x, options);
-#if TESERVE_WITH_CUDA
-  return cuda::FusedActivationForward(ctx, kind, params, x, options);
-#else
-  return NoCudaBackend(op);
-#endif
-}
-
-absl::StatusOr<ActivationBackwardResult> DispatchBackward(absl::string_view op, const Context& ctx,
-                                                          Activation kind, const ActivationParams& params,
-                                                          const Tensor& dy, const Tensor& x,
-                                                          const ActivationBackwardOptions& options) {
-  if (ctx.device.is_cpu()) return cpu::FusedActivationBackward(ctx, kind, params, dy, x, options);
-#if TESERVE_WITH_CUDA
-  return cuda::FusedActivationBackward(ctx, kind, params, dy, x, options);
-#else
-  return NoCudaBackend(op);
-#endif
-}
-
 }  // namespace
 
 absl::string_view ActivationName(Activation kind) { return Find(kind).name; }
@@ -147,12 +119,14 @@ absl::StatusOr<Tensor> ActivationForward(const Context& ctx, Activation kind, co
   RETURN_IF_ERROR(CheckInput(kind, x, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
   ScopedKernelTimer timer(ctx, KernelOp::kActivationForward);
-  if (ctx.device.is_cpu()) return cpu::ActivationForward(ctx, kind, params, x);
-  ActivationForwardOptions options;
-  options.y_dtype = DType::kFloat32;
-  ASSIGN_OR_RETURN(ActivationForwardResult result,
-                   DispatchForward("ActivationForward", ctx, kind, params, x, options));
-  return std::move(result.y);
+  return Dispatch("ActivationForward", ctx, [&] { return cpu::ActivationForward(ctx, kind, params, x); },
+                  TESERVE_CUDA_KERNEL([&]() -> absl::StatusOr<Tensor> {
+                    ActivationForwardOptions options;  // the fused kernel writing an FP32 y only
+                    options.y_dtype = DType::kFloat32;
+                    ASSIGN_OR_RETURN(ActivationForwardResult result,
+                                     cuda::FusedActivationForward(ctx, kind, params, x, options));
+                    return std::move(result.y);
+                  }));
 }
 
 absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, const ActivationParams& params,
@@ -162,10 +136,13 @@ absl::StatusOr<Tensor> ActivationBackward(const Context& ctx, Activation kind, c
                                      {x.dim(0), IsGated(kind) ? x.dim(1) / 2 : x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
   ScopedKernelTimer timer(ctx, KernelOp::kActivationBackward);
-  if (ctx.device.is_cpu()) return cpu::ActivationBackward(ctx, kind, params, dy, x);
-  ASSIGN_OR_RETURN(ActivationBackwardResult result,
-                   DispatchBackward("ActivationBackward", ctx, kind, params, dy, x, ActivationBackwardOptions()));
-  return std::move(result.dx);
+  return Dispatch("ActivationBackward", ctx, [&] { return cpu::ActivationBackward(ctx, kind, params, dy, x); },
+                  TESERVE_CUDA_KERNEL([&]() -> absl::StatusOr<Tensor> {
+                    ASSIGN_OR_RETURN(ActivationBackwardResult result,
+                                     cuda::FusedActivationBackward(ctx, kind, params, dy, x,
+                                                                   ActivationBackwardOptions()));
+                    return std::move(result.dx);
+                  }));
 }
 
 absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ctx, Activation kind,
@@ -176,7 +153,9 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   RETURN_IF_ERROR(CheckParams(kind, params));
   RETURN_IF_ERROR(CheckForwardOptions(options));
   ScopedKernelTimer timer(ctx, KernelOp::kActivationForward);
-  return DispatchForward("FusedActivationForward", ctx, kind, params, x, options);
+  return Dispatch("FusedActivationForward", ctx,
+                  [&] { return cpu::FusedActivationForward(ctx, kind, params, x, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::FusedActivationForward(ctx, kind, params, x, options); }));
 }
 
 absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& ctx, Activation kind,
@@ -187,7 +166,11 @@ absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& 
   RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, x.dtype(), {x.dim(0), OutputWidth(kind, x)}, ctx));
   RETURN_IF_ERROR(CheckParams(kind, params));
   ScopedKernelTimer timer(ctx, KernelOp::kActivationBackward);
-  return DispatchBackward("FusedActivationBackward", ctx, kind, params, dy, x, options);
+  return Dispatch("FusedActivationBackward", ctx,
+                  [&] { return cpu::FusedActivationBackward(ctx, kind, params, dy, x, options); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    return cuda::FusedActivationBackward(ctx, kind, params, dy, x, options);
+                  }));
 }
 
 }  // namespace kernels

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "kernels/cpu/attention_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -358,9 +359,9 @@ absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, con
                                                          const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const AttentionSideTensors& side) {
   RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
-  RETURN_IF_ERROR(CpuOnly("AttentionForward", ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionForward);
-  return cpu::AttentionForward(ctx, config, q, k, v, side);
+  return Dispatch("AttentionForward", ctx, [&] { return cpu::AttentionForward(ctx, config, q, k, v, side); },
+                  kNoCudaKernel);
 }
 
 absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, const AttentionConfig& config,
@@ -372,9 +373,10 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   RETURN_IF_ERROR(CheckTensorOfShape("out", out, DType::kFloat32, out_shape, ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("softmax_lse", softmax_lse, DType::kFloat32, WithoutLastDim(q.shape()), ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("dout", dout, DType::kFloat32, out_shape, ctx));
-  RETURN_IF_ERROR(CpuOnly("AttentionBackward", ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionBackward);
-  return cpu::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout);
+  return Dispatch("AttentionBackward", ctx,
+                  [&] { return cpu::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); },
+                  kNoCudaKernel);
 }
 
 }  // namespace kernels

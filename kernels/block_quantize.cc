@@ -2,7 +2,7 @@
 // (dtype, rank, shape, device, divisibility, options; errors name the argument and say
 // expected vs got), then dispatches on the Context's device: kernels/cpu for the CPU,
 // kernels/cuda when the CUDA backend is compiled in (TESERVE_WITH_CUDA from
-// //tools/cuda:config); without it CUDA tensors get FAILED_PRECONDITION. Tensors must
+// //tools/cuda:config); without it CUDA tensors get UNIMPLEMENTED. Tensors must
 // live on the Context's device; nothing here copies between devices.
 #include "kernels/block_quantize.h"
 
@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "kernels/cpu/block_math.h"
 #include "kernels/cpu/block_quantize_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -26,13 +27,6 @@ using cpu::CeilDiv;
 using cpu::RoundUp;
 
 constexpr char kBlockModes[] = "one of mxfp8_1d, block_1d, block_2d";
-
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-}
-#endif
 
 absl::Status CheckCopies(absl::string_view field, DType format, bool rowwise, bool columnwise) {
   RETURN_IF_ERROR(CheckFloat8(absl::StrCat(field, ".format"), format));
@@ -97,12 +91,8 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   RETURN_IF_ERROR(CheckMxfp8Divisible(x, options));
   RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeMxfp8);
-  if (ctx.device.is_cpu()) return cpu::QuantizeMxfp8(ctx, x, options);
-#if TESERVE_WITH_CUDA
-  return cuda::QuantizeMxfp8(ctx, x, options);
-#else
-  return NoCudaBackend("QuantizeMxfp8");
-#endif
+  return Dispatch("QuantizeMxfp8", ctx, [&] { return cpu::QuantizeMxfp8(ctx, x, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::QuantizeMxfp8(ctx, x, options); }));
 }
 
 absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const Tensor& x,
@@ -112,33 +102,21 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   RETURN_IF_ERROR(CheckFiniteNonNegative("options.amax_epsilon", options.amax_epsilon));
   RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeBlock);
-  if (ctx.device.is_cpu()) return cpu::QuantizeBlockScaling(ctx, x, options);
-#if TESERVE_WITH_CUDA
-  return cuda::QuantizeBlockScaling(ctx, x, options);
-#else
-  return NoCudaBackend("QuantizeBlockScaling");
-#endif
+  return Dispatch("QuantizeBlockScaling", ctx, [&] { return cpu::QuantizeBlockScaling(ctx, x, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::QuantizeBlockScaling(ctx, x, options); }));
 }
 
 absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckBlockCopy(q, copy, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kDequantizeBlock);
-  if (ctx.device.is_cpu()) return cpu::DequantizeBlock(ctx, q, copy);
-#if TESERVE_WITH_CUDA
-  return cuda::DequantizeBlock(ctx, q, copy);
-#else
-  return NoCudaBackend("DequantizeBlock");
-#endif
+  return Dispatch("DequantizeBlock", ctx, [&] { return cpu::DequantizeBlock(ctx, q, copy); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::DequantizeBlock(ctx, q, copy); }));
 }
 
 absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context& ctx, const Tensor& scales) {
   RETURN_IF_ERROR(CheckTensor("scales", scales, DType::kFloat8E8M0, 2, ctx));
-  if (ctx.device.is_cpu()) return cpu::SwizzleMxfp8Scales(ctx, scales);
-#if TESERVE_WITH_CUDA
-  return cuda::SwizzleMxfp8Scales(ctx, scales);
-#else
-  return NoCudaBackend("SwizzleMxfp8Scales");
-#endif
+  return Dispatch("SwizzleMxfp8Scales", ctx, [&] { return cpu::SwizzleMxfp8Scales(ctx, scales); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::SwizzleMxfp8Scales(ctx, scales); }));
 }
 
 absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context& ctx, const Tensor& swizzled,
@@ -149,23 +127,15 @@ absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context& ctx, const Tensor& sw
   RETURN_IF_ERROR(
       CheckShape("swizzled", swizzled,
                  {RoundUp(rows, kMxfp8SwizzleTileRows), RoundUp(cols, kMxfp8SwizzleTileCols)}));
-  if (ctx.device.is_cpu()) return cpu::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols);
-#if TESERVE_WITH_CUDA
-  return cuda::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols);
-#else
-  return NoCudaBackend("UnswizzleMxfp8Scales");
-#endif
+  return Dispatch("UnswizzleMxfp8Scales", ctx, [&] { return cpu::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::UnswizzleMxfp8Scales(ctx, swizzled, rows, cols); }));
 }
 
 absl::StatusOr<Tensor> BlockScalesGemmLayout(const Context& ctx, const Tensor& scale_inv,
                                              bool two_d) {
   RETURN_IF_ERROR(CheckTensor("scale_inv", scale_inv, DType::kFloat32, 2, ctx));
-  if (ctx.device.is_cpu()) return cpu::BlockScalesGemmLayout(ctx, scale_inv, two_d);
-#if TESERVE_WITH_CUDA
-  return cuda::BlockScalesGemmLayout(ctx, scale_inv, two_d);
-#else
-  return NoCudaBackend("BlockScalesGemmLayout");
-#endif
+  return Dispatch("BlockScalesGemmLayout", ctx, [&] { return cpu::BlockScalesGemmLayout(ctx, scale_inv, two_d); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::BlockScalesGemmLayout(ctx, scale_inv, two_d); }));
 }
 
 }  // namespace kernels

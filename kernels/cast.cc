@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/cast_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -53,24 +54,13 @@ absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Conte
   return absl::OkStatus();
 }
 
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-}
-#endif
-
 }  // namespace
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kAmax);
-  if (ctx.device.is_cpu()) return cpu::Amax(ctx, x);
-#if TESERVE_WITH_CUDA
-  return cuda::Amax(ctx, x);
-#else
-  return NoCudaBackend("Amax");
-#endif
+  return Dispatch("Amax", ctx, [&] { return cpu::Amax(ctx, x); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::Amax(ctx, x); }));
 }
 
 absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tensor& x,
@@ -79,46 +69,30 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   RETURN_IF_ERROR(CheckQuantizeOptions(options));
   RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizePerTensor);
-  if (ctx.device.is_cpu()) return cpu::QuantizePerTensor(ctx, x, options);
-#if TESERVE_WITH_CUDA
-  return cuda::QuantizePerTensor(ctx, x, options);
-#else
-  return NoCudaBackend("QuantizePerTensor");
-#endif
+  return Dispatch("QuantizePerTensor", ctx, [&] { return cpu::QuantizePerTensor(ctx, x, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::QuantizePerTensor(ctx, x, options); }));
 }
 
 absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckQuantizedCopy(q, copy, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kDequantizePerTensor);
-  if (ctx.device.is_cpu()) return cpu::Dequantize(ctx, q, copy);
-#if TESERVE_WITH_CUDA
-  return cuda::Dequantize(ctx, q, copy);
-#else
-  return NoCudaBackend("Dequantize");
-#endif
+  return Dispatch("Dequantize", ctx, [&] { return cpu::Dequantize(ctx, q, copy); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::Dequantize(ctx, q, copy); }));
 }
 
 absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckDefined("x", x));
   if (!IsCastType(x.dtype())) return InvalidField("x.dtype", kCastTypes, DTypeName(x.dtype()));
   RETURN_IF_ERROR(CheckDevice("x", x, ctx));
-  if (ctx.device.is_cpu()) return cpu::ToFloat32(ctx, x);
-#if TESERVE_WITH_CUDA
-  return cuda::ToFloat32(ctx, x);
-#else
-  return NoCudaBackend("ToFloat32");
-#endif
+  return Dispatch("ToFloat32", ctx, [&] { return cpu::ToFloat32(ctx, x); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::ToFloat32(ctx, x); }));
 }
 
 absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
   if (!IsCastType(dtype)) return InvalidField("dtype", kCastTypes, DTypeName(dtype));
-  if (ctx.device.is_cpu()) return cpu::CastFromFloat32(ctx, x, dtype);
-#if TESERVE_WITH_CUDA
-  return cuda::CastFromFloat32(ctx, x, dtype);
-#else
-  return NoCudaBackend("CastFromFloat32");
-#endif
+  return Dispatch("CastFromFloat32", ctx, [&] { return cpu::CastFromFloat32(ctx, x, dtype); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::CastFromFloat32(ctx, x, dtype); }));
 }
 
 }  // namespace kernels

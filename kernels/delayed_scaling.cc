@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/scaling_math.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
@@ -42,8 +43,9 @@ absl::Status CheckTensors(const Context& ctx, const DelayedScalingTensors& t,
   return absl::OkStatus();
 }
 
-void UpdateCpu(const DelayedScalingTensors& t, const DelayedScalingUpdateOptions& options, float margin_factor) {
-  if (t.enabled != nullptr && t.enabled->data<int32_t>()[0] == 0) return;
+absl::Status UpdateCpu(const DelayedScalingTensors& t, const DelayedScalingUpdateOptions& options,
+                       float margin_factor) {
+  if (t.enabled != nullptr && t.enabled->data<int32_t>()[0] == 0) return absl::OkStatus();
   const int64_t n = t.history->dim(0);
   const int64_t h = t.history->dim(1);
   for (int64_t q = 0; q < n; ++q) {
@@ -60,6 +62,7 @@ void UpdateCpu(const DelayedScalingTensors& t, const DelayedScalingUpdateOptions
       window[0] = 0.0f;
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -68,15 +71,10 @@ absl::Status DelayedScalingUpdate(const Context& ctx, const DelayedScalingTensor
                                   const DelayedScalingUpdateOptions& options) {
   RETURN_IF_ERROR(CheckTensors(ctx, tensors, options));
   const float margin_factor = std::exp2(options.margin);
-  if (ctx.device.is_cpu()) {
-    UpdateCpu(tensors, options, margin_factor);
-    return absl::OkStatus();
-  }
-#if TESERVE_WITH_CUDA
-  return cuda::DelayedScalingUpdate(ctx, tensors, options.use_max, margin_factor);
-#else
-  return absl::FailedPreconditionError("DelayedScalingUpdate on a CUDA device: teserve was built without CUDA");
-#endif
+  return Dispatch("DelayedScalingUpdate", ctx, [&] { return UpdateCpu(tensors, options, margin_factor); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    return cuda::DelayedScalingUpdate(ctx, tensors, options.use_max, margin_factor);
+                  }));
 }
 
 }  // namespace kernels

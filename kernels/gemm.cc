@@ -1,18 +1,21 @@
-// Checked entry points of kernels/gemm.h: validate metadata (FP32, ranks, the m/n/k
-// agreement of the operands, devices; errors name the argument and say expected vs
-// got), then run the CPU reference. The CUDA GEMM (cuBLASLt) is not wired in yet, so
-// CUDA contexts get UNIMPLEMENTED naming the op.
+// Checked entry points of kernels/gemm.h: validate metadata (dtypes, ranks, the m/n/k
+// agreement of the operands, devices, layouts; errors name the argument and say
+// expected vs got), then run the CPU reference or the CUDA backend (cuBLASLt and
+// kernels/cuda/gemm). The FP32 Gemm of the layers is the general GEMM with FP32
+// operands on CUDA.
 #include "kernels/gemm.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/tensor_checks.h"
+#include "kernels/timing.h"
+
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/gemm/gemm_cuda.h"
 #endif
-#include "kernels/tensor_checks.h"
-#include "kernels/timing.h"
 
 namespace teserve {
 namespace kernels {
@@ -59,9 +62,14 @@ absl::Status Gemm(const Context& ctx, const Tensor& a, bool transpose_a, const T
   RETURN_IF_ERROR(CheckFloatTensor("b", b, 2, ctx));
   RETURN_IF_ERROR(CheckOutput("c", c, 2, ctx));
   RETURN_IF_ERROR(CheckGemmShapes(a, transpose_a, b, transpose_b, *c));
-  RETURN_IF_ERROR(CpuOnly("Gemm", ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kGemm);
-  return cpu::Gemm(ctx, a, transpose_a, b, transpose_b, alpha, beta, c);
+  return Dispatch("Gemm", ctx, [&] { return cpu::Gemm(ctx, a, transpose_a, b, transpose_b, alpha, beta, c); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    GemmOptions options;
+                    options.alpha = alpha;
+                    options.beta = beta;
+                    return cuda::Gemm(ctx, GemmOperand{a, transpose_a}, GemmOperand{b, transpose_b}, c, options);
+                  }));
 }
 
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y) {
@@ -70,8 +78,8 @@ absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y) {
   if (bias.dim(0) != y->dim(1)) {
     return InvalidField("bias.shape", ShapeToString({y->dim(1)}), ShapeToString(bias.shape()));
   }
-  RETURN_IF_ERROR(CpuOnly("AddBias", ctx));
-  return cpu::AddBias(ctx, bias, y);
+  return Dispatch("AddBias", ctx, [&] { return cpu::AddBias(ctx, bias, y); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::AddBias(ctx, bias, y); }));
 }
 
 absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Tensor* out) {
@@ -80,8 +88,8 @@ absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Ten
   if (out->dim(0) != x.dim(1)) {
     return InvalidField("out.shape", ShapeToString({x.dim(1)}), ShapeToString(out->shape()));
   }
-  RETURN_IF_ERROR(CpuOnly("ColumnSum", ctx));
-  return cpu::ColumnSum(ctx, x, accumulate, out);
+  return Dispatch("ColumnSum", ctx, [&] { return cpu::ColumnSum(ctx, x, accumulate, out); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::ColumnSum(ctx, x, accumulate, out); }));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -232,12 +240,8 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   RETURN_IF_ERROR(CheckGemmOutput(a, b, d, options, ctx));
   RETURN_IF_ERROR(CheckEpilogue(*d, options, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kGemm);
-  if (ctx.device.is_cpu()) return cpu::Gemm(ctx, a, b, d, options);
-#if TESERVE_WITH_CUDA
-  return cuda::Gemm(ctx, a, b, d, options);
-#else
-  return CpuOnly("Gemm", ctx);
-#endif
+  return Dispatch("Gemm", ctx, [&] { return cpu::Gemm(ctx, a, b, d, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::Gemm(ctx, a, b, d, options); }));
 }
 
 }  // namespace kernels

@@ -2,12 +2,13 @@
 // small and memory-bound, so the reference is a straight loop over 16-element tiles
 // with the butterfly order the header specifies; no separate kernels/cpu file. CUDA
 // tensors go to kernels/cuda/nvfp4_cuda.h when the CUDA backend is compiled in, else
-// FAILED_PRECONDITION.
+// UNIMPLEMENTED (kernels/dispatch.h).
 #include "kernels/hadamard.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
@@ -58,17 +59,7 @@ absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& 
   return CheckDevice(name, x, ctx);
 }
 
-absl::StatusOr<Tensor> Transform(const Context& ctx, const Tensor& x, Direction direction,
-                                 absl::string_view name, absl::string_view op) {
-  RETURN_IF_ERROR(CheckInput(name, x, ctx));
-  if (!ctx.device.is_cpu()) {
-#if TESERVE_WITH_CUDA
-    return cuda::ApplyHadamard16(ctx, x, direction == Direction::kInverse);
-#else
-    return absl::FailedPreconditionError(
-        absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-#endif
-  }
+absl::StatusOr<Tensor> TransformCpu(const Tensor& x, Direction direction) {
   ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape()));
   const float* src = x.data<float>();
   float* dst = out.data<float>();
@@ -76,6 +67,15 @@ absl::StatusOr<Tensor> Transform(const Context& ctx, const Tensor& x, Direction 
     TransformTile(src + t * kHadamardSize, dst + t * kHadamardSize, direction);
   }
   return out;
+}
+
+absl::StatusOr<Tensor> Transform(const Context& ctx, const Tensor& x, Direction direction,
+                                 absl::string_view name, absl::string_view op) {
+  RETURN_IF_ERROR(CheckInput(name, x, ctx));
+  return Dispatch(op, ctx, [&] { return TransformCpu(x, direction); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    return cuda::ApplyHadamard16(ctx, x, direction == Direction::kInverse);
+                  }));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/l2_norm_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 
 namespace teserve {
@@ -25,8 +26,8 @@ absl::Status CheckInput(absl::string_view name, const Tensor& x, const Context& 
 absl::StatusOr<L2NormForwardOutputs> L2NormalizationForward(const Context& ctx, const Tensor& x, float eps) {
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
-  RETURN_IF_ERROR(CpuOnly("L2NormalizationForward", ctx));
-  return cpu::L2NormalizationForward(ctx, x, eps);
+  return Dispatch("L2NormalizationForward", ctx, [&] { return cpu::L2NormalizationForward(ctx, x, eps); },
+                  kNoCudaKernel);
 }
 
 absl::StatusOr<Tensor> L2NormalizationBackward(const Context& ctx, const Tensor& dy, const Tensor& x,
@@ -34,8 +35,8 @@ absl::StatusOr<Tensor> L2NormalizationBackward(const Context& ctx, const Tensor&
   RETURN_IF_ERROR(CheckInput("x", x, ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, DType::kFloat32, x.shape(), ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("rsigma", rsigma, DType::kFloat32, {x.dim(0)}, ctx));
-  RETURN_IF_ERROR(CpuOnly("L2NormalizationBackward", ctx));
-  return cpu::L2NormalizationBackward(ctx, dy, x, rsigma);
+  return Dispatch("L2NormalizationBackward", ctx, [&] { return cpu::L2NormalizationBackward(ctx, dy, x, rsigma); },
+                  kNoCudaKernel);
 }
 
 }  // namespace kernels

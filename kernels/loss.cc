@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/loss_cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/loss_math.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -34,18 +36,13 @@ absl::StatusOr<Shape> CheckLogits(const Context& ctx, const Tensor& logits) {
   return Shape(logits.shape().begin(), logits.shape().end() - 1);
 }
 
-absl::Status CheckCrossEntropy(const Context& ctx, absl::string_view op, const Tensor& logits, const Tensor& labels,
+absl::Status CheckCrossEntropy(const Context& ctx, const Tensor& logits, const Tensor& labels,
                                const CrossEntropyOptions& options) {
   ASSIGN_OR_RETURN(Shape leading, CheckLogits(ctx, logits));
   RETURN_IF_ERROR(CheckLabelSmoothing(options.label_smoothing, "label_smoothing"));
   RETURN_IF_ERROR(CheckDefined("labels", labels));
   // Label values are read on the host: CPU labels also for CUDA logits.
   if (ctx.device.is_cpu()) RETURN_IF_ERROR(CheckDevice("labels", labels, ctx));
-#if !TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) {
-    return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-  }
-#endif
   return CheckCrossEntropyLabels(labels, leading, logits.dim(-1), options.ignore_index, "labels");
 }
 
@@ -73,7 +70,7 @@ absl::Status CheckCrossEntropyLabels(const Tensor& labels, const Shape& leading_
     return InvalidField(absl::StrCat(field, ".device"), "cpu", labels.device().ToString());
   }
   for (int64_t r = 0; r < labels.numel(); ++r) {
-    const int64_t label = cpu::LabelAt(labels, r);
+    const int64_t label = loss_math::LabelAt(labels, r);
     if (label == ignore_index || (label >= 0 && label < num_classes)) continue;
     return InvalidField(absl::StrCat(field, "[", r, "]"),
                         absl::StrCat("a class in [0, ", num_classes, ") or ignore_index ", ignore_index), label);
@@ -83,43 +80,40 @@ absl::Status CheckCrossEntropyLabels(const Tensor& labels, const Shape& leading_
 
 absl::StatusOr<MseForwardOutput> MseForward(const Context& ctx, const Tensor& y, const Tensor& target) {
   RETURN_IF_ERROR(CheckMse(ctx, y, target));
-  RETURN_IF_ERROR(CpuOnly("MseForward", ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kMseForward);
-  return cpu::MseForward(y, target);
+  return Dispatch("MseForward", ctx, [&] { return cpu::MseForward(y, target); }, kNoCudaKernel);
 }
 
 absl::StatusOr<Tensor> MseBackward(const Context& ctx, const Tensor& y, const Tensor& target, float grad_loss) {
   RETURN_IF_ERROR(CheckMse(ctx, y, target));
-  RETURN_IF_ERROR(CpuOnly("MseBackward", ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kMseBackward);
-  return cpu::MseBackward(y, target, grad_loss);
+  return Dispatch("MseBackward", ctx, [&] { return cpu::MseBackward(y, target, grad_loss); }, kNoCudaKernel);
 }
 
 absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Context& ctx, const Tensor& logits,
                                                               const Tensor& labels,
                                                               const CrossEntropyOptions& options) {
-  RETURN_IF_ERROR(CheckCrossEntropy(ctx, "CrossEntropyForward", logits, labels, options));
+  RETURN_IF_ERROR(CheckCrossEntropy(ctx, logits, labels, options));
   ScopedKernelTimer timer(ctx, KernelOp::kCrossEntropyForward);
-#if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) return cuda::CrossEntropyForward(ctx, logits, labels, options);
-#endif
-  return cpu::CrossEntropyForward(logits, labels, options);
+  return Dispatch("CrossEntropyForward", ctx, [&] { return cpu::CrossEntropyForward(logits, labels, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::CrossEntropyForward(ctx, logits, labels, options); }));
 }
 
 absl::StatusOr<Tensor> CrossEntropyBackward(const Context& ctx, const Tensor& logits, const Tensor& labels,
                                             const Tensor& lse, int64_t num_valid,
                                             const CrossEntropyOptions& options, float grad_loss) {
-  RETURN_IF_ERROR(CheckCrossEntropy(ctx, "CrossEntropyBackward", logits, labels, options));
+  RETURN_IF_ERROR(CheckCrossEntropy(ctx, logits, labels, options));
   const int64_t tokens = labels.numel();
   RETURN_IF_ERROR(CheckTensorOfShape("lse", lse, DType::kFloat32, {tokens}, ctx));
   if (num_valid < 0 || num_valid > tokens) {
     return InvalidField("num_valid", absl::StrCat("a count in 0..", tokens, " (the tokens)"), num_valid);
   }
   ScopedKernelTimer timer(ctx, KernelOp::kCrossEntropyBackward);
-#if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) return cuda::CrossEntropyBackward(ctx, logits, labels, lse, num_valid, options, grad_loss);
-#endif
-  return cpu::CrossEntropyBackward(logits, labels, lse, num_valid, options, grad_loss);
+  return Dispatch(
+      "CrossEntropyBackward", ctx,
+      [&] { return cpu::CrossEntropyBackward(logits, labels, lse, num_valid, options, grad_loss); },
+      TESERVE_CUDA_KERNEL(
+          [&] { return cuda::CrossEntropyBackward(ctx, logits, labels, lse, num_valid, options, grad_loss); }));
 }
 
 }  // namespace kernels

@@ -11,6 +11,7 @@
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 #include "kernels/cpu/normalization_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -106,43 +107,17 @@ absl::Status CheckForwardOptions(const NormForwardOptions& options) {
   return CheckSmMargin("options.sm_margin", options.sm_margin);
 }
 
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-}
-#endif
-
 absl::StatusOr<NormForwardResult> DispatchForward(absl::string_view op, const Context& ctx,
                                                   NormType type, const Tensor& x,
                                                   const Tensor& gamma, const Tensor& beta,
                                                   const NormForwardOptions& options) {
-  if (ctx.device.is_cpu()) return cpu::NormalizationForward(ctx, type, x, gamma, beta, options);
-#if TESERVE_WITH_CUDA
-  return cuda::NormalizationForward(ctx, type, x, gamma, beta, options);
-#else
-  return NoCudaBackend(op);
-#endif
-}
-
-absl::StatusOr<NormBackwardOutputs> DispatchBackward(absl::string_view op, const Context& ctx,
-                                                     NormType type, const Tensor& dy,
-                                                     const Tensor& x, const Tensor& mu,
-                                                     const Tensor& rsigma, const Tensor& gamma,
-                                                     const NormBackwardOptions& options) {
-  if (ctx.device.is_cpu()) {
-    return cpu::NormalizationBackward(ctx, type, dy, x, mu, rsigma, gamma, options);
-  }
-#if TESERVE_WITH_CUDA
-  return cuda::NormalizationBackward(ctx, type, dy, x, mu, rsigma, gamma, options);
-#else
-  return NoCudaBackend(op);
-#endif
+  return Dispatch(op, ctx, [&] { return cpu::NormalizationForward(ctx, type, x, gamma, beta, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::NormalizationForward(ctx, type, x, gamma, beta, options); }));
 }
 
 // The FP32 entry points run the CPU reference directly on the CPU (unchanged behaviour)
-// and the extended path with FP32 options elsewhere.
-NormForwardOutputs ToForwardOutputs(NormForwardResult result) {
+// and the extended path with FP32 options elsewhere (unused in CPU-only builds).
+[[maybe_unused]] NormForwardOutputs ToForwardOutputs(NormForwardResult result) {
   NormForwardOutputs out;
   out.y = std::move(result.y);
   out.mu = std::move(result.mu);
@@ -150,7 +125,7 @@ NormForwardOutputs ToForwardOutputs(NormForwardResult result) {
   return out;
 }
 
-NormForwardOptions Fp32ForwardOptions(float eps, bool zero_centered_gamma) {
+[[maybe_unused]] NormForwardOptions Fp32ForwardOptions(float eps, bool zero_centered_gamma) {
   NormForwardOptions options;
   options.eps = eps;
   options.zero_centered_gamma = zero_centered_gamma;
@@ -168,11 +143,14 @@ absl::StatusOr<NormForwardOutputs> LayerNormForward(const Context& ctx, const Te
   RETURN_IF_ERROR(CheckFloatTensor("beta", beta, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
   ScopedKernelTimer timer(ctx, KernelOp::kLayerNormForward);
-  if (ctx.device.is_cpu()) return cpu::LayerNormForward(ctx, x, gamma, beta, eps, zero_centered_gamma);
-  ASSIGN_OR_RETURN(NormForwardResult result,
-                   DispatchForward("LayerNormForward", ctx, NormType::kLayerNorm, x, gamma, beta,
-                                   Fp32ForwardOptions(eps, zero_centered_gamma)));
-  return ToForwardOutputs(std::move(result));
+  return Dispatch("LayerNormForward", ctx,
+                  [&] { return cpu::LayerNormForward(ctx, x, gamma, beta, eps, zero_centered_gamma); },
+                  TESERVE_CUDA_KERNEL([&]() -> absl::StatusOr<NormForwardOutputs> {
+                    ASSIGN_OR_RETURN(NormForwardResult result,
+                                     cuda::NormalizationForward(ctx, NormType::kLayerNorm, x, gamma, beta,
+                                                                Fp32ForwardOptions(eps, zero_centered_gamma)));
+                    return ToForwardOutputs(std::move(result));
+                  }));
 }
 
 absl::StatusOr<NormBackwardOutputs> LayerNormBackward(const Context& ctx, const Tensor& dy,
@@ -181,13 +159,14 @@ absl::StatusOr<NormBackwardOutputs> LayerNormBackward(const Context& ctx, const 
                                                       bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckBackward(dy, x, &mu, rsigma, gamma, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kLayerNormBackward);
-  if (ctx.device.is_cpu()) {
-    return cpu::LayerNormBackward(ctx, dy, x, mu, rsigma, gamma, zero_centered_gamma);
-  }
-  NormBackwardOptions options;
-  options.zero_centered_gamma = zero_centered_gamma;
-  return DispatchBackward("LayerNormBackward", ctx, NormType::kLayerNorm, dy, x, mu, rsigma, gamma,
-                          options);
+  return Dispatch("LayerNormBackward", ctx,
+                  [&] { return cpu::LayerNormBackward(ctx, dy, x, mu, rsigma, gamma, zero_centered_gamma); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    NormBackwardOptions options;
+                    options.zero_centered_gamma = zero_centered_gamma;
+                    return cuda::NormalizationBackward(ctx, NormType::kLayerNorm, dy, x, mu, rsigma, gamma,
+                                                       options);
+                  }));
 }
 
 absl::StatusOr<NormForwardOutputs> RmsNormForward(const Context& ctx, const Tensor& x,
@@ -197,11 +176,14 @@ absl::StatusOr<NormForwardOutputs> RmsNormForward(const Context& ctx, const Tens
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckFiniteNonNegative("eps", eps));
   ScopedKernelTimer timer(ctx, KernelOp::kRmsNormForward);
-  if (ctx.device.is_cpu()) return cpu::RmsNormForward(ctx, x, gamma, eps, zero_centered_gamma);
-  ASSIGN_OR_RETURN(NormForwardResult result,
-                   DispatchForward("RmsNormForward", ctx, NormType::kRmsNorm, x, gamma, Tensor(),
-                                   Fp32ForwardOptions(eps, zero_centered_gamma)));
-  return ToForwardOutputs(std::move(result));
+  return Dispatch("RmsNormForward", ctx,
+                  [&] { return cpu::RmsNormForward(ctx, x, gamma, eps, zero_centered_gamma); },
+                  TESERVE_CUDA_KERNEL([&]() -> absl::StatusOr<NormForwardOutputs> {
+                    ASSIGN_OR_RETURN(NormForwardResult result,
+                                     cuda::NormalizationForward(ctx, NormType::kRmsNorm, x, gamma, Tensor(),
+                                                                Fp32ForwardOptions(eps, zero_centered_gamma)));
+                    return ToForwardOutputs(std::move(result));
+                  }));
 }
 
 absl::StatusOr<NormBackwardOutputs> RmsNormBackward(const Context& ctx, const Tensor& dy,
@@ -209,13 +191,14 @@ absl::StatusOr<NormBackwardOutputs> RmsNormBackward(const Context& ctx, const Te
                                                     const Tensor& gamma, bool zero_centered_gamma) {
   RETURN_IF_ERROR(CheckBackward(dy, x, nullptr, rsigma, gamma, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kRmsNormBackward);
-  if (ctx.device.is_cpu()) {
-    return cpu::RmsNormBackward(ctx, dy, x, rsigma, gamma, zero_centered_gamma);
-  }
-  NormBackwardOptions options;
-  options.zero_centered_gamma = zero_centered_gamma;
-  return DispatchBackward("RmsNormBackward", ctx, NormType::kRmsNorm, dy, x, Tensor(), rsigma,
-                          gamma, options);
+  return Dispatch("RmsNormBackward", ctx,
+                  [&] { return cpu::RmsNormBackward(ctx, dy, x, rsigma, gamma, zero_centered_gamma); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    NormBackwardOptions options;
+                    options.zero_centered_gamma = zero_centered_gamma;
+                    return cuda::NormalizationBackward(ctx, NormType::kRmsNorm, dy, x, Tensor(), rsigma, gamma,
+                                                       options);
+                  }));
 }
 
 absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormType type,
@@ -283,7 +266,11 @@ absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, No
   RETURN_IF_ERROR(CheckFloatTensor("gamma", gamma, {x.dim(1)}, ctx));
   RETURN_IF_ERROR(CheckSmMargin("options.sm_margin", options.sm_margin));
   ScopedKernelTimer timer(ctx, KernelOp::kNormalizationBackward);
-  return DispatchBackward("NormalizationBackward", ctx, type, dy, x, mu, rsigma, gamma, options);
+  return Dispatch("NormalizationBackward", ctx,
+                  [&] { return cpu::NormalizationBackward(ctx, type, dy, x, mu, rsigma, gamma, options); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    return cuda::NormalizationBackward(ctx, type, dy, x, mu, rsigma, gamma, options);
+                  }));
 }
 
 }  // namespace kernels

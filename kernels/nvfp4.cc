@@ -1,13 +1,14 @@
 // Checked entry points of kernels/nvfp4.h. Each validates tensor metadata and options
 // (errors name the argument and say expected vs got), then dispatches on the Context's
 // device: kernels/cpu for the CPU, kernels/cuda when the CUDA backend is compiled in
-// (TESERVE_WITH_CUDA); without it CUDA tensors get FAILED_PRECONDITION.
+// (TESERVE_WITH_CUDA); without it CUDA tensors get UNIMPLEMENTED (kernels/dispatch.h).
 #include "kernels/nvfp4.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/nvfp4_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -18,13 +19,6 @@
 namespace teserve {
 namespace kernels {
 namespace {
-
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op) {
-  return absl::FailedPreconditionError(
-      absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-}
-#endif
 
 absl::Status CheckBlockedDim(absl::string_view name, int64_t extent) {
   if (extent % kNvfp4BlockSize == 0) return absl::OkStatus();
@@ -72,43 +66,27 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
                                               const Nvfp4QuantizeOptions& options) {
   RETURN_IF_ERROR(CheckQuantizeArgs(x, options, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizeNvfp4);
-  if (ctx.device.is_cpu()) return cpu::QuantizeNvfp4(ctx, x, options);
-#if TESERVE_WITH_CUDA
-  return cuda::QuantizeNvfp4(ctx, x, options);
-#else
-  return NoCudaBackend("QuantizeNvfp4");
-#endif
+  return Dispatch("QuantizeNvfp4", ctx, [&] { return cpu::QuantizeNvfp4(ctx, x, options); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::QuantizeNvfp4(ctx, x, options); }));
 }
 
 absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy) {
   RETURN_IF_ERROR(CheckQuantizedCopy(q, copy, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kDequantizeNvfp4);
-  if (ctx.device.is_cpu()) return cpu::DequantizeNvfp4(ctx, q, copy);
-#if TESERVE_WITH_CUDA
-  return cuda::DequantizeNvfp4(ctx, q, copy);
-#else
-  return NoCudaBackend("DequantizeNvfp4");
-#endif
+  return Dispatch("DequantizeNvfp4", ctx, [&] { return cpu::DequantizeNvfp4(ctx, q, copy); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::DequantizeNvfp4(ctx, q, copy); }));
 }
 
 absl::StatusOr<Tensor> CastToFloat4E2M1(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
-  if (ctx.device.is_cpu()) return cpu::CastToFloat4E2M1(ctx, x);
-#if TESERVE_WITH_CUDA
-  return cuda::CastToFloat4E2M1(ctx, x);
-#else
-  return NoCudaBackend("CastToFloat4E2M1");
-#endif
+  return Dispatch("CastToFloat4E2M1", ctx, [&] { return cpu::CastToFloat4E2M1(ctx, x); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::CastToFloat4E2M1(ctx, x); }));
 }
 
 absl::StatusOr<Tensor> Float4E2M1ToFloat32(const Context& ctx, const Tensor& packed) {
   RETURN_IF_ERROR(CheckTensor("packed", packed, DType::kFloat4E2M1, kAnyRank, ctx));
-  if (ctx.device.is_cpu()) return cpu::Float4E2M1ToFloat32(ctx, packed);
-#if TESERVE_WITH_CUDA
-  return cuda::Float4E2M1ToFloat32(ctx, packed);
-#else
-  return NoCudaBackend("Float4E2M1ToFloat32");
-#endif
+  return Dispatch("Float4E2M1ToFloat32", ctx, [&] { return cpu::Float4E2M1ToFloat32(ctx, packed); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::Float4E2M1ToFloat32(ctx, packed); }));
 }
 
 }  // namespace kernels

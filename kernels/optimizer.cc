@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
@@ -78,11 +79,31 @@ void WriteModelCopyCpu(const OptimizerTensor& t) {
   }
 }
 
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op) {
-  return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
+absl::Status AdamWCpu(absl::Span<const OptimizerTensor> tensors, const optimizer_math::AdamWScalars& s) {
+  for (const OptimizerTensor& t : tensors) {
+    float* p = t.param->data<float>();
+    const float* g = t.grad->data<float>();
+    float* m = t.exp_avg->data<float>();
+    float* v = t.exp_avg_sq->data<float>();
+    for (int64_t j = 0; j < t.param->numel(); ++j) optimizer_math::AdamWElement(s, g[j], &p[j], &m[j], &v[j]);
+    WriteModelCopyCpu(t);
+  }
+  return absl::OkStatus();
 }
-#endif
+
+absl::Status SgdCpu(absl::Span<const OptimizerTensor> tensors, const optimizer_math::SgdScalars& s,
+                    bool momentum) {
+  for (const OptimizerTensor& t : tensors) {
+    float* p = t.param->data<float>();
+    const float* g = t.grad->data<float>();
+    float* buf = momentum ? t.exp_avg->data<float>() : nullptr;
+    for (int64_t j = 0; j < t.param->numel(); ++j) {
+      optimizer_math::SgdElement(s, g[j], &p[j], momentum ? &buf[j] : nullptr);
+    }
+    WriteModelCopyCpu(t);
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -116,22 +137,8 @@ absl::Status AdamWStep(const Context& ctx, absl::Span<const OptimizerTensor> ten
                        const AdamWOptions& options, int64_t step) {
   RETURN_IF_ERROR(CheckTensors(ctx, tensors, /*adamw=*/true, /*momentum=*/false, step));
   const optimizer_math::AdamWScalars s = AdamWScalarsForStep(options, step);
-  if (!ctx.device.is_cpu()) {
-#if TESERVE_WITH_CUDA
-    return cuda::AdamWStep(ctx, tensors, s);
-#else
-    return NoCudaBackend("AdamWStep");
-#endif
-  }
-  for (const OptimizerTensor& t : tensors) {
-    float* p = t.param->data<float>();
-    const float* g = t.grad->data<float>();
-    float* m = t.exp_avg->data<float>();
-    float* v = t.exp_avg_sq->data<float>();
-    for (int64_t j = 0; j < t.param->numel(); ++j) optimizer_math::AdamWElement(s, g[j], &p[j], &m[j], &v[j]);
-    WriteModelCopyCpu(t);
-  }
-  return absl::OkStatus();
+  return Dispatch("AdamWStep", ctx, [&] { return AdamWCpu(tensors, s); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::AdamWStep(ctx, tensors, s); }));
 }
 
 absl::Status SgdStep(const Context& ctx, absl::Span<const OptimizerTensor> tensors, const SgdOptions& options,
@@ -139,23 +146,8 @@ absl::Status SgdStep(const Context& ctx, absl::Span<const OptimizerTensor> tenso
   const bool momentum = options.momentum != 0.0f;
   RETURN_IF_ERROR(CheckTensors(ctx, tensors, /*adamw=*/false, momentum, step));
   const optimizer_math::SgdScalars s = SgdScalarsForStep(options, step);
-  if (!ctx.device.is_cpu()) {
-#if TESERVE_WITH_CUDA
-    return cuda::SgdStep(ctx, tensors, s);
-#else
-    return NoCudaBackend("SgdStep");
-#endif
-  }
-  for (const OptimizerTensor& t : tensors) {
-    float* p = t.param->data<float>();
-    const float* g = t.grad->data<float>();
-    float* buf = momentum ? t.exp_avg->data<float>() : nullptr;
-    for (int64_t j = 0; j < t.param->numel(); ++j) {
-      optimizer_math::SgdElement(s, g[j], &p[j], momentum ? &buf[j] : nullptr);
-    }
-    WriteModelCopyCpu(t);
-  }
-  return absl::OkStatus();
+  return Dispatch("SgdStep", ctx, [&] { return SgdCpu(tensors, s, momentum); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::SgdStep(ctx, tensors, s); }));
 }
 
 }  // namespace kernels

@@ -3,8 +3,8 @@
 // every position; INT32 cu_seqlens [batch + 1] starting at 0, non-decreasing, ending at
 // most at t's token count; devices; errors name the argument and say expected vs got),
 // then dispatch on the Context's device: kernels/cpu, or kernels/cuda when the CUDA
-// backend is compiled in (TESERVE_WITH_CUDA; FAILED_PRECONDITION naming the op before the
-// checks otherwise). t and freqs live on ctx's device; cu_seqlens is always a host
+// backend is compiled in (TESERVE_WITH_CUDA; otherwise UNIMPLEMENTED naming the op, after
+// the checks, from kernels/dispatch.h). t and freqs live on ctx's device; cu_seqlens is always a host
 // tensor, since the checks read its values (the CUDA op copies it to the device).
 // The frequency table is computed here on the host (it is small and made once per
 // module), in FP32 with the operations TE's RotaryPositionEmbedding uses.
@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/rope_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
@@ -88,13 +89,6 @@ absl::Status CheckRope(absl::string_view name, const Tensor& t, const Tensor& fr
   }
   return absl::OkStatus();
 }
-
-#if !TESERVE_WITH_CUDA
-absl::Status NoCudaBackend(absl::string_view op, const Context& ctx) {
-  if (ctx.device.is_cpu()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-}
-#endif
 
 }  // namespace
 
@@ -182,28 +176,24 @@ absl::StatusOr<Tensor> RotaryFrequencies(const RotaryOptions& options, int64_t m
 
 absl::StatusOr<Tensor> RopeForward(const Context& ctx, const Tensor& t, const Tensor& freqs, RopeFormat format,
                                    bool interleaved, const Tensor* cu_seqlens) {
-#if !TESERVE_WITH_CUDA
-  RETURN_IF_ERROR(NoCudaBackend("RopeForward", ctx));
-#endif
   RETURN_IF_ERROR(CheckRope("t", t, freqs, format, cu_seqlens, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kRopeForward);
-#if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) return cuda::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens);
-#endif
-  return cpu::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens);
+  return Dispatch("RopeForward", ctx,
+                  [&] { return cpu::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    return cuda::RopeForward(ctx, t, freqs, format, interleaved, cu_seqlens);
+                  }));
 }
 
 absl::StatusOr<Tensor> RopeBackward(const Context& ctx, const Tensor& dy, const Tensor& freqs, RopeFormat format,
                                     bool interleaved, const Tensor* cu_seqlens) {
-#if !TESERVE_WITH_CUDA
-  RETURN_IF_ERROR(NoCudaBackend("RopeBackward", ctx));
-#endif
   RETURN_IF_ERROR(CheckRope("dy", dy, freqs, format, cu_seqlens, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kRopeBackward);
-#if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) return cuda::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens);
-#endif
-  return cpu::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens);
+  return Dispatch("RopeBackward", ctx,
+                  [&] { return cpu::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens); },
+                  TESERVE_CUDA_KERNEL([&] {
+                    return cuda::RopeBackward(ctx, dy, freqs, format, interleaved, cu_seqlens);
+                  }));
 }
 
 }  // namespace kernels

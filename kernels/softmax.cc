@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/softmax_cpu.h"
+#include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
@@ -21,15 +22,6 @@ namespace {
 absl::Status CheckScale(float scale) {
   if (std::isfinite(scale)) return absl::OkStatus();
   return InvalidField("scale", "a finite value", scale);
-}
-
-absl::Status CheckBuild(const Context& ctx, const char* op) {
-#if !TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) {
-    return absl::FailedPreconditionError(absl::StrCat(op, " on a CUDA device: teserve was built without CUDA"));
-  }
-#endif
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -70,22 +62,16 @@ absl::StatusOr<Tensor> ScaledSoftmaxForward(const Context& ctx, const Tensor& x,
       return InvalidField("kind", "none, padding, causal_top_left or causal_bottom_right",
                           static_cast<int>(kind));
   }
-  RETURN_IF_ERROR(CheckBuild(ctx, "ScaledSoftmaxForward"));
-#if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) return cuda::ScaledSoftmaxForward(ctx, x, scale, kind, mask);
-#endif
-  return cpu::ScaledSoftmaxForward(x, scale, kind, mask);
+  return Dispatch("ScaledSoftmaxForward", ctx, [&] { return cpu::ScaledSoftmaxForward(x, scale, kind, mask); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::ScaledSoftmaxForward(ctx, x, scale, kind, mask); }));
 }
 
 absl::StatusOr<Tensor> ScaledSoftmaxBackward(const Context& ctx, const Tensor& y, const Tensor& dy, float scale) {
   RETURN_IF_ERROR(CheckTensor("y", y, DType::kFloat32, 4, ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("dy", dy, DType::kFloat32, y.shape(), ctx));
   RETURN_IF_ERROR(CheckScale(scale));
-  RETURN_IF_ERROR(CheckBuild(ctx, "ScaledSoftmaxBackward"));
-#if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) return cuda::ScaledSoftmaxBackward(ctx, y, dy, scale);
-#endif
-  return cpu::ScaledSoftmaxBackward(y, dy, scale);
+  return Dispatch("ScaledSoftmaxBackward", ctx, [&] { return cpu::ScaledSoftmaxBackward(y, dy, scale); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::ScaledSoftmaxBackward(ctx, y, dy, scale); }));
 }
 
 }  // namespace kernels

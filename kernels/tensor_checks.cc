@@ -80,15 +80,5 @@ QuantizedCopy SelectCopy(const QuantizedTensor& q, Copy copy) {
                        q.columnwise_scale_inv, q.cols(), q.rows()};
 }
 
-absl::Status NoCudaKernel(absl::string_view op) {
-  return absl::UnimplementedError(absl::StrCat("no CUDA kernel yet for ", op));
-}
-
-absl::Status CpuOnly(absl::string_view op, const Context& ctx) {
-  if (ctx.device.is_cpu()) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat(op, " is not implemented on ", ctx.device.ToString(), " yet"));
-}
-
 }  // namespace kernels
 }  // namespace teserve

@@ -55,11 +55,6 @@ struct QuantizedCopy {
 };
 QuantizedCopy SelectCopy(const QuantizedTensor& q, Copy copy);
 
-// Answers for ops without a kernel on the Context's device.
-absl::Status NoCudaKernel(absl::string_view op);  // UNIMPLEMENTED "no CUDA kernel yet for <op>"
-// OK on the CPU, else UNIMPLEMENTED naming the op and the device.
-absl::Status CpuOnly(absl::string_view op, const Context& ctx);
-
 }  // namespace kernels
 }  // namespace teserve
 

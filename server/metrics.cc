@@ -286,19 +286,16 @@ void Metrics::AddRows(const std::string& id,
   }
 }
 
-void Metrics::AddSession(const std::string& id, train::Session& session) {
-  if (options_.detail == MetricsDetail::kOff) return;
-  std::vector<std::pair<std::string, std::string>> quantizers;
-  if (fp8_series()) quantizers = session.QuantizerNames();
-  {
-    absl::MutexLock lock(&mu_);
-    if (sessions_series_.count(id) != 0) return;
-    SessionSeries& series = sessions_series_[id];
-    series.steps = &train_steps_->Add({{"session", id}});
-    series.skipped = &steps_skipped_->Add({{"session", id}});
-    AddRows(id, quantizers, series);
-  }
-  UpdateSession(id, session, /*quantized=*/true);
+bool Metrics::AddSession(const std::string& id,
+                         const std::vector<std::pair<std::string, std::string>>& quantizers) {
+  if (options_.detail == MetricsDetail::kOff) return false;
+  absl::MutexLock lock(&mu_);
+  if (sessions_series_.count(id) != 0) return false;
+  SessionSeries& series = sessions_series_[id];
+  series.steps = &train_steps_->Add({{"session", id}});
+  series.skipped = &steps_skipped_->Add({{"session", id}});
+  if (fp8_series()) AddRows(id, quantizers, series);
+  return true;
 }
 
 void Metrics::UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row) {
@@ -321,15 +318,14 @@ void Metrics::UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeri
   row.mse->Set(values.mse);
 }
 
-void Metrics::UpdateSession(const std::string& id, train::Session& session, bool quantized) {
-  if (options_.detail == MetricsDetail::kOff) return;
-  // Read the session first (one lock): it may be held by a long computation.
-  const train::MetricsSample sample = session.SampleMetrics(quantized && fp8_series());
-  const train::TrainingStats& stats = sample.stats;
+std::optional<bool> Metrics::UpdateSession(const std::string& id,
+                                           const train::SessionSnapshot& snapshot) {
+  if (options_.detail == MetricsDetail::kOff) return std::nullopt;
+  const train::TrainingStats& stats = snapshot.stats;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_series_.find(id);
-    if (it == sessions_series_.end()) return;  // removed meanwhile
+    if (it == sessions_series_.end()) return std::nullopt;  // removed meanwhile
     SessionSeries& series = it->second;
     const double steps = static_cast<double>(stats.step);
     if (steps > series.steps->Value()) series.steps->Increment(steps - series.steps->Value());
@@ -345,10 +341,11 @@ void Metrics::UpdateSession(const std::string& id, train::Session& session, bool
       if (series.grad_norm == nullptr) series.grad_norm = &grad_norm_->Add({{"session", id}});
       series.grad_norm->Set(stats.grad_norm);
     }
-    if (!sample.quantizers.empty() && sample.quantizers.size() == series.row_of_quantizer.size()) {
+    if (!snapshot.quantizers.empty() &&
+        snapshot.quantizers.size() == series.row_of_quantizer.size()) {
       std::vector<Fp8Values> values(series.rows.size());
-      for (size_t i = 0; i < sample.quantizers.size(); ++i) {
-        values[series.row_of_quantizer[i]].Add(sample.quantizers[i]);
+      for (size_t i = 0; i < snapshot.quantizers.size(); ++i) {
+        values[series.row_of_quantizer[i]].Add(snapshot.quantizers[i]);
       }
       for (size_t r = 0; r < series.rows.size(); ++r) {
         UpdateRow(values[r], stats.health_sampling, series.rows[r]);
@@ -356,8 +353,7 @@ void Metrics::UpdateSession(const std::string& id, train::Session& session, bool
     }
   }
   // The passes that follow belong to step stats.step + 1.
-  const bool sample_health = SamplesHealthInStep(stats.step + 1);
-  if (sample_health != stats.health_sampling) session.SetHealthSampling(sample_health);
+  return SamplesHealthInStep(stats.step + 1);
 }
 
 void Metrics::RemoveSeries(SessionSeries& series) {

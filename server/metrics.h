@@ -25,12 +25,14 @@
 //   teserve_kernel_duration_seconds{op,device}      histogram, sampled (kernels/timing.h)
 //   teserve_device_memory_bytes{device,kind}        gauge, kind "used" | "total", read at
 //                                                   scrape time (CPU: process RSS as used)
-// The values come from the session (Session::SampleMetrics) at the end of every
-// Forward, Backward, ForwardBackward and Step, so they equal what GetSession and
-// GetQuantizationState report at that moment.
+// The values come from a snapshot of the session (train::SessionSnapshot, taken by the
+// trainer service with Session::Snapshot) at the end of every Forward, Backward,
+// ForwardBackward and Step, so they equal what GetSession and GetQuantizationState
+// report at that moment. Metrics never call into train::Session.
 //
 // FP8 health sampling: the passes of every fp8_stats_interval-th training step (steps
-// interval, 2*interval, ... counting from 1) run with Session::SetHealthSampling on;
+// interval, 2*interval, ... counting from 1) run with the session's health sampling on
+// (UpdateSession says which switch the caller sets with Session::SetHealthSampling);
 // the health gauges are written from those passes only and hold the latest sample in
 // between. Other steps measure nothing. 0 disables sampling.
 //
@@ -39,8 +41,8 @@
 // endpoint (port -1) keeps the cheap series but switches on neither health sampling nor
 // kernel timing, since nothing could read them.
 //
-// Thread-safety: every method may be called concurrently. Session state is read before
-// the metrics lock is taken, so a long computation on one session never delays another
+// Thread-safety: every method may be called concurrently. Snapshots are taken before
+// the metrics lock is, so a long computation on one session never delays another
 // session's updates.
 #ifndef TESERVE_SERVER_METRICS_H_
 #define TESERVE_SERVER_METRICS_H_
@@ -48,6 +50,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,7 +66,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/metrics_http.h"
-#include "train/session.h"
+#include "train/session_snapshot.h"
 
 namespace teserve {
 namespace server {
@@ -102,14 +105,28 @@ class Metrics {
                  int64_t received_bytes, int64_t sent_bytes);
   void SetSessions(int64_t live);
 
-  // Starts the series of a new session and sets its health-sampling switch for its first
-  // step. Updates of ids never added (or already removed) are ignored, so a late update
-  // racing DeleteSession cannot bring a deleted session's series back.
-  void AddSession(const std::string& id, train::Session& session);
-  // After a Forward, Backward, ForwardBackward (`quantized`: the call may have changed
-  // quantizer state) or Step (not `quantized`) of `session`: copies its state into the
-  // series, then sets its health-sampling switch for the step it is now in.
-  void UpdateSession(const std::string& id, train::Session& session, bool quantized);
+  // Whether sessions have series at all (false at --metrics_detail=off: AddSession and
+  // UpdateSession then do nothing, and no snapshot need be taken).
+  bool TracksSessions() const { return options_.detail != MetricsDetail::kOff; }
+  // Whether the snapshot for UpdateSession should carry the quantizers' values, after a
+  // Forward, Backward, ForwardBackward (`quantized`: the call may have changed quantizer
+  // state) or Step (not `quantized`). With `quantized`, also whether AddSession needs
+  // the quantizer names.
+  bool WantsQuantizers(bool quantized) const { return quantized && fp8_series(); }
+
+  // Starts the series of a new session; `quantizers` are the (layer, tensor) names of
+  // its quantizers in SessionSnapshot::quantizers order (Session::QuantizerNames()),
+  // empty unless WantsQuantizers(true). false when nothing was added (metrics off, or
+  // `id` already present); else the caller follows with UpdateSession. Updates of ids
+  // never added (or already removed) are ignored, so a late update racing DeleteSession
+  // cannot bring a deleted session's series back.
+  bool AddSession(const std::string& id,
+                  const std::vector<std::pair<std::string, std::string>>& quantizers);
+  // Copies `snapshot` of session `id` into its series. Returns the health-sampling
+  // switch the session should have for the step it is now in (snapshot.stats.step + 1),
+  // for the caller to set when it differs from snapshot.stats.health_sampling; nullopt
+  // (leave the switch as it is) when metrics are off or `id` has no series.
+  std::optional<bool> UpdateSession(const std::string& id, const train::SessionSnapshot& snapshot);
   // Removes every series labelled with `id`.
   void RemoveSession(const std::string& id);
 
@@ -145,14 +162,14 @@ class Metrics {
     prometheus::Gauge* loss = nullptr;       // once a ForwardBackward ran
     prometheus::Gauge* grad_norm = nullptr;  // once a Step ran
     std::vector<TensorSeries> rows;          // per tensor, or per layer
-    std::vector<size_t> row_of_quantizer;    // Session::QuantizerNames() index -> row
+    std::vector<size_t> row_of_quantizer;    // SessionSnapshot::quantizers index -> row
   };
   // The values of one row: a quantizer's, or the max over a layer's quantizers.
   struct Fp8Values;
 
   explicit Metrics(const MetricsOptions& options);
   bool fp8_series() const;
-  // The FP8 rows of the quantizers (Session::QuantizerNames()) of session `id`.
+  // The FP8 rows of the quantizers (AddSession's names) of session `id`.
   void AddRows(const std::string& id,
                const std::vector<std::pair<std::string, std::string>>& quantizers,
                SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,6 +3,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,28 @@ void FillSessionInfo(const std::string& id, const train::Session& session,
     out->set_kind(layer.kind);
     for (const std::string& p : layer.parameters) out->add_parameters(p);
   }
+}
+
+// The metrics read a session only through snapshots (train/session_snapshot.h); the
+// health-sampling switch they ask for is set on the session here.
+void PublishToMetrics(Metrics& metrics, const std::string& id, train::Session& session,
+                      bool quantized) {
+  if (!metrics.TracksSessions()) return;
+  // One session lock; taken before the metrics lock, since the session may be held by a
+  // long computation.
+  const train::SessionSnapshot snapshot = session.Snapshot(metrics.WantsQuantizers(quantized));
+  const std::optional<bool> sample_health = metrics.UpdateSession(id, snapshot);
+  if (sample_health.has_value() && *sample_health != snapshot.stats.health_sampling) {
+    session.SetHealthSampling(*sample_health);
+  }
+}
+
+// Starts the series of a new session, then publishes its first snapshot (which sets its
+// health-sampling switch for its first step).
+void AddToMetrics(Metrics& metrics, const std::string& id, train::Session& session) {
+  std::vector<std::pair<std::string, std::string>> quantizers;
+  if (metrics.WantsQuantizers(/*quantized=*/true)) quantizers = session.QuantizerNames();
+  if (metrics.AddSession(id, quantizers)) PublishToMetrics(metrics, id, session, /*quantized=*/true);
 }
 
 absl::Status EncodeTensors(const std::vector<Tensor>& tensors,
@@ -140,7 +163,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
                                             request->optimizer(), ctx));
     std::shared_ptr<train::Session> shared = std::move(session);
     ASSIGN_OR_RETURN(std::string id, registry_.Add(shared));
-    metrics_->AddSession(id, *shared);
+    AddToMetrics(*metrics_, id, *shared);
     metrics_->SetSessions(registry_.size());
     response->set_session_id(id);
     FillSessionInfo(id, *shared, response->mutable_info());
@@ -189,7 +212,7 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     ASSIGN_OR_RETURN(train::ForwardResult result,
                      session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
-    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/true);
+    PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
     response->set_handle(result.handle);
     return absl::OkStatus();
@@ -206,7 +229,7 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
     std::vector<train::NamedTensor> side_grads;
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
                      session->Backward(request->handle(), grads, &side_grads));
-    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/true);
+    PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     for (const train::NamedTensor& g : side_grads) {
       v1::NamedTensor* wire = response->add_side_grads();
       wire->set_name(g.name);
@@ -229,7 +252,7 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
     ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
                      session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
                                               request->return_outputs()));
-    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/true);
+    PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     response->set_loss(result.loss);
     response->set_num_tokens(result.num_tokens);
     RETURN_IF_ERROR(EncodeTensors(result.grad_inputs, response->mutable_grad_inputs()));
@@ -245,7 +268,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(train::StepResult result, session->Step());
     if (request->zero_grad()) session->ZeroGrad();
-    metrics_->UpdateSession(request->session_id(), *session, /*quantized=*/false);
+    PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/false);
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
     response->set_skipped(result.skipped);

@@ -372,9 +372,9 @@ std::vector<std::pair<std::string, std::string>> Session::QuantizerNames() const
   return names;
 }
 
-MetricsSample Session::SampleMetrics(bool with_quantizers) const {
+SessionSnapshot Session::Snapshot(bool with_quantizers) const {
   absl::MutexLock lock(&mu_);
-  MetricsSample sample;
+  SessionSnapshot sample;
   sample.stats = state_->Stats();
   if (!with_quantizers) return sample;
   sample.quantizers.reserve(state_->quantizers.size());

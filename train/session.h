@@ -22,6 +22,7 @@
 #include "layers/module.h"
 #include "recipes/health.h"
 #include "train/loss.h"
+#include "train/session_snapshot.h"
 #include "teserve/v1/model.pb.h"
 
 namespace teserve {
@@ -66,32 +67,6 @@ struct QuantizerReport {
   int64_t quantize_calls = 0;
   recipes::BlockScaleSummary block_scales;  // block recipes
   recipes::HealthStats health;              // with RecipeSpec.fp8_health_stats or while sampling
-};
-
-// Counters and latest values of the training loop (what the server's metrics export).
-struct TrainingStats {
-  int64_t step = 0;            // steps that updated the parameters (SessionSummary.step)
-  int64_t skipped_steps = 0;   // steps skipped for non-finite gradients
-  bool has_loss = false;       // a ForwardBackward has run
-  float loss = 0.0f;           // its loss; a client-side loss (Forward/Backward) is unknown
-  bool has_grad_norm = false;  // a Step has run
-  float grad_norm = 0.0f;      // of the latest Step, before clipping
-  bool health_sampling = false;  // SetHealthSampling's switch
-};
-
-// One quantizer's values for the metrics (QuantizerReport without names and history).
-struct QuantizerSample {
-  float amax = 0.0f;
-  float window_max = 0.0f;  // max of the amax history (delayed scaling), else amax
-  float scale = 1.0f;
-  float scale_inv = 1.0f;
-  int64_t quantize_calls = 0;
-  recipes::HealthStats health;
-};
-
-struct MetricsSample {
-  TrainingStats stats;
-  std::vector<QuantizerSample> quantizers;  // in QuantizerNames() order; empty unless asked
 };
 
 struct LayerSummary {
@@ -155,8 +130,8 @@ class Session {
   // session's life.
   std::vector<std::pair<std::string, std::string>> QuantizerNames() const;
   // The training counters and, `with_quantizers`, every quantizer's values, under one
-  // lock: what the server's metrics read after each call.
-  MetricsSample SampleMetrics(bool with_quantizers) const;
+  // lock: what the server passes to its metrics after each call.
+  SessionSnapshot Snapshot(bool with_quantizers) const;
 
   // While on, every quantization measures the FP8 health statistics (as
   // RecipeSpec.fp8_health_stats does always); off, quantizing costs nothing extra unless

@@ -29,11 +29,6 @@ Rows RowsOf(const Tensor& logits) {
 
 }  // namespace
 
-int64_t LabelAt(const Tensor& labels, int64_t r) {
-  if (labels.dtype() == DType::kInt32) return labels.data<int32_t>()[r];
-  return labels.data<int64_t>()[r];
-}
-
 absl::StatusOr<MseForwardOutput> MseForward(const Tensor& y, const Tensor& target) {
   const float* a = y.data<float>();
   const float* b = target.data<float>();
@@ -77,7 +72,7 @@ absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Tensor& logi
     }
     const double lse = max + std::log(sum_exp);
     out.lse.data<float>()[r] = static_cast<float>(lse);
-    const int64_t label = LabelAt(labels, r);
+    const int64_t label = loss_math::LabelAt(labels, r);
     if (label == options.ignore_index) continue;
     const double loss = (1.0 - s) * (lse - x[label]) + s * (lse - sum_x / static_cast<double>(rows.v));
     out.per_token_loss.data<float>()[r] = static_cast<float>(loss);
@@ -98,7 +93,7 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Tensor& logits, const Tensor& 
   const double uniform = s / static_cast<double>(rows.v);
   const double scale = static_cast<double>(grad_loss) / static_cast<double>(num_valid);
   for (int64_t r = 0; r < rows.n; ++r) {
-    const int64_t label = LabelAt(labels, r);
+    const int64_t label = loss_math::LabelAt(labels, r);
     if (label == options.ignore_index) continue;  // the row stays zero
     const float* x = logits.data<float>() + r * rows.v;
     float* g = dx.data<float>() + r * rows.v;

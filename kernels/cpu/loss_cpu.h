@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "kernels/loss.h"
+#include "kernels/loss_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -25,8 +26,10 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Tensor& logits, const Tensor& 
                                             int64_t num_valid, const CrossEntropyOptions& options,
                                             float grad_loss);
 
-// Label r of an INT64 or INT32 tensor, widened.
-int64_t LabelAt(const Tensor& labels, int64_t r);
+// Transitional: LabelAt moved to kernels/loss_math.h (shared with the CUDA host code).
+// Kept under cpu:: until kernels/cuda/loss_cuda.cc and tests/gpu/loss_gpu_test.cc call
+// loss_math::LabelAt; remove then.
+using loss_math::LabelAt;
 
 }  // namespace cpu
 }  // namespace kernels

@@ -309,17 +309,17 @@ TEST(BlockQuantizeErrors, CudaTensorsNeedACudaContext) {
 }
 
 #if !TESERVE_WITH_CUDA
-TEST(BlockQuantizeErrors, CudaTensorsWithoutCudaBackendFailPrecondition) {
+TEST(BlockQuantizeErrors, CudaTensorsWithoutCudaBackendAreUnimplemented) {
   float storage[32 * 32] = {};
   Context cuda;
   cuda.device = Device::Cuda(0);
   const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {32, 32}, Device::Cuda(0));
   EXPECT_THAT(QuantizeMxfp8(cuda, x, MxOptions(Copy::kRowwise)),
-              HasError(absl::StatusCode::kFailedPrecondition,
-                       "QuantizeMxfp8 on a CUDA device: teserve was built without CUDA"));
+              HasError(absl::StatusCode::kUnimplemented,
+                       "QuantizeMxfp8 has no kernel for cuda:0 (teserve was built without CUDA)"));
   EXPECT_THAT(QuantizeBlockScaling(cuda, x, {}),
-              HasError(absl::StatusCode::kFailedPrecondition,
-                       "QuantizeBlockScaling on a CUDA device: teserve was built without CUDA"));
+              HasError(absl::StatusCode::kUnimplemented,
+                       "QuantizeBlockScaling has no kernel for cuda:0 (teserve was built without CUDA)"));
 }
 #endif
 

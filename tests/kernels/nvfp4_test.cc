@@ -320,17 +320,17 @@ TEST(Nvfp4Errors, CudaTensorsNeedACudaContext) {
 }
 
 #if !TESERVE_WITH_CUDA
-TEST(Nvfp4Errors, CudaTensorsWithoutCudaBackendFailPrecondition) {
+TEST(Nvfp4Errors, CudaTensorsWithoutCudaBackendAreUnimplemented) {
   float storage[256] = {};
   Context ctx;
   ctx.device = Device::Cuda(0);
   const Tensor x = Tensor::Borrow(storage, DType::kFloat32, {16, 16}, Device::Cuda(0));
   EXPECT_THAT(QuantizeNvfp4(ctx, x, Options(true, false)),
-              HasError(absl::StatusCode::kFailedPrecondition,
-                       "QuantizeNvfp4 on a CUDA device: teserve was built without CUDA"));
+              HasError(absl::StatusCode::kUnimplemented,
+                       "QuantizeNvfp4 has no kernel for cuda:0 (teserve was built without CUDA)"));
   EXPECT_THAT(ApplyHadamard16(ctx, x),
-              HasError(absl::StatusCode::kFailedPrecondition,
-                       "ApplyHadamard16 on a CUDA device: teserve was built without CUDA"));
+              HasError(absl::StatusCode::kUnimplemented,
+                       "ApplyHadamard16 has no kernel for cuda:0 (teserve was built without CUDA)"));
 }
 #endif
 
