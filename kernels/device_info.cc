@@ -151,5 +151,44 @@ absl::StatusOr<DeviceMemory> QueryDeviceMemory(int index) {
 #endif
 }
 
+absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::Create(int device_index) {
+#if TESERVE_WITH_CUDA
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaError_t status = cudaSetDevice(device_index);
+  cudaStream_t stream = nullptr;
+  if (status == cudaSuccess) status = cudaStreamCreate(&stream);
+  cudaSetDevice(previous);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat("cannot create a stream on cuda:", device_index, ": ",
+                                               cudaGetErrorName(status), " (", cudaGetErrorString(status), ")"));
+  }
+  return std::unique_ptr<DeviceStream>(new DeviceStream(device_index, stream));
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("a stream on cuda:", device_index, ": teserve was built without CUDA"));
+#endif
+}
+
+DeviceStream::~DeviceStream() {
+#if TESERVE_WITH_CUDA
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+#endif
+}
+
+absl::Status DeviceStream::Synchronize() const {
+#if TESERVE_WITH_CUDA
+  const cudaError_t status = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  if (status != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaStreamSynchronize on cuda:", device_index_, ": ",
+                                            cudaGetErrorName(status), " (", cudaGetErrorString(status), ")"));
+  }
+#endif
+  return absl::OkStatus();
+}
+
 }  // namespace kernels
 }  // namespace teserve

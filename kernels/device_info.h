@@ -5,8 +5,10 @@
 #define TESERVE_KERNELS_DEVICE_INFO_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace teserve {
@@ -38,6 +40,31 @@ struct DeviceMemory {
 // cudaMemGetInfo of GPU `index` (selects it on the calling thread). UNAVAILABLE naming
 // the CUDA error, or FAILED_PRECONDITION in builds without CUDA.
 absl::StatusOr<DeviceMemory> QueryDeviceMemory(int index);
+
+// A CUDA stream of one device, owned: the destructor waits for the stream's work and
+// destroys it. Sessions on a GPU each own one, so their work is ordered on it.
+//
+// The stream is created blocking (ordered with the legacy default stream): ops that
+// still allocate their outputs without a stream (on the legacy stream) then free them
+// only after the session's earlier work, which keeps reuse safe. The price is that
+// such ops serialize sessions; ops that allocate on the Context's stream do not.
+class DeviceStream {
+ public:
+  // FAILED_PRECONDITION in builds without CUDA; the CUDA error otherwise.
+  static absl::StatusOr<std::unique_ptr<DeviceStream>> Create(int device_index);
+  ~DeviceStream();
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+
+  void* get() const { return stream_; }  // a cudaStream_t
+  // Waits for the work enqueued so far.
+  absl::Status Synchronize() const;
+
+ private:
+  DeviceStream(int device_index, void* stream) : device_index_(device_index), stream_(stream) {}
+  int device_index_;
+  void* stream_;
+};
 
 }  // namespace kernels
 }  // namespace teserve

@@ -111,7 +111,9 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   ASSIGN_OR_RETURN(Tensor w_fprop, PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, weight_.value,
                                                   options.save_for_backward, saved ? &saved->w : nullptr));
 
-  ASSIGN_OR_RETURN(Tensor y, Tensor::Zeros(DType::kFloat32, {x.dim(0), options_.out_features}));
+  // Every output lives on the Context's device, ordered on its stream; the GEMM (beta 0)
+  // writes every element, so no zero fill.
+  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
   RETURN_IF_ERROR(kernels::Gemm(ctx, x_fprop, false, w_fprop, true, 1.0f, 0.0f, &y));
 
   ForwardOutput out;
@@ -121,7 +123,7 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   ASSIGN_OR_RETURN(Tensor y_full, y.Reshape(y_shape));
   out.outputs.push_back(std::move(y_full));
   if (options_.bias && options_.return_bias) {
-    ASSIGN_OR_RETURN(Tensor bias_copy, bias_.value.Clone());
+    ASSIGN_OR_RETURN(Tensor bias_copy, bias_.value.Clone(ctx.stream));
     out.outputs.push_back(std::move(bias_copy));
   }
   out.saved = std::move(saved);
@@ -159,7 +161,7 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
   ASSIGN_OR_RETURN(Tensor x_wgrad, saved.x.Read(ctx, Copy::kColumnwise));
 
   // dgrad: dx [N, in] = dy [N, out] x W [out, in]; the columnwise W is W^T [in, out].
-  ASSIGN_OR_RETURN(Tensor dx, Tensor::Zeros(DType::kFloat32, {dy.dim(0), options_.in_features}));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
   RETURN_IF_ERROR(kernels::Gemm(ctx, dy_dgrad, false, w_dgrad, saved.w.is_quantized, 1.0f, 0.0f, &dx));
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/elementwise.h"
 #include "kernels/normalization.h"
 #include "layers/shape_check.h"
 
@@ -17,16 +18,6 @@ struct NormSaved : public SavedActivations {
   Tensor mu;      // [N], LayerNorm only
   Tensor rsigma;  // [N]
 };
-
-absl::Status Accumulate(const Tensor& delta, Tensor* into) {
-  absl::Span<float> out = into->mutable_floats();
-  absl::Span<const float> in = delta.floats();
-  if (out.size() != in.size()) {
-    return absl::InternalError(absl::StrCat("gradient size ", in.size(), " != parameter size ", out.size()));
-  }
-  for (size_t i = 0; i < out.size(); ++i) out[i] += in[i];
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -95,12 +86,12 @@ absl::StatusOr<std::vector<Tensor>> Normalization::Backward(const Context& ctx, 
   if (has_beta()) {
     ASSIGN_OR_RETURN(grads, kernels::LayerNormBackward(ctx, dy, saved.x, saved.mu, saved.rsigma, gamma_.value,
                                                        options_.zero_centered_gamma));
-    RETURN_IF_ERROR(Accumulate(grads.dbeta, &beta_.grad));
+    RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dbeta, &beta_.grad));
   } else {
     ASSIGN_OR_RETURN(grads, kernels::RmsNormBackward(ctx, dy, saved.x, saved.rsigma, gamma_.value,
                                                      options_.zero_centered_gamma));
   }
-  RETURN_IF_ERROR(Accumulate(grads.dgamma, &gamma_.grad));
+  RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dgamma, &gamma_.grad));
   ASSIGN_OR_RETURN(Tensor dx, grads.dx.Reshape(saved.input_shape));
   return std::vector<Tensor>{std::move(dx)};
 }

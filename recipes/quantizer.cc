@@ -4,6 +4,7 @@
 #include "core/status.h"
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
+#include "kernels/elementwise.h"
 #include "kernels/nvfp4.h"
 #include "recipes/scaling.h"
 
@@ -147,6 +148,12 @@ class Nvfp4Quantizer : public Quantizer {
   uint64_t draws_ = 0;
 };
 
+// `t` on the host (undefined stays undefined).
+absl::StatusOr<Tensor> OnHost(const Context& ctx, const Tensor& t) {
+  if (!t.defined()) return t;
+  return kernels::CopyTo(ctx, t, Device::Cpu());
+}
+
 }  // namespace
 
 absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Tensor& x, bool rowwise,
@@ -155,10 +162,19 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
   RecordAmax(q.amax);
   last_amax_ = q.amax;
   ++calls_;
-  block_scales_ = SummarizeBlockScales(q);
+  // The statistics below read host memory; on a device they read copies (block scales
+  // are small; health statistics are sampled or asked for explicitly).
+  if (q.mode != ScalingMode::kPerTensor) {
+    QuantizedTensor scales = q;
+    ASSIGN_OR_RETURN(scales.rowwise_scale_inv, OnHost(ctx, q.rowwise_scale_inv));
+    ASSIGN_OR_RETURN(scales.columnwise_scale_inv, OnHost(ctx, q.columnwise_scale_inv));
+    block_scales_ = SummarizeBlockScales(scales);
+  }
   if (health_stats_ && q.has_rowwise()) {
     ASSIGN_OR_RETURN(Tensor deq, DequantizeCopy(ctx, q, Copy::kRowwise));
-    health_ = MeasureHealth(x, deq, OverflowLimit());
+    ASSIGN_OR_RETURN(Tensor x_host, OnHost(ctx, x));
+    ASSIGN_OR_RETURN(Tensor deq_host, OnHost(ctx, deq));
+    health_ = MeasureHealth(x_host, deq_host, OverflowLimit());
   }
   return q;
 }

@@ -33,6 +33,7 @@ void FillSessionInfo(const std::string& id, const train::Session& session,
   info->set_step(summary.step);
   info->set_num_parameters(summary.num_parameters);
   info->set_device(summary.device);
+  info->set_device_note(summary.device_note);
   info->set_live_handles(summary.live_handles);
   info->set_recipe_name(summary.recipe_name);
   for (const train::LayerSummary& layer : summary.layers) {
@@ -156,7 +157,12 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     RETURN_IF_ERROR(RejectUnknownFields(request->recipe(), "recipe"));
     RETURN_IF_ERROR(RejectUnknownFields(request->optimizer(), "optimizer"));
     RETURN_IF_ERROR(registry_.CheckCapacity());
+    // Sessions live on the server's device; Session::Create gives a GPU session its own
+    // stream, or keeps a model without a GPU path on the CPU and says why.
     Context ctx = Context::Cpu();
+    if (config_.gpu_selected) {
+      ASSIGN_OR_RETURN(ctx.device, ParseDevice(config_.selected_device));
+    }
     ctx.kernel_timing = metrics_->kernel_timing();
     ASSIGN_OR_RETURN(std::unique_ptr<train::Session> session,
                      train::Session::Create(request->model(), request->recipe(),
@@ -267,7 +273,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
   return Serve(context, "Step", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     ASSIGN_OR_RETURN(train::StepResult result, session->Step());
-    if (request->zero_grad()) session->ZeroGrad();
+    if (request->zero_grad()) RETURN_IF_ERROR(session->ZeroGrad());
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/false);
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
@@ -281,7 +287,7 @@ grpc::ServerUnaryReactor* TrainerService::ZeroGrad(grpc::CallbackServerContext* 
                                                    v1::ZeroGradResponse* response) {
   return Serve(context, "ZeroGrad", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
-    session->ZeroGrad();
+    RETURN_IF_ERROR(session->ZeroGrad());
     return absl::OkStatus();
   });
 }

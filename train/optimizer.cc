@@ -22,18 +22,19 @@ absl::Status CheckPositive(float value, absl::string_view field) {
   return absl::OkStatus();
 }
 
-// Per-parameter state buffers (zero-initialized, allocated on first use).
-absl::Status EnsureState(const std::vector<layers::Parameter*>& params, std::vector<Tensor>* state) {
+// Per-parameter state buffers (zero-initialized on ctx's device, allocated on first use).
+absl::Status EnsureState(const Context& ctx, const std::vector<layers::Parameter*>& params,
+                         std::vector<Tensor>* state) {
   if (state->size() == params.size()) return absl::OkStatus();
   state->clear();
   for (const layers::Parameter* p : params) {
-    ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(DType::kFloat32, p->value.shape()));
+    ASSIGN_OR_RETURN(Tensor t, Tensor::ZerosOn(DType::kFloat32, p->value.shape(), ctx.device, ctx.stream));
     state->push_back(std::move(t));
   }
   return absl::OkStatus();
 }
 
-// The parameter list as kernels/optimizer.h tensors (CPU context: the reference loops).
+// The parameter list as kernels/optimizer.h tensors.
 std::vector<kernels::OptimizerTensor> OptimizerTensors(const std::vector<layers::Parameter*>& params,
                                                        std::vector<Tensor>* exp_avg,
                                                        std::vector<Tensor>* exp_avg_sq) {
@@ -57,12 +58,12 @@ class Sgd : public Optimizer {
     options_.nesterov = spec.nesterov();
   }
 
-  absl::Status Apply(const std::vector<layers::Parameter*>& params, int64_t step) override {
+  absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) override {
     const bool momentum = spec_.momentum() != 0.0f;
-    if (momentum) RETURN_IF_ERROR(EnsureState(params, &momentum_));
+    if (momentum) RETURN_IF_ERROR(EnsureState(ctx, params, &momentum_));
     const std::vector<kernels::OptimizerTensor> tensors =
         OptimizerTensors(params, momentum ? &momentum_ : nullptr, nullptr);
-    return kernels::SgdStep(Context::Cpu(), tensors, options_, step);
+    return kernels::SgdStep(ctx, tensors, options_, step);
   }
 
  private:
@@ -75,11 +76,11 @@ class AdamW : public Optimizer {
  public:
   explicit AdamW(const kernels::AdamWOptions& options) : options_(options) {}
 
-  absl::Status Apply(const std::vector<layers::Parameter*>& params, int64_t step) override {
-    RETURN_IF_ERROR(EnsureState(params, &exp_avg_));
-    RETURN_IF_ERROR(EnsureState(params, &exp_avg_sq_));
+  absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) override {
+    RETURN_IF_ERROR(EnsureState(ctx, params, &exp_avg_));
+    RETURN_IF_ERROR(EnsureState(ctx, params, &exp_avg_sq_));
     const std::vector<kernels::OptimizerTensor> tensors = OptimizerTensors(params, &exp_avg_, &exp_avg_sq_);
-    return kernels::AdamWStep(Context::Cpu(), tensors, options_, step);
+    return kernels::AdamWStep(ctx, tensors, options_, step);
   }
 
  private:

@@ -4,8 +4,8 @@
 //          buf : buf; p -= lr * g.
 //   AdamW: p *= 1 - lr * weight_decay (decoupled); m = b1 m + (1 - b1) g;
 //          v = b2 v + (1 - b2) g^2; p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-// The per-element math is kernels/optimizer.h's (AdamWStep / SgdStep on a CPU Context),
-// the contract the CUDA kernels share. Gradient clipping by global L2 norm happens in
+// The per-element math is kernels/optimizer.h's (AdamWStep / SgdStep), on the CPU
+// reference or the multi-tensor CUDA kernels, whichever device the session lives on. Gradient clipping by global L2 norm happens in
 // the Session before Apply.
 #ifndef TESERVE_TRAIN_OPTIMIZER_H_
 #define TESERVE_TRAIN_OPTIMIZER_H_
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/context.h"
 #include "layers/module.h"
 #include "teserve/v1/model.pb.h"
 
@@ -24,9 +25,10 @@ namespace train {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update of every parameter from its gradient; `step` counts from 1. The
-  // parameter list must be the same (same order) on every call.
-  virtual absl::Status Apply(const std::vector<layers::Parameter*>& params, int64_t step) = 0;
+  // One update of every parameter from its gradient on ctx's device (where the
+  // parameters and the optimizer state live); `step` counts from 1. The parameter list
+  // and the Context's device must be the same on every call.
+  virtual absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) = 0;
 };
 
 // Validates the spec (INVALID_ARGUMENT naming "optimizer.<field>").

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "kernels/device_info.h"
+#include "kernels/elementwise.h"
 #include "layers/layer_stack.h"
 #include "layers/spec.h"
 #include "recipes/gemm_execution.h"
@@ -54,7 +56,11 @@ struct Session::State {
     std::vector<Shape> output_shapes;
   };
 
+  // Declared first, destroyed last: every device tensor of the session is freed in
+  // its stream's order.
+  std::unique_ptr<kernels::DeviceStream> stream;
   Context ctx;
+  std::string device_note;  // why a session asked for on a GPU runs on the CPU
   recipes::Recipe recipe;
   std::unique_ptr<layers::LayerStack> stack;
   std::unique_ptr<Optimizer> optimizer;
@@ -119,6 +125,58 @@ struct Session::State {
     return stats;
   }
 
+  // Whether this model and recipe can run on ctx's device: UNIMPLEMENTED naming the
+  // first layer (or the recipe) without a device path. PlaceOnDevice then gives the
+  // session its own stream and moves the parameters and gradients (initialized on the
+  // host when the stack was built) to the device, where they stay.
+  absl::Status DevicePath() const {
+    static constexpr absl::string_view kDeviceLayers[] = {"Linear", "LayerNorm", "RMSNorm"};
+    for (const auto& module : stack->modules()) {
+      const std::string kind = module->kind();
+      if (std::find(std::begin(kDeviceLayers), std::end(kDeviceLayers), kind) == std::end(kDeviceLayers)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "model: layer '", module->name(), "' (", kind, ") has no ", ctx.device.ToString(),
+            " path yet; on a GPU, sessions take ", absl::StrJoin(kDeviceLayers, ", "),
+            " layers (use --device=cpu for this model)"));
+      }
+    }
+    if (recipe.has_quantizers() && recipe.name() != "delayed" && recipe.name() != "current") {
+      return absl::UnimplementedError(absl::StrCat("recipe: '", recipe.name(), "' has no ", ctx.device.ToString(),
+                                                   " path yet; on a GPU, sessions take no recipe, delayed or "
+                                                   "current scaling (use --device=cpu for this recipe)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PlaceOnDevice() {
+    ASSIGN_OR_RETURN(stream, kernels::DeviceStream::Create(ctx.device.index));
+    ctx.stream = stream->get();
+    for (layers::Parameter* p : params) {
+      ASSIGN_OR_RETURN(p->value, kernels::CopyTo(ctx, p->value, ctx.device));
+      ASSIGN_OR_RETURN(p->grad, kernels::CopyTo(ctx, p->grad, ctx.device));
+    }
+    return absl::OkStatus();
+  }
+
+  // The RPC edge of a session on a device: client tensors (host) are copied to the
+  // session's device on the way in and results back on the way out. On the CPU both
+  // are the tensors themselves.
+  absl::StatusOr<std::vector<Tensor>> ToDevice(const std::vector<Tensor>& host) const {
+    std::vector<Tensor> out;
+    out.reserve(host.size());
+    for (const Tensor& t : host) {
+      ASSIGN_OR_RETURN(Tensor d, kernels::CopyTo(ctx, t, ctx.device));
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+  absl::StatusOr<std::vector<Tensor>> ToHost(std::vector<Tensor> tensors) const {
+    for (Tensor& t : tensors) {
+      if (t.defined()) ASSIGN_OR_RETURN(t, kernels::CopyTo(ctx, t, Device::Cpu()));
+    }
+    return tensors;
+  }
+
   // Deep copies of the named parameters (all when `names` is empty), or of their grads.
   absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<std::string>& names, bool grads) const {
     std::vector<layers::Parameter*> selected = names.empty() ? params : std::vector<layers::Parameter*>();
@@ -128,7 +186,8 @@ struct Session::State {
     }
     std::vector<NamedTensor> out;
     for (const layers::Parameter* p : selected) {
-      ASSIGN_OR_RETURN(Tensor copy, (grads ? p->grad : p->value).Clone());
+      const Tensor& source = grads ? p->grad : p->value;
+      ASSIGN_OR_RETURN(Tensor copy, source.device().is_cpu() ? source.Clone() : kernels::CopyTo(ctx, source, Device::Cpu()));
       out.push_back(NamedTensor{p->name, std::move(copy)});
     }
     return out;
@@ -160,6 +219,20 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
     q.quantizer->set_health_stats(state->spec_health_stats);
   }
   state->max_grad_norm = optimizer.max_grad_norm();
+  if (!ctx.device.is_cpu()) {
+    // A model or recipe without a device path runs on the CPU reference instead, and
+    // the session says so (SessionInfo.device and device_note).
+    const absl::Status path = state->DevicePath();
+    if (path.ok()) {
+      RETURN_IF_ERROR(state->PlaceOnDevice());
+    } else if (absl::IsUnimplemented(path)) {
+      state->device_note = std::string(path.message());
+      state->ctx.device = Device::Cpu();
+      state->ctx.stream = nullptr;
+    } else {
+      return path;
+    }
+  }
   state->gemm_plan = recipes::PlanGemm(state->recipe.name(), recipes::DeviceFacts{});
   return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
 }
@@ -178,11 +251,12 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
   layers::ForwardOptions options;
   options.save_for_backward = save_for_backward;
   options.side = &side;
-  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, inputs, options));
+  ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
+  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, device_inputs, options));
   s.EndRegion(/*forward=*/true);
 
   ForwardResult result;
-  result.outputs = std::move(out.outputs);
+  ASSIGN_OR_RETURN(result.outputs, s.ToHost(std::move(out.outputs)));
   if (save_for_backward) {
     result.handle = s.next_handle++;
     s.pending[result.handle] = State::Pending{std::move(out.saved), std::move(output_shapes)};
@@ -218,8 +292,10 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
     }
   }
   layers::SideGrads layer_side_grads;
-  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
-                   s.stack->Backward(s.ctx, *it->second.saved, grad_outputs, &layer_side_grads));
+  ASSIGN_OR_RETURN(std::vector<Tensor> device_grads, s.ToDevice(grad_outputs));
+  ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
+                   s.stack->Backward(s.ctx, *it->second.saved, device_grads, &layer_side_grads));
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
   if (side_grads != nullptr && layer_side_grads.encoder_output.defined()) {
     side_grads->push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
   }
@@ -243,12 +319,19 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
 
   layers::ForwardOptions options;
   options.side = &side;
-  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, inputs, options));
+  ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
+  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, device_inputs, options));
   s.EndRegion(/*forward=*/true);
-  ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(s.ctx, loss, out.outputs[0], target));
+  // The loss runs on the CPU reference: its output must be read anyway, and MSE has
+  // no CUDA kernel yet. On a device that is one copy of the output out and of its
+  // gradient in.
+  ASSIGN_OR_RETURN(std::vector<Tensor> host_output, s.ToHost({out.outputs[0]}));
+  ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(Context::Cpu(), loss, host_output[0], target));
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_output, s.ToDevice({loss_result.grad_output}));
   layers::SideGrads layer_side_grads;
-  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
-                   s.stack->Backward(s.ctx, *out.saved, {loss_result.grad_output}, &layer_side_grads));
+  ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
+                   s.stack->Backward(s.ctx, *out.saved, grad_output, &layer_side_grads));
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
   s.EndRegion(/*forward=*/false);
 
   s.has_loss = true;
@@ -262,17 +345,16 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
       result.side_grads.push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
     }
   }
-  if (return_outputs) result.outputs = std::move(out.outputs);
+  if (return_outputs) result.outputs = std::move(host_output);
   return result;
 }
 
 absl::StatusOr<StepResult> Session::Step() {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
-  double sum_squares = 0.0;
-  for (const layers::Parameter* p : s.params) {
-    for (float g : p->grad.floats()) sum_squares += static_cast<double>(g) * g;
-  }
+  std::vector<Tensor> grads;
+  for (const layers::Parameter* p : s.params) grads.push_back(p->grad);
+  ASSIGN_OR_RETURN(const double sum_squares, kernels::SumOfSquares(s.ctx, grads));
   StepResult result;
   result.grad_norm = static_cast<float>(std::sqrt(sum_squares));
   s.has_grad_norm = true;
@@ -285,21 +367,17 @@ absl::StatusOr<StepResult> Session::Step() {
   }
   if (s.max_grad_norm > 0.0f && result.grad_norm > s.max_grad_norm) {
     const float factor = s.max_grad_norm / (result.grad_norm + 1e-6f);
-    for (layers::Parameter* p : s.params) {
-      for (float& g : p->grad.mutable_floats()) g *= factor;
-    }
+    for (layers::Parameter* p : s.params) RETURN_IF_ERROR(kernels::Scale(s.ctx, factor, &p->grad));
   }
-  RETURN_IF_ERROR(s.optimizer->Apply(s.params, s.step + 1));
+  RETURN_IF_ERROR(s.optimizer->Apply(s.ctx, s.params, s.step + 1));
   result.step = ++s.step;
   return result;
 }
 
-void Session::ZeroGrad() {
+absl::Status Session::ZeroGrad() {
   absl::MutexLock lock(&mu_);
-  for (layers::Parameter* p : state_->params) {
-    absl::Span<float> g = p->grad.mutable_floats();
-    std::fill(g.begin(), g.end(), 0.0f);
-  }
+  for (layers::Parameter* p : state_->params) RETURN_IF_ERROR(kernels::FillZero(state_->ctx, &p->grad));
+  return absl::OkStatus();
 }
 
 
@@ -334,7 +412,7 @@ absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) 
     targets.push_back(p);
   }
   for (size_t i = 0; i < targets.size(); ++i) {
-    std::memcpy(targets[i]->value.raw_data(), parameters[i].tensor.raw_data(), parameters[i].tensor.nbytes());
+    RETURN_IF_ERROR(kernels::CopyInto(state_->ctx, parameters[i].tensor, &targets[i]->value));
   }
   return absl::OkStatus();
 }
@@ -411,6 +489,7 @@ SessionSummary Session::Summary() const {
   for (const layers::Parameter* p : state_->params) summary.num_parameters += p->value.numel();
   summary.live_handles = static_cast<int64_t>(state_->pending.size());
   summary.device = state_->ctx.device.ToString();
+  summary.device_note = state_->device_note;
   summary.recipe_name = !state_->recipe.has_quantizers() ? "none"
                         : state_->recipe.calibrating ? state_->recipe.name() + " (calibrating)"
                                                      : state_->recipe.name();

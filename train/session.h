@@ -79,7 +79,8 @@ struct SessionSummary {
   int64_t step = 0;
   int64_t num_parameters = 0;
   int64_t live_handles = 0;
-  std::string device;
+  std::string device;       // where the session computes
+  std::string device_note;  // why that is the CPU when a GPU was asked for, else empty
   std::string recipe_name;  // "none", "delayed", "current"
   std::vector<LayerSummary> layers;
 };
@@ -116,7 +117,7 @@ class Session {
                                                         const Tensor& target, bool return_input_grad,
                                                         bool return_outputs);
   absl::StatusOr<StepResult> Step();
-  void ZeroGrad();
+  absl::Status ZeroGrad();
 
   // Deep copies. Unknown names: NOT_FOUND naming the parameter.
   absl::StatusOr<std::vector<NamedTensor>> GetParameters(const std::vector<std::string>& names) const;

@@ -99,7 +99,7 @@ TEST_P(Parity, ForwardBackwardStepMatchInProcessBitForBit) {
     ASSERT_TRUE(step_remote.ok()) << step_remote.status();
     auto step_local = local->Step();
     ASSERT_TRUE(step_local.ok()) << step_local.status();
-    local->ZeroGrad();
+    ASSERT_TRUE(local->ZeroGrad().ok());
     EXPECT_EQ(step_remote->step(), step_local->step);
     const float remote_norm = step_remote->grad_norm();
     EXPECT_EQ(std::memcmp(&remote_norm, &step_local->grad_norm, sizeof(float)), 0);

@@ -30,7 +30,7 @@ void RunAndCompare(const v1::OptimizerSpec& spec, int steps,
   std::vector<double> expected(p0.begin(), p0.end());
   for (int t = 1; t <= steps; ++t) {
     for (size_t i = 0; i < g0.size(); ++i) p.grad.mutable_floats()[i] = g0[i] * t;
-    ASSERT_TRUE(optimizer->Apply({&p}, t).ok());
+    ASSERT_TRUE(optimizer->Apply(Context::Cpu(), {&p}, t).ok());
     for (size_t i = 0; i < g0.size(); ++i) expected[i] = reference(expected[i], double(g0[i]) * t, t);
   }
   // `reference` keeps per-element state by element order, see callers.

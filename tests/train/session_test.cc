@@ -82,7 +82,7 @@ TEST(Session, TrainsARegressionTarget) {
     last = loss;
     ASSERT_TRUE(session->Backward(fwd.handle, {dy}).ok());
     ASSERT_FALSE(session->Step().value().skipped);
-    session->ZeroGrad();
+    ASSERT_TRUE(session->ZeroGrad().ok());
   }
   EXPECT_LT(last, first / 10.0) << "first " << first << " last " << last;
   EXPECT_EQ(session->Summary().step, 100);

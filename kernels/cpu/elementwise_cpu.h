@@ -1,0 +1,25 @@
+// CPU reference of kernels/elementwise.h (checks done by kernels/elementwise.cc).
+#ifndef TESERVE_KERNELS_CPU_ELEMENTWISE_CPU_H_
+#define TESERVE_KERNELS_CPU_ELEMENTWISE_CPU_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace teserve {
+namespace kernels {
+namespace cpu {
+
+absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into);
+absl::Status Scale(const Context& ctx, float factor, Tensor* x);
+absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors);
+absl::Status FillZero(const Context& ctx, Tensor* x);
+absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CPU_ELEMENTWISE_CPU_H_

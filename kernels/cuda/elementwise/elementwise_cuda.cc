@@ -1,0 +1,80 @@
+#include "kernels/cuda/elementwise/elementwise_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include "core/status.h"
+#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise/elementwise_kernels.h"
+#include "kernels/cuda/scoped_device.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+namespace {
+
+cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+}  // namespace
+
+absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into) {
+  ScopedDevice device(ctx.device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchAddInto(x.data<float>(), x.numel(), into->data<float>(), StreamOf(ctx)));
+  return absl::OkStatus();
+}
+
+absl::Status Scale(const Context& ctx, float factor, Tensor* x) {
+  ScopedDevice device(ctx.device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchScale(factor, x->numel(), x->data<float>(), StreamOf(ctx)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors) {
+  RegisterCudaAllocator();
+  ScopedDevice device(ctx.device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  if (tensors.empty()) return 0.0;
+  const int64_t count = static_cast<int64_t>(tensors.size()) * kSumOfSquaresBlocks;
+  // partials[count] then the total, in one stream-ordered scratch buffer.
+  ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty(DType::kInt64, {count + 1}, ctx.device, ctx.stream));
+  double* partials = static_cast<double*>(scratch.raw_data());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TESERVE_CUDA_RETURN_IF_ERROR(LaunchSumOfSquaresPartials(tensors[i].data<float>(), tensors[i].numel(),
+                                                            partials + i * kSumOfSquaresBlocks, StreamOf(ctx)));
+  }
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchSumPartials(partials, count, partials + count, StreamOf(ctx)));
+  double sum = 0.0;
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&sum, partials + count, sizeof(sum), cudaMemcpyDeviceToHost, StreamOf(ctx)));
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(StreamOf(ctx)));
+  return sum;
+}
+
+absl::Status FillZero(const Context& ctx, Tensor* x) {
+  ScopedDevice device(ctx.device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  if (x->nbytes() == 0) return absl::OkStatus();
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(x->raw_data(), 0, static_cast<size_t>(x->nbytes()), StreamOf(ctx)));
+  return absl::OkStatus();
+}
+
+absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst) {
+  RegisterCudaAllocator();
+  const Device device = src.device().is_cpu() ? dst->device() : src.device();
+  ScopedDevice scoped(device.index);
+  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  if (src.nbytes() == 0) return absl::OkStatus();
+  // cudaMemcpyDefault: unified addressing tells the direction from the pointers.
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->raw_data(), src.raw_data(), static_cast<size_t>(src.nbytes()),
+                                               cudaMemcpyDefault, StreamOf(ctx)));
+  if (src.device().is_cpu() || dst->device().is_cpu()) {
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(StreamOf(ctx)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve

@@ -1,0 +1,43 @@
+// Element-wise glue of the layers and the training step, on FP32 tensors of the Context's
+// device:
+//   AddInto:        into += x (same shape): gradient accumulation, residual adds.
+//   Scale:          x *= factor, in place: gradient clipping.
+//   SumOfSquares:   sum over every tensor of sum x^2, accumulated in double and returned
+//                   to the host (the global gradient norm is read by Step).
+//   FillZero:       every byte of x becomes 0: ZeroGrad.
+//   CopyInto / CopyTo: bytes between tensors of any devices (the RPC edge: inputs to
+//                   the session's device, results back). Ordered on ctx.stream; a copy
+//                   that reads or writes host memory is complete when it returns.
+// The CPU versions are the reference. SumOfSquares on CUDA adds per-block partial sums
+// (double) in a fixed order, so its result is deterministic but may differ from the
+// CPU's in the last bits (a different summation order).
+#ifndef TESERVE_KERNELS_ELEMENTWISE_H_
+#define TESERVE_KERNELS_ELEMENTWISE_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace teserve {
+namespace kernels {
+
+absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into);
+
+absl::Status Scale(const Context& ctx, float factor, Tensor* x);
+
+absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors);
+
+absl::Status FillZero(const Context& ctx, Tensor* x);
+
+// dst's bytes become src's: same dtype and shape, any devices.
+absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
+
+// A copy of t on `device` (t itself when it is there already: tensors share buffers).
+absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device);
+
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_ELEMENTWISE_H_
