@@ -4,6 +4,7 @@
 #include "core/status.h"
 #include "kernels/cast.h"
 #include "kernels/gemm.h"
+#include "kernels/tensor_checks.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
 
@@ -26,7 +27,36 @@ struct SavedOperand {
     if (!is_quantized) return value;
     return recipes::DequantizeCopy(ctx, quantized, copy);
   }
+
+  // Per-tensor FP8 codes that a GEMM can read directly, with their scale_inv.
+  bool IsPerTensor() const { return is_quantized && quantized.mode == ScalingMode::kPerTensor; }
+  kernels::GemmOperand Codes(Copy copy, bool transpose) const {
+    const kernels::QuantizedCopy c = kernels::SelectCopy(quantized, copy);
+    return kernels::GemmOperand{c.data, transpose, c.scale_inv};
+  }
 };
+
+// One GEMM of Linear, d = op(a) op(b) (+ beta d). When both operands are per-tensor FP8
+// (delayed / current scaling) and the reduced dimension suits the FP8 tensor cores (a
+// multiple of 16), the GEMM reads the quantized codes and their scale_inv directly:
+// natively on a GPU, and on the CPU reference as the decoded values, which equal the
+// dequantized copies bit for bit. Otherwise both operands are read as FP32 (the block
+// recipes' emulation, calibration, or awkward shapes).
+absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
+                        const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
+                        float beta, Tensor* d) {
+  kernels::GemmOptions options;
+  options.beta = beta;
+  options.accumulation = accumulation;
+  if (a.IsPerTensor() && b.IsPerTensor()) {
+    const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
+    const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
+    if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) return kernels::Gemm(ctx, ga, gb, d, options);
+  }
+  ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
+  ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));
+  return kernels::Gemm(ctx, fa, transpose_a, fb, transpose_b, 1.0f, beta, d);
+}
 
 struct LinearSaved : public SavedActivations {
   Shape input_shape;
@@ -34,25 +64,21 @@ struct LinearSaved : public SavedActivations {
   SavedOperand w;  // [out, in]
 };
 
-// Quantizes `x` with `quantizer` when there is one; returns the fprop (rowwise) operand
-// and fills `saved` with what the backward needs.
-// Under calibration the quantizer only observes the amax and x stays FP32.
-absl::StatusOr<Tensor> PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, bool calibrating,
-                                      const Tensor& x, bool save_for_backward, SavedOperand* saved) {
+// Quantizes `x` with `quantizer` when there is one into `operand` (the rowwise copy
+// for the fprop, the columnwise one too when the backward will need it). Under
+// calibration the quantizer only observes the amax and x stays FP32.
+absl::Status PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, bool calibrating, const Tensor& x,
+                            bool save_for_backward, SavedOperand* saved) {
+  saved->value = x;
   if (quantizer == nullptr || calibrating) {
     if (quantizer != nullptr) RETURN_IF_ERROR(quantizer->Observe(ctx, x));
-    if (saved != nullptr) saved->value = x;
-    return x;
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(QuantizedTensor q, quantizer->Quantize(ctx, x, /*rowwise=*/true,
                                                           /*columnwise=*/save_for_backward));
-  ASSIGN_OR_RETURN(Tensor rowwise, recipes::DequantizeCopy(ctx, q, Copy::kRowwise));
-  if (saved != nullptr) {
-    q.rowwise_data = Tensor();  // the backward reads only the columnwise copy
-    saved->quantized = std::move(q);
-    saved->is_quantized = true;
-  }
-  return rowwise;
+  saved->quantized = std::move(q);
+  saved->is_quantized = true;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -106,15 +132,25 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
     saved = std::make_unique<LinearSaved>();
     saved->input_shape = inputs[0].shape();
   }
-  ASSIGN_OR_RETURN(Tensor x_fprop, PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward,
-                                                  saved ? &saved->x : nullptr));
-  ASSIGN_OR_RETURN(Tensor w_fprop, PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, weight_.value,
-                                                  options.save_for_backward, saved ? &saved->w : nullptr));
+  SavedOperand x_operand, w_operand;
+  RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward, &x_operand));
+  RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, weight_.value, options.save_for_backward,
+                                 &w_operand));
 
   // Every output lives on the Context's device, ordered on its stream; the GEMM (beta 0)
-  // writes every element, so no zero fill.
+  // writes every element, so no zero fill. fprop: y = x W^T, fast accumulation.
   ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
-  RETURN_IF_ERROR(kernels::Gemm(ctx, x_fprop, false, w_fprop, true, 1.0f, 0.0f, &y));
+  RETURN_IF_ERROR(LinearGemm(ctx, x_operand, Copy::kRowwise, false, w_operand, Copy::kRowwise, true,
+                             kernels::GemmAccumulation::kFast, 0.0f, &y));
+  if (saved) {
+    // The backward reads the columnwise copies (and the FP32 tensors when unquantized).
+    x_operand.quantized.rowwise_data = Tensor();
+    w_operand.quantized.rowwise_data = Tensor();
+    if (x_operand.is_quantized) x_operand.value = Tensor();
+    if (w_operand.is_quantized) w_operand.value = Tensor();
+    saved->x = std::move(x_operand);
+    saved->w = std::move(w_operand);
+  }
 
   ForwardOutput out;
   if (options_.bias && !options_.return_bias) RETURN_IF_ERROR(kernels::AddBias(ctx, bias_.value, &y));
@@ -155,19 +191,16 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
     ASSIGN_OR_RETURN(dy_operand.quantized, grad_output_quantizer_->Quantize(ctx, dy, true, true));
     dy_operand.is_quantized = true;
   }
-  ASSIGN_OR_RETURN(Tensor dy_dgrad, dy_operand.Read(ctx, Copy::kRowwise));
-  ASSIGN_OR_RETURN(Tensor dy_wgrad, dy_operand.Read(ctx, Copy::kColumnwise));
-  ASSIGN_OR_RETURN(Tensor w_dgrad, saved.w.Read(ctx, Copy::kColumnwise));
-  ASSIGN_OR_RETURN(Tensor x_wgrad, saved.x.Read(ctx, Copy::kColumnwise));
-
   // dgrad: dx [N, in] = dy [N, out] x W [out, in]; the columnwise W is W^T [in, out].
   ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
-  RETURN_IF_ERROR(kernels::Gemm(ctx, dy_dgrad, false, w_dgrad, saved.w.is_quantized, 1.0f, 0.0f, &dx));
+  RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kRowwise, false, saved.w, Copy::kColumnwise,
+                             saved.w.is_quantized, kernels::GemmAccumulation::kSplit, 0.0f, &dx));
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already
   // transposed ([out, N] and [in, N]).
-  RETURN_IF_ERROR(kernels::Gemm(ctx, dy_wgrad, !dy_operand.is_quantized, x_wgrad, saved.x.is_quantized,
-                                1.0f, 1.0f, &weight_.grad));
+  RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kColumnwise, !dy_operand.is_quantized, saved.x,
+                             Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, 1.0f,
+                             &weight_.grad));
 
   ASSIGN_OR_RETURN(Tensor dx_full, dx.Reshape(saved.input_shape));
   return std::vector<Tensor>{std::move(dx_full)};

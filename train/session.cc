@@ -172,7 +172,8 @@ struct Session::State {
   }
   absl::StatusOr<std::vector<Tensor>> ToHost(std::vector<Tensor> tensors) const {
     for (Tensor& t : tensors) {
-      if (t.defined()) ASSIGN_OR_RETURN(t, kernels::CopyTo(ctx, t, Device::Cpu()));
+      if (!t.defined()) continue;
+      ASSIGN_OR_RETURN(t, kernels::CopyTo(ctx, t, Device::Cpu()));
     }
     return tensors;
   }
@@ -326,7 +327,9 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
   // no CUDA kernel yet. On a device that is one copy of the output out and of its
   // gradient in.
   ASSIGN_OR_RETURN(std::vector<Tensor> host_output, s.ToHost({out.outputs[0]}));
-  ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(Context::Cpu(), loss, host_output[0], target));
+  Context host_ctx = Context::Cpu();
+  host_ctx.kernel_timing = s.ctx.kernel_timing;  // the loss kernels are timed as before
+  ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(host_ctx, loss, host_output[0], target));
   ASSIGN_OR_RETURN(std::vector<Tensor> grad_output, s.ToDevice({loss_result.grad_output}));
   layers::SideGrads layer_side_grads;
   ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,

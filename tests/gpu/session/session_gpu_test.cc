@@ -1,0 +1,206 @@
+// A session on cuda:0 against the same session on the CPU reference: the demo's MLP
+// (LayerNorm -> Linear -> RMSNorm -> Linear) under no recipe, FP8 delayed and current
+// scaling, trained a few steps with ForwardBackward + Step (AdamW, clipping) and with
+// Forward / Backward; losses, outputs, input gradients, gradient norms, parameters and
+// FP8 scales agree within the shared tolerances. Also: where the session lives, and a
+// model without a GPU path staying on the CPU with the layer named.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "layers/init.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/tolerances.h"
+#include "train/loss.h"
+#include "train/session.h"
+
+namespace teserve {
+namespace train {
+namespace {
+
+using ::teserve::testing_kernels::AllClose;
+
+constexpr int64_t kTokens = 64;
+constexpr int64_t kHidden = 64;
+constexpr int64_t kFfn = 96;
+
+Tensor Random(Shape shape, uint64_t seed, float std = 1.0f) {
+  Tensor t = Tensor::Zeros(DType::kFloat32, shape).value();
+  layers::FillNormal(seed, std, t.mutable_floats());
+  return t;
+}
+
+v1::ModelSpec Mlp() {
+  v1::ModelSpec spec;
+  spec.set_seed(11);
+  spec.add_layers()->mutable_layer_norm()->set_hidden_size(kHidden);
+  auto* fc1 = spec.add_layers();
+  fc1->set_name("fc1");
+  fc1->mutable_linear()->set_in_features(kHidden);
+  fc1->mutable_linear()->set_out_features(kFfn);
+  fc1->mutable_linear()->set_init_std(0.1f);
+  spec.add_layers()->mutable_rms_norm()->set_hidden_size(kFfn);
+  auto* fc2 = spec.add_layers();
+  fc2->set_name("fc2");
+  fc2->mutable_linear()->set_in_features(kFfn);
+  fc2->mutable_linear()->set_out_features(kHidden);
+  fc2->mutable_linear()->set_init_std(0.1f);
+  return spec;
+}
+
+v1::OptimizerSpec AdamW() {
+  v1::OptimizerSpec spec;
+  spec.mutable_adamw()->set_lr(1e-2f);
+  spec.set_max_grad_norm(0.5f);
+  return spec;
+}
+
+struct RecipeCase {
+  std::string name;
+  v1::RecipeSpec recipe;
+};
+
+std::vector<RecipeCase> Recipes() {
+  std::vector<RecipeCase> cases;
+  cases.push_back({"none", v1::RecipeSpec()});
+  v1::RecipeSpec delayed;
+  delayed.mutable_delayed()->set_amax_history_len(4);
+  cases.push_back({"delayed", delayed});
+  v1::RecipeSpec current;
+  current.mutable_current();
+  cases.push_back({"current", current});
+  return cases;
+}
+
+Context GpuContext() {
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  return ctx;
+}
+
+std::vector<double> Doubles(const Tensor& t) { return std::vector<double>(t.floats().begin(), t.floats().end()); }
+
+// FP32 tolerances of a multi-layer computation: the GPU's GEMMs and reductions add in
+// another order, so values agree to a few ulps of the terms' magnitude, compounded
+// over the layers and steps; judged by the BF16 row (rtol 1e-2) against |want| + 1e-2.
+// Under FP8 recipes a value on a rounding boundary may take the neighbouring code, so
+// those compare by the FP8 row.
+::testing::AssertionResult Close(const Tensor& got, const Tensor& want, bool fp8) {
+  std::vector<double> magnitude;
+  for (float v : want.floats()) magnitude.push_back(std::fabs(v) + 1e-2);
+  return AllClose(got.floats(), Doubles(want), fp8 ? DType::kFloat8E4M3 : DType::kBFloat16, magnitude);
+}
+
+class SessionGpu : public ::testing::TestWithParam<RecipeCase> {};
+
+TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const RecipeCase& c = GetParam();
+  const bool fp8 = c.name != "none";
+  auto cpu = Session::Create(Mlp(), c.recipe, AdamW(), Context::Cpu());
+  auto gpu = Session::Create(Mlp(), c.recipe, AdamW(), GpuContext());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->Summary().device, "cuda:0");
+  EXPECT_EQ((*gpu)->Summary().device_note, "");
+
+  LossOptions mse;
+  mse.kind = LossOptions::Kind::kMse;
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Tensor x = Random({kTokens, kHidden}, 100 + step);
+    const Tensor target = Random({kTokens, kHidden}, 200 + step, 0.5f);
+    auto want = (*cpu)->ForwardBackward({x}, {}, mse, target, true, true);
+    auto got = (*gpu)->ForwardBackward({x}, {}, mse, target, true, true);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR(got->loss, want->loss, (fp8 ? 1e-2 : 1e-4) * want->loss);
+    ASSERT_EQ(got->outputs.size(), 1u);
+    EXPECT_TRUE(got->outputs[0].device().is_cpu());
+    EXPECT_TRUE(Close(got->outputs[0], want->outputs[0], fp8));
+    EXPECT_TRUE(Close(got->grad_inputs[0], want->grad_inputs[0], fp8));
+    auto want_step = (*cpu)->Step();
+    auto got_step = (*gpu)->Step();
+    ASSERT_TRUE(want_step.ok() && got_step.ok());
+    EXPECT_NEAR(got_step->grad_norm, want_step->grad_norm, (fp8 ? 1e-2 : 1e-4) * want_step->grad_norm);
+    EXPECT_EQ(got_step->step, want_step->step);
+    ASSERT_TRUE((*cpu)->ZeroGrad().ok());
+    ASSERT_TRUE((*gpu)->ZeroGrad().ok());
+  }
+
+  // Forward / Backward with the client's gradient, then the parameters.
+  const Tensor x = Random({kTokens, kHidden}, 300);
+  const Tensor dy = Random({kTokens, kHidden}, 301, 0.1f);
+  auto want_fwd = (*cpu)->Forward({x}, true);
+  auto got_fwd = (*gpu)->Forward({x}, true);
+  ASSERT_TRUE(want_fwd.ok() && got_fwd.ok());
+  EXPECT_TRUE(Close(got_fwd->outputs[0], want_fwd->outputs[0], fp8));
+  auto want_dx = (*cpu)->Backward(want_fwd->handle, {dy});
+  auto got_dx = (*gpu)->Backward(got_fwd->handle, {dy});
+  ASSERT_TRUE(want_dx.ok()) << want_dx.status();
+  ASSERT_TRUE(got_dx.ok()) << got_dx.status();
+  EXPECT_TRUE(Close((*got_dx)[0], (*want_dx)[0], fp8));
+
+  auto want_params = (*cpu)->GetParameters({});
+  auto got_params = (*gpu)->GetParameters({});
+  ASSERT_TRUE(want_params.ok() && got_params.ok());
+  ASSERT_EQ(got_params->size(), want_params->size());
+  for (size_t i = 0; i < got_params->size(); ++i) {
+    EXPECT_EQ((*got_params)[i].name, (*want_params)[i].name);
+    EXPECT_TRUE((*got_params)[i].tensor.device().is_cpu());
+    EXPECT_TRUE(Close((*got_params)[i].tensor, (*want_params)[i].tensor, fp8)) << (*want_params)[i].name;
+  }
+  auto want_grads = (*cpu)->GetGradients({});
+  auto got_grads = (*gpu)->GetGradients({});
+  ASSERT_TRUE(want_grads.ok() && got_grads.ok());
+  for (size_t i = 0; i < got_grads->size(); ++i) {
+    EXPECT_TRUE(Close((*got_grads)[i].tensor, (*want_grads)[i].tensor, fp8)) << (*want_grads)[i].name;
+  }
+  if (fp8) {
+    const std::vector<QuantizerReport> want_q = (*cpu)->QuantizationState();
+    const std::vector<QuantizerReport> got_q = (*gpu)->QuantizationState();
+    ASSERT_EQ(got_q.size(), want_q.size());
+    for (size_t i = 0; i < got_q.size(); ++i) {
+      EXPECT_NEAR(got_q[i].amax, want_q[i].amax, 1e-2 * want_q[i].amax) << got_q[i].layer << " " << got_q[i].tensor;
+      EXPECT_NEAR(got_q[i].scale, want_q[i].scale, 1e-2 * want_q[i].scale) << got_q[i].layer << " " << got_q[i].tensor;
+    }
+  }
+
+  // SetParameters writes the device copy: reading it back gives the bytes sent.
+  std::vector<NamedTensor> update{{(*want_params)[1].name, Random((*want_params)[1].tensor.shape(), 400)}};
+  ASSERT_TRUE((*gpu)->SetParameters(update).ok());
+  auto read_back = (*gpu)->GetParameters({update[0].name});
+  ASSERT_TRUE(read_back.ok());
+  EXPECT_TRUE(BitwiseEqual((*read_back)[0].tensor, update[0].tensor));
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, SessionGpu, ::testing::ValuesIn(Recipes()),
+                         [](const ::testing::TestParamInfo<RecipeCase>& info) { return info.param.name; });
+
+TEST(SessionGpuPlacement, AModelWithoutAGpuPathStaysOnTheCpuAndSaysWhy) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  v1::ModelSpec spec;
+  auto* attention = spec.add_layers();
+  attention->set_name("attn");
+  attention->mutable_dot_product_attention()->set_num_attention_heads(2);
+  attention->mutable_dot_product_attention()->set_kv_channels(8);
+  auto session = Session::Create(spec, v1::RecipeSpec(), AdamW(), GpuContext());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const SessionSummary summary = (*session)->Summary();
+  EXPECT_EQ(summary.device, "cpu");
+  EXPECT_NE(summary.device_note.find("layer 'attn' (DotProductAttention) has no cuda:0 path yet"), std::string::npos)
+      << summary.device_note;
+
+  v1::RecipeSpec mxfp8;
+  mxfp8.mutable_mxfp8();
+  auto block = Session::Create(Mlp(), mxfp8, AdamW(), GpuContext());
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ((*block)->Summary().device, "cpu");
+  EXPECT_NE((*block)->Summary().device_note.find("recipe: 'mxfp8' has no cuda:0 path yet"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace train
+}  // namespace teserve
