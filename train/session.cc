@@ -67,8 +67,8 @@ struct Session::State {
   std::vector<layers::Parameter*> params;
   std::vector<layers::NamedQuantizer> quantizers;  // of the stack, fixed at Create
   float max_grad_norm = 0.0f;
-  // How this session's quantized GEMMs run. Layer math runs on the CPU reference backend
-  // in this release whatever the selected device, so the plan is the CPU's.
+  // How this session's quantized GEMMs run, planned for the device it computes on
+  // (per-tensor FP8 on sm_90: native, Linear reads the codes directly).
   recipes::GemmPlan gemm_plan;
   int64_t step = 0;
   int64_t skipped_steps = 0;
@@ -129,6 +129,17 @@ struct Session::State {
   // first layer (or the recipe) without a device path. PlaceOnDevice then gives the
   // session its own stream and moves the parameters and gradients (initialized on the
   // host when the stack was built) to the device, where they stay.
+  recipes::DeviceFacts DeviceFacts() const {
+    recipes::DeviceFacts facts;
+    if (ctx.device.is_cpu()) return facts;
+    const kernels::DeviceInfo info = kernels::QueryDeviceInfo();
+    facts.is_cuda = true;
+    facts.cc_major = info.cc_major;
+    facts.cc_minor = info.cc_minor;
+    facts.cublaslt_version = info.cublaslt_version;
+    return facts;
+  }
+
   absl::Status DevicePath() const {
     static constexpr absl::string_view kDeviceLayers[] = {"Linear", "LayerNorm", "RMSNorm"};
     for (const auto& module : stack->modules()) {
@@ -234,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
       return path;
     }
   }
-  state->gemm_plan = recipes::PlanGemm(state->recipe.name(), recipes::DeviceFacts{});
+  state->gemm_plan = recipes::PlanGemm(state->recipe.name(), state->DeviceFacts());
   return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
 }
 

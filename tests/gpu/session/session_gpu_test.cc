@@ -165,6 +165,8 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
     for (size_t i = 0; i < got_q.size(); ++i) {
       EXPECT_NEAR(got_q[i].amax, want_q[i].amax, 1e-2 * want_q[i].amax) << got_q[i].layer << " " << got_q[i].tensor;
       EXPECT_NEAR(got_q[i].scale, want_q[i].scale, 1e-2 * want_q[i].scale) << got_q[i].layer << " " << got_q[i].tensor;
+      EXPECT_EQ(got_q[i].execution, "native") << "per-tensor FP8 GEMMs read the codes on sm_90";
+      EXPECT_EQ(want_q[i].execution, "emulated");
     }
   }
 
