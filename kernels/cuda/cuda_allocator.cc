@@ -6,6 +6,8 @@
 // zeros are visible to work on any stream, including non-blocking ones. cudaMalloc
 // synchronizes the device anyway, so the extra wait costs little; hot paths that
 // overwrite every byte should come from a pool (later), not from here.
+#include "kernels/cuda/cuda_allocator.h"
+
 #include <cuda_runtime_api.h>
 
 #include <mutex>
@@ -14,7 +16,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/tensor.h"
-#include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/scoped_device.h"
 

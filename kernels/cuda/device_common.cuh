@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/float_codec.h"
-#include "kernels/cuda/cast_kernels.h"
+#include "kernels/cuda/cast/cast_kernels.h"
 
 namespace teserve {
 namespace kernels {
