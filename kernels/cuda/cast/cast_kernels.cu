@@ -2,7 +2,7 @@
 //
 // Fused cast-transpose: the 128 x 128 register-tile kernel of
 // cast_transpose_tile_kernels.cu whenever rows and cols are multiples of 8 and the
-// pointers aligned (its comment has the design and the H200 measurements).
+// pointers aligned (its comment has the design and the bandwidth it reaches).
 // Fallback (every other shape: 1 x 259, 257 x 259, 128 x 129, ...; QuantizeTileKernel),
 // also selectable with CastTransposeKernel::kTiled64:
 // - Every conversion uses the integer-only codecs of core/float_codec.h (the same code the

@@ -5,8 +5,8 @@
 //   with 16-byte loads (BF16: one per row; FP32: two, 32 columns apart), so a warp load
 //   covers whole sectors. The thread transposes its 8 x 8 codes with byte permutes (two
 //   4 x 4 transposes per 4-column group); both copies are staged in 32 KiB of shared memory
-//   and leave as whole 128-byte lines (before 52654d7 they went out from registers as
-//   64-byte rowwise and 32-byte columnwise runs: 146.1 -> 143.1 us for BF16).
+//   and leave as whole 128-byte lines (stored from registers they would leave as 64-byte
+//   rowwise and 32-byte columnwise runs, three times the L2 write requests, ~2% slower).
 // - Codes: q = cvt.rn.satfinite(x * scale) (Hopper's pair conversion, the encoder of
 //   the normalization kernels (normalization_common.cuh) that its GPU test compares with core/float_codec.h for every
 //   FP32 input), the product one FP32 multiply (__fmul_rn). satfinite saturates overflow
@@ -22,15 +22,13 @@
 //   cast_kernels.cu reduces the partial rows. Without dbias the kernel is unchanged.
 // - rows % 32 != 0 (BF16 x, no dbias): FastCastTransposeHaloKernel writes each column's
 //   runs shifted to whole 32-byte sectors, encoding the 32 rows above its tile again
-//   (StoreColumnwiseWindows, HaloChunks; bench/NOTES.md item 28).
-// Measured on the H200 (bench/cast_transpose_bench, median of 100, 16384 x 8192 -> E4M3
-// rowwise + columnwise; device copy 4.16 TB/s in the same run): BF16 x (537 MB) 143.3 us
-// = 3.75 TB/s at 52654d7 (145.8 us with the register stores) vs 427 us (1.26 TB/s) with the
-// 64 x 64 kernel; FP32 x (805 MB) 199 us = 4.05 TB/s vs 416 us; 142.7 us = 3.76 TB/s at
-// 1c350f9 (columnwise lines under an L2 evict-last policy: -0.3%). 41 registers, 5 blocks
-// (40 warps) per SM, no spills. With dbias (run of 9f6d957, same bench): BF16
-// 150.2 us = 3.58 TB/s against 146.2 us without in the same run (80 registers, so 3
-// blocks per SM; the 4 MiB of tile partials and the FP64 reduce kernel add the rest).
+//   (StoreColumnwiseWindows, HaloChunks).
+// Target: close to a device copy of the same bytes. On an H200 (bench/cast_transpose_bench,
+// 16384 x 8192 -> E4M3 rowwise + columnwise, device copy ~4.2 TB/s) BF16 x reaches ~3.75
+// TB/s and FP32 x ~4 TB/s, about three times the 64 x 64 kernel. 41 registers, 5 blocks
+// (40 warps) per SM, no spills; columnwise lines go under an L2 evict-last policy. With
+// dbias ~3% slower: 80 registers, so 3 blocks per SM, plus the 4 MiB of tile partials and
+// the FP64 reduce kernel.
 #include "kernels/cuda/cast/cast_transpose_tile_kernels.h"
 
 #include <cuda_runtime.h>
@@ -230,9 +228,8 @@ __device__ __forceinline__ void WriteTileColumnSums(const float s[2][4], int war
 // Columnwise lines of a tile when rows % 32 != 0 (kHalo). Column c's copy starts at byte
 // c * rows, so when that is not a multiple of 32 every run of 128 rows starts and ends inside
 // a 32-byte sector shared with the vertically adjacent tiles, and those half-written sectors
-// cost the H200 12-19% of the kernel's time (bench/NOTES.md item 28: a layout-free imitation
-// with aligned runs ran at the aligned shapes' speed, and making the two halves arrive
-// together did not help). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c
+// cost an H200 12-19% of the kernel's time (a layout-free imitation with aligned runs ran at
+// the aligned shapes' speed, and making the two halves arrive together did not help). So tile t writes rows [128 t - s, 128 t + 128 - s) of column c
 // instead, s = (c * rows) % 32: whole sectors. The s rows above the tile come from the halo
 // (the codes of the 32 rows above, HaloChunks); the tile's own last s rows are left to tile
 // t + 1. Tile 0 starts at row 0 and the last tile ends at `rows`: only the sectors at column
@@ -292,7 +289,7 @@ __device__ __forceinline__ uint8_t (*HaloRows())[kFastTileCols] {
 // and i + 256 (8 columns each) of the 32 rows x 128 columns above the tile, loaded with the
 // thread's own fragment so that their latency overlaps, encoded after it (always with the
 // NaN-patching encoder: 16 values a thread) into HaloRows(). Two warps taking the halo as a
-// second fragment after their own ran 163 us on 16336 x 8192 against 146.5 for this.
+// second fragment after their own were ~10% slower.
 struct HaloChunks {
   static constexpr int kColumns = 8;                                // per chunk
   static constexpr int kPerRow = kFastTileCols / kColumns;          // 16
@@ -373,8 +370,7 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
 
   // Both copies go through shared memory and leave as whole 128-byte lines (16 lanes x 8
   // bytes per line): the per-fragment 8-byte stores made 64-byte rowwise and 32-byte
-  // columnwise L2 write requests, three times as many as the bytes need
-  // (bench/probes/write_granularity_probe.cu, bench/NOTES.md item 19). Tile lines are 16
+  // columnwise L2 write requests, three times as many as the bytes need. Tile lines are 16
   // units of 8 bytes; unit u of line l is kept at u ^ swizzle(l), which spreads each warp's
   // staging stores over all banks (two wavefronts per 256 bytes) and keeps each line whole.
   __shared__ uint2 row_tile[kFastTileRows][kFastTileCols / 8];   // row r, columns 8 u ..
@@ -465,7 +461,7 @@ __global__ void __launch_bounds__(kFastThreads)
 }
 
 // The halo kernel: BF16 x without dbias only (the launcher says why), held to 4 blocks per SM
-// (64 registers; at 5 blocks ptxas spilled and it ran 153 instead of 146.5 us on 16336 x 8192).
+// (64 registers; at 5 blocks ptxas spills and the kernel is ~4% slower).
 template <Fp8Format kFormat>
 __global__ void __launch_bounds__(kFastThreads, 4)
     FastCastTransposeHaloKernel(const uint16_t* __restrict__ x, int64_t rows, int64_t cols, float scale,
@@ -486,10 +482,10 @@ cudaError_t LaunchTyped(const QuantizeLaunchParams& p, cudaStream_t stream) {
                         ((p.cols + kFastTileCols - 1) / kFastTileCols);
   if (tiles > INT32_MAX) return cudaErrorInvalidConfiguration;
   // Columnwise runs that do not start on a 32-byte boundary (rows % 32 != 0): the halo
-  // kernel for BF16 x without dbias. H200, 16336 / 16344 / 16360 x 8192 BF16: 166 / 182 / 182
-  // -> 146.5 / 148 / 147 us (16384: 142.7). FP32 x (201 -> 248 us at rows % 32 = 16) and
-  // dbias (154 -> 173) lose more to the halo's extra reads and registers than the misaligned
-  // sectors cost them, so they keep the aligned kernel (bench/NOTES.md item 28).
+  // kernel for BF16 x without dbias, which it brings back to within ~4% of the aligned
+  // shapes (the plain kernel loses 16-28% there on an H200). FP32 x and dbias lose more to
+  // the halo's extra reads and registers than the misaligned sectors cost them, so they keep
+  // the aligned kernel.
   if constexpr (kType == SourceType::kBFloat16 && !kDbias) {
     if (p.columnwise != nullptr && p.rows % 32 != 0) {
       FastCastTransposeHaloKernel<kFormat><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(

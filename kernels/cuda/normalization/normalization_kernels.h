@@ -37,11 +37,10 @@ enum class Fp8Encoder { kHardware, kCodec };
 //                         register-tile kernel;
 //   kRegisterTile:        never the stats-warp kernel;
 //   kStatsWarpContiguous: the stats-warp kernel, each cluster taking one block of
-//                         consecutive 32-row groups (measured slower: bench/NOTES.md);
+//                         consecutive 32-row groups (measured slower);
 //   kStatsWarpQuads:      as kAuto, but where kAuto takes adjacent pairs of row groups
 //                         (codes without y) each cluster takes two adjacent pairs, so one
-//                         CTA writes whole 128-byte columnwise lines (measured slower:
-//                         bench/NOTES.md item 25);
+//                         CTA writes whole 128-byte columnwise lines (measured slower);
 //   kStatsWarpClusters:   as kAuto, but the stats-warp cluster kernel also where kAuto takes
 //                         the one-CTA-per-row kernel (few rows, no columnwise copy:
 //                         NormForwardPlan::row_per_cta).

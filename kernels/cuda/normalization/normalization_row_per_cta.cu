@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kRtMaxWarps * kRtMaxCluster * kRtColsPerWarp /
 }
 
 // Rows up to which kAuto takes the one-CTA-per-row kernel (without a columnwise copy). H200,
-// x 8192 BF16, rowwise FP8 codes (norm_bench, bench/NOTES.md item 34): 1 / 4 / 8 rows (one
+// x 8192 BF16, rowwise FP8 codes (bench/norm_bench): 1 / 4 / 8 rows (one
 // cluster, no reset kernel) 6.1-6.7 us against 21.9 / 24.4 (the tile kernel: rows % 8 != 0) /
 // 9.7-10.6; 32 / 128 rows 7.4-9.1 / 9.1-9.9 against 10.0-11.0 / 10.2-11.2; 256 rows the same
 // (11.4-11.6); 512 / 1024 rows slower (14.9 / 21.7 against 13.8 / 16.9).

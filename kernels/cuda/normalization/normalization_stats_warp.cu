@@ -1,14 +1,13 @@
 // Stats-warp LayerNorm / RMSNorm forward with the fused per-tensor FP8 or MXFP8 output
 // (contract: kernels/normalization.h; selection: normalization_stats_warp.h). The default
-// forward kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. H200,
-// 16384 x 8192 BF16 LN + E4M3 rowwise + columnwise (bench/norm_bench, bench/NOTES.md):
-// 152.9 us (3.51 TB/s) at 1c350f9, 151.7 us at 5f02220 (amax reset as a dependent launch:
-// LaunchRtClusters), 149.9 us (3.58 TB/s) at 2bd486a (a schedule: the quad order's comment
-// below), 148.3-149.5 us with an amax_sync workspace (5a91ca1: the first CTA zeroes the
-// amax, no reset launch in front; amax_sync.cuh, bench/NOTES.md item 35), against 236 us for
-// the register-tile kernel (the columnwise codes are stored under an L2 evict-last policy
-// since 027115f: 2-3 us). The MXFP8 output (kMx, the register-tile kernel's Mxfp8Tile with
-// this kernel's lane bits) runs 328 us (two normalization passes: bench/NOTES.md item 13).
+// forward kernel for 16-bit x with cols % 64 == 0 up to 8192 and rows % 8 == 0. Target:
+// the cast-transpose's bandwidth; on an H200, 16384 x 8192 BF16 LN + E4M3 rowwise +
+// columnwise (bench/norm_bench) runs at ~3.6 TB/s, about 1.6x the register-tile kernel.
+// What gets it there: the quad schedule (its comment below), the amax zeroed by the first
+// CTA through an amax_sync workspace instead of a reset launch in front (amax_sync.cuh),
+// and the columnwise codes stored under an L2 evict-last policy. The MXFP8 output (kMx,
+// the register-tile kernel's Mxfp8Tile with this kernel's lane bits) takes about twice as
+// long: it needs two normalization passes.
 // Up to 256 rows without a columnwise copy, the one-CTA-per-row kernel
 // (normalization_row_per_cta.cu) takes them.
 //
@@ -56,10 +55,9 @@
 //   memory) and stores them with the second tile's as 64-byte runs per column: one L2
 //   request per 64 bytes instead of per 32. Half of those stores wait for the next tile
 //   (StorePairColumns, normalization_stats_warp_tile.cuh, says why). H200, LN + FP8:
-//   156.3-158.3 -> 155.4-156.3 us; a layout-free imitation of the same runs measured 150-152
-//   (bench/NOTES.md item 17).
+//   about 1% faster; a layout-free imitation of the same runs was ~3% faster still.
 //   NormForwardKernel::kStatsWarpContiguous gives each cluster one block of consecutive
-//   groups instead (measured 188 us: bench/NOTES.md).
+//   groups instead (measured ~20% slower).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -142,8 +140,8 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   // (64 columns per compute warp, 8 chunks) per row.
   extern __shared__ uint4 dynamic_smem[];
   // The stages start at a 1024-byte boundary. The bulk copies' destination alignment matters:
-  // 16-byte aligned stages measured 180 us, 64-byte 164 us, 128-byte 160 us and 1024-byte
-  // 158 us on 16384 x 8192 (bench/NOTES.md).
+  // On 16384 x 8192, 16-byte aligned stages were ~14% slower than 1024-byte ones, 64-byte
+  // ~4%, 128-byte ~1%.
   constexpr uint32_t kAlignChunks = kStageAlign / 16;
   uint4* const stages =
       dynamic_smem + (kAlignChunks - (SharedAddress(dynamic_smem) / 16) % kAlignChunks) % kAlignChunks;
@@ -163,8 +161,8 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   // contiguous rows of each column at once; the groups left over (fewer than 2 C, the partial
   // last one among them) follow one by one, strided. With the quad bit the pairs come as
   // (4 q, 4 q + 1), (4 q + 2, 4 q + 3) while every cluster has four full groups left. The quad
-  // order itself is slower (bench/NOTES.md item 25), but ptxas schedules this kernel's paired
-  // LN instantiation ~2 us faster with the branch in group_of than without (same item), so
+  // order itself is slower , but ptxas schedules this kernel's paired
+  // LN instantiation ~2 us faster with the branch in group_of than without , so
   // the default paired order runs through the same code with quad_rounds 0.
   const bool paired = kPaired && !contiguous;
   const int64_t quad_rounds = paired && quad ? QuadRounds(p.rows, stride) : 0;
@@ -224,7 +222,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
         // together, the second and third stages landed together, ~4.7 us after the first, and
         // the first tile's normalization waits for the second (the moments run one tile
         // ahead); staggered, the rowwise-only, BF16-y, RMSNorm and MXFP8 outputs gained
-        // 0.6-1.5 us, LN + FP8 nothing (bench/NOTES.md item 33).
+        // 0.6-1.5 us, LN + FP8 nothing.
         MbarrierWait<false>(SharedAddress(&staged[t - 1]), 0u);
       }
       const int64_t row0 = group_of(t) * kRtRows;
@@ -240,7 +238,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
   } else if (warp == stats_warp) {
     // ---- Stats warp: lane = row of the tile.
     // This warp's work per tile is one serial chain (it measured about as long as a whole
-    // tile period, so it set the kernel's pace: bench/NOTES.md). What does not depend on
+    // tile period, so it set the kernel's pace). What does not depend on
     // the data is done once here: the merge weights (MergeWeights, as MergeMoments computes
     // them for the same counts, so the same bits; lane i < W: warp i into warps 0 .. i - 1,
     // lane W + r: rank r into ranks 0 .. r - 1).
@@ -365,7 +363,7 @@ __global__ void __launch_bounds__((kRtMaxWarps + 2) * 32, 1)
       } else {
         // Each warp waits for the statistics alone, not for the other compute warps: the
         // trace showed the warps finishing a tile up to 1 us apart (higher warps first), and
-        // a block-wide barrier here held the early ones idle (bench/NOTES.md). Tile i is
+        // a block-wide barrier here held the early ones idle. Tile i is
         // phase i / 2 of stats_ready[i % 2]; row_stats[s] is rewritten for tile i + 2 only
         // after every compute warp has arrived with its partials of tile i + 2, i.e. after
         // it normalized tile i.

@@ -133,7 +133,7 @@ __device__ __forceinline__ void NormalizeRow(const NormForwardParams& p, const u
 // mirrored. Columns 0-3 (8 stores) go out now; those of columns 4-7 are returned in
 // later_a / later_b (two words per column and store) for StoreLaterPairColumns in the next
 // tile, so that each tile issues about the same number of stores: storing all 16 in the
-// pair's second tile measured no faster than 32-byte runs (bench/NOTES.md).
+// pair's second tile measured no faster than 32-byte runs.
 // Every lane of the warp must take part (shuffles).
 __device__ __forceinline__ void StorePairColumns(const NormForwardParams& p, const uint32_t held_first[8],
                                                  const uint32_t held_second[8], const uint32_t now_first[8],
@@ -182,7 +182,7 @@ __device__ __forceinline__ void StoreLaterPairColumns(const NormForwardParams& p
 // of each row, from the staged codes[row][0 .. n): two 16-byte stores per row when the CTA
 // has all 32 blocks and the row start is 16-byte aligned, else byte by byte. One store per
 // 32-byte run instead of one per code: the per-code stores made the MXFP8 norm write
-// 15.0M L2 sectors for 8.65M of output (bench/NOTES.md).
+// 15.0M L2 sectors for 8.65M of output.
 __device__ __forceinline__ void WriteRowScales(const NormForwardParams& p, const uint8_t (*codes)[kScaleRowBytes],
                                                int64_t grp, int64_t first, int n, int lane) {
   const int64_t row = grp * kRtRows + lane;

@@ -235,7 +235,7 @@ inline std::vector<Case> SmallCases() {
 // Shapes the 128 x 128 register-tile forward kernel takes (rows and cols multiples of 8):
 // one full tile pair, partial tiles in both directions, a single 8 x 8 fragment.
 // 400 and 376 rows (rows % 32 = 16 and 24, several tile rows): columnwise runs that start
-// inside a 32-byte sector (bench/NOTES.md item 28).
+// inside a 32-byte sector.
 inline constexpr Shape2 kTiledShapes[] = {{256, 256}, {136, 200}, {8, 8}, {400, 264}, {376, 136}};
 
 inline std::vector<Case> TiledCases() {

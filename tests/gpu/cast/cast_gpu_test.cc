@@ -457,8 +457,7 @@ TEST(CastGpu, RunsOnANonDefaultStream) {
 // one, zeros (no block adds anything there, so only the reset can give 0), the large one
 // again. BF16 x on the aligned tile kernel (256 rows) and the halo kernel (272 rows), FP32 x
 // on the aligned one. (A reset by a programmatic dependent launch instead of the memset, as
-// the norm kernels do, passed this test but ran 2-3 us slower on small shapes: bench/NOTES.md
-// item 29.)
+// the norm kernels do, passed this test but ran 2-3 us slower on small shapes.)
 TEST(CastGpu, EveryLaunchOnAStreamResetsTheAmax) {
   TESERVE_SKIP_WITHOUT_GPU();
   constexpr int64_t kCols = 384;
