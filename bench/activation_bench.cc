@@ -1,4 +1,4 @@
-// Activation benchmarks (kernels/cuda/activation_kernels.h). A shape RxK is the output
+// Activation benchmarks (kernels/cuda/activation/activation_kernels.h). A shape RxK is the output
 // [R, K]; x is [R, K] or, for gated kinds, [R, 2K].
 //   <kind>_fwd_fp8            every kind: BF16 x -> FP8 E4M3 rowwise + columnwise codes
 //                             and amax, no y (read x; write 2 x R x K codes)
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "kernels/cuda/activation_kernels.h"
+#include "kernels/cuda/activation/activation_kernels.h"
 
 namespace teserve {
 namespace bench {

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "kernels/cuda/block_quantize_kernels.h"
-#include "kernels/cuda/cast_kernels.h"
-#include "kernels/cuda/nvfp4_kernels.h"
+#include "kernels/cuda/block_quantize/block_quantize_kernels.h"
+#include "kernels/cuda/cast/cast_kernels.h"
+#include "kernels/cuda/nvfp4/nvfp4_kernels.h"
 
 namespace teserve {
 namespace bench {

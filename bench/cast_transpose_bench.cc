@@ -1,4 +1,4 @@
-// Per-tensor FP8 cast-transpose benchmark (kernels/cuda/cast_kernels.h,
+// Per-tensor FP8 cast-transpose benchmark (kernels/cuda/cast/cast_kernels.h,
 // LaunchQuantizePerTensor): one pass reads x and writes the rowwise codes, the transposed
 // columnwise codes and the amax.
 //   cast_transpose_bf16   BF16 x -> E4M3 rowwise + columnwise (2 + 1 + 1 bytes per element)
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "kernels/cuda/cast_kernels.h"
+#include "kernels/cuda/cast/cast_kernels.h"
 
 namespace teserve {
 namespace bench {
@@ -67,7 +67,7 @@ void Run(int64_t n, int64_t h, const Flags& flags, std::vector<Result>* results)
     results->push_back({op, n, h, bf16 ? "bf16" : "fp32", t, numel * ((bf16 ? 2 : 4) + 2),
                         n % 8 == 0 && h % 8 == 0
                             ? "128x128 tiles, 8x8 codes per thread in registers, cvt.satfinite "
-                              "(kernels/cuda/cast_kernels.cu)"
+                              "(kernels/cuda/cast/cast_kernels.cu)"
                             : "64x64 tiles, integer-codec encoder (shape not a multiple of 8)"});
     const std::vector<uint8_t> fast = Outputs(rowwise, columnwise, amax, numel);
     p.kernel = CastTransposeKernel::kTiled64;

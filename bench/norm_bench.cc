@@ -1,4 +1,4 @@
-// LayerNorm / RMSNorm benchmarks (kernels/cuda/normalization_kernels.h), BF16 input:
+// LayerNorm / RMSNorm benchmarks (kernels/cuda/normalization/normalization_kernels.h), BF16 input:
 //   layernorm_fwd_fp8        LN forward, FP8 E4M3 rowwise + columnwise + amax, no y
 //                            (read x; write 2 x n x h codes; mu, rsigma); the default
 //                            kernel choice (NormForwardKernel::kAuto: the stats-warp
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "kernels/cuda/normalization_kernels.h"
+#include "kernels/cuda/normalization/normalization_kernels.h"
 
 namespace teserve {
 namespace bench {

@@ -1,4 +1,4 @@
-// Multi-tensor optimizer benchmark (kernels/cuda/optimizer_kernels.h) over a 1B-parameter
+// Multi-tensor optimizer benchmark (kernels/cuda/optimizer/optimizer_kernels.h) over a 1B-parameter
 // model's FP32 master weights: 20 transformer layers of hidden 2048 and FFN 8192, 12
 // tensors per layer (QKV / proj / FC1 / FC2 weights and biases, two LayerNorm weight and
 // bias pairs), 1.008e9 parameters in 240 tensors. Each timed iteration uploads the chunk
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "kernels/cuda/optimizer_kernels.h"
+#include "kernels/cuda/optimizer/optimizer_kernels.h"
 
 namespace teserve {
 namespace bench {

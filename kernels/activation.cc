@@ -17,7 +17,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/activation_cuda.h"
+#include "kernels/cuda/activation/activation_cuda.h"
 #endif
 
 namespace teserve {

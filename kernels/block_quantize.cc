@@ -16,7 +16,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/block_quantize_cuda.h"
+#include "kernels/cuda/block_quantize/block_quantize_cuda.h"
 #endif
 
 namespace teserve {

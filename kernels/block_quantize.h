@@ -69,7 +69,7 @@
 // Errors: INVALID_ARGUMENT naming the argument with expected vs got (dtype, rank,
 // device, divisibility, options); CUDA tensors in a build without the CUDA backend give
 // FAILED_PRECONDITION. The CPU versions in kernels/cpu are the numerical reference; the
-// CUDA kernels (kernels/cuda/block_quantize_cuda.h) match them bit for bit, except the
+// CUDA kernels (kernels/cuda/block_quantize/block_quantize_cuda.h) match them bit for bit, except the
 // payload of a dequantized NaN (any NaN: GPU arithmetic returns its canonical NaN).
 #ifndef TESERVE_KERNELS_BLOCK_QUANTIZE_H_
 #define TESERVE_KERNELS_BLOCK_QUANTIZE_H_

@@ -14,7 +14,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/cast/cast_cuda.h"
 #endif
 
 namespace teserve {

@@ -12,7 +12,7 @@
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/scaling_cuda.h"
+#include "kernels/cuda/scaling/scaling_cuda.h"
 #endif
 
 namespace teserve {

@@ -1,7 +1,7 @@
 // Checked entry points and the CPU reference of kernels/hadamard.h. The transform is
 // small and memory-bound, so the reference is a straight loop over 16-element tiles
 // with the butterfly order the header specifies; no separate kernels/cpu file. CUDA
-// tensors go to kernels/cuda/nvfp4_cuda.h when the CUDA backend is compiled in, else
+// tensors go to kernels/cuda/nvfp4/nvfp4_cuda.h when the CUDA backend is compiled in, else
 // UNIMPLEMENTED (kernels/dispatch.h).
 #include "kernels/hadamard.h"
 
@@ -12,7 +12,7 @@
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/nvfp4_cuda.h"
+#include "kernels/cuda/nvfp4/nvfp4_cuda.h"
 #endif
 
 namespace teserve {

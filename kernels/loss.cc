@@ -15,7 +15,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/loss_cuda.h"
+#include "kernels/cuda/loss/loss_cuda.h"
 #endif
 
 namespace teserve {

@@ -16,7 +16,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/normalization_cuda.h"
+#include "kernels/cuda/normalization/normalization_cuda.h"
 #endif
 
 namespace teserve {
@@ -25,7 +25,7 @@ namespace {
 
 constexpr char kNormTypes[] = "one of FLOAT32, FLOAT16, BFLOAT16";
 
-// MXFP8 output on CUDA in one fused kernel (kernels/cuda/normalization_register_tile.cu)
+// MXFP8 output on CUDA in one fused kernel (kernels/cuda/normalization/normalization_register_tile.cu)
 // for the inputs cuda::FusesMxfp8 accepts. false: every device composes the FP32 norm and
 // QuantizeMxfp8 (two passes on CUDA), as for the inputs the fused kernel does not take.
 constexpr bool kFusedCudaNormMxfp8 = true;

@@ -13,7 +13,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/nvfp4_cuda.h"
+#include "kernels/cuda/nvfp4/nvfp4_cuda.h"
 #endif
 
 namespace teserve {

@@ -53,7 +53,7 @@
 //   caller (the recipe) knows it and must transform both wgrad operands alike.
 //
 // The CPU versions (kernels/cpu/nvfp4_cpu.h) are the reference; the CUDA kernels
-// (kernels/cuda/nvfp4_cuda.h) match them bit for bit (FP32 arithmetic without fused
+// (kernels/cuda/nvfp4/nvfp4_cuda.h) match them bit for bit (FP32 arithmetic without fused
 // multiply-add or fast-math reciprocals, the same counter-based draws), except the
 // payload of a dequantized NaN. CUDA tensors in a build without the CUDA backend get
 // FAILED_PRECONDITION.

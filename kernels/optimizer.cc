@@ -11,7 +11,7 @@
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/optimizer_cuda.h"
+#include "kernels/cuda/optimizer/optimizer_cuda.h"
 #endif
 
 namespace teserve {

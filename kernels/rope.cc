@@ -22,7 +22,7 @@
 #include "kernels/timing.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/rope_cuda.h"
+#include "kernels/cuda/rope/rope_cuda.h"
 #endif
 
 namespace teserve {

@@ -12,7 +12,7 @@
 #include "kernels/tensor_checks.h"
 
 #if TESERVE_WITH_CUDA
-#include "kernels/cuda/softmax_cuda.h"
+#include "kernels/cuda/softmax/softmax_cuda.h"
 #endif
 
 namespace teserve {

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/status.h"
+#include "kernels/loss_math.h"
 
 namespace teserve {
 namespace kernels {

@@ -9,7 +9,6 @@
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "kernels/loss.h"
-#include "kernels/loss_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -25,11 +24,6 @@ absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Tensor& logi
 absl::StatusOr<Tensor> CrossEntropyBackward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                             int64_t num_valid, const CrossEntropyOptions& options,
                                             float grad_loss);
-
-// Transitional: LabelAt moved to kernels/loss_math.h (shared with the CUDA host code).
-// Kept under cpu:: until kernels/cuda/loss_cuda.cc and tests/gpu/loss_gpu_test.cc call
-// loss_math::LabelAt; remove then.
-using loss_math::LabelAt;
 
 }  // namespace cpu
 }  // namespace kernels

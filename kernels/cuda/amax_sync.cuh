@@ -3,7 +3,7 @@
 // A kernel that adds to an amax word with atomicMax needs the word zeroed before its first
 // atomic and after the previous launch's last one. A launch in front does that but costs
 // the stream a launch: ~0.5-1 us of a 150 us LayerNorm + FP8 launch, ~2 us of a few-row
-// one (bench/NOTES.md item 35). Here the grid does it itself, through 16 bytes of caller
+// one. Here the grid does it itself, through 16 bytes of caller
 // workspace (NormForwardParams::amax_sync) that stay consistent from launch to launch:
 //   word 0-1: ticket, (generation << 32) | CTAs of this launch arrived so far;
 //   word 2:   released, the generation whose amax is zeroed, plus one.

@@ -11,6 +11,8 @@
 // the allocation and any zero fill are finished when Allocate returns, so work on any
 // stream may use the memory. Tensors allocated on a stream are zero-filled (when asked)
 // on that stream and never wait.
+#include "kernels/cuda/cuda_allocator.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -21,7 +23,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/scoped_device.h"
 

@@ -19,7 +19,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/cast.h"
-#include "kernels/cuda/cast_kernels.h"
+#include "kernels/cuda/cast/cast_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace teserve {

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/float_codec.h"
-#include "kernels/cuda/cast_kernels.h"
+#include "kernels/cuda/cast/cast_kernels.h"
 
 namespace teserve {
 namespace kernels {
@@ -89,12 +89,11 @@ __device__ __forceinline__ uint64_t L2EvictLastPolicy() {
 // StoreGlobal8 under an L2 policy from L2EvictLastPolicy. For the transposed (columnwise)
 // code copies, whose lines lie 16 KiB apart and are often completed by the stores of
 // several tiles or CTAs: with the lines of the streamed input replaced first, the
-// stats-warp LayerNorm + FP8 kernel ran 151.2-152.0 us against 152.6-155.0, the MXFP8 tile
-// quantize 157.3 against 164.3, the activation forward + FP8 kernels 1-1.4% faster (H200,
-// 16384 x 8192, three alternating rounds; bench/NOTES.md item 23). Marking the rowwise
-// codes too, or the input loads evict-first, gained nothing or lost. What the marked lines
-// leave behind is small: a kernel reading an L2-resident buffer right after 134 MB of such
-// stores ran 1-2% slower (bench/probes/evict_last_aftermath_probe.cu).
+// stats-warp LayerNorm + FP8 kernel runs ~1-2% faster, the MXFP8 tile quantize ~4%, the
+// activation forward + FP8 kernels 1-1.4% (H200, 16384 x 8192). Marking the rowwise codes
+// too, or the input loads evict-first, gained nothing or lost. What the marked lines leave
+// behind is small: a kernel reading an L2-resident buffer right after 134 MB of such stores
+// runs 1-2% slower.
 __device__ __forceinline__ void StoreGlobal8EvictLast(void* p, uint32_t a, uint32_t b, uint64_t policy) {
   asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(p), "r"(a), "r"(b), "l"(policy));
 }
@@ -139,13 +138,13 @@ __device__ __forceinline__ float DecodeFp8(uint8_t code) {
 // kernels). A thread's 8-byte pieces (8 codes of one row, or 8 rows of one column) stored
 // straight from registers reach L2 as 32- or 64-byte requests; staged in shared memory as
 // lines of 8-byte units and stored by 16 lanes per 128-byte line they make one request per
-// line (bench/NOTES.md items 17, 19, 20).
+// line.
 
 // Unit swizzle of a columnwise tile line (128 rows of one column): a fragment thread holds
 // 4 or 8 adjacent columns and the lanes of one warp store start 8 (BF16 fragments) or 4
 // (FP32) columns apart, so XOR-ing bits 2-3 of the unit with that lane index spreads a
 // warp's 256 bytes over all banks (two wavefronts) and keeps every line whole. The division
-// is unsigned: a signed one cost the cast-transpose 11% (bench/NOTES.md item 22).
+// is unsigned: a signed one cost the cast-transpose 11%.
 template <SourceType kType>
 __device__ __forceinline__ int ColumnLineSwizzle(int column) {
   constexpr unsigned kColumnStep = kType == SourceType::kBFloat16 ? 8u : 4u;

@@ -18,8 +18,14 @@ class ScopedDevice {
   ~ScopedDevice() {
     if (previous_ >= 0) cudaSetDevice(previous_);
   }
+  // Movable so EnterDevice (device_entry.h) can hand the guard to its caller; the
+  // moved-from guard restores nothing.
+  ScopedDevice(ScopedDevice&& other) noexcept : previous_(other.previous_), status_(other.status_) {
+    other.previous_ = -1;
+  }
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(ScopedDevice&&) = delete;
 
   // cudaSuccess, or why the device could not be made current.
   cudaError_t status() const { return status_; }

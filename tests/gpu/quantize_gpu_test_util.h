@@ -19,7 +19,7 @@
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cast_cpu.h"
-#include "kernels/cuda/cast_cuda.h"
+#include "kernels/cuda/cast/cast_cuda.h"
 
 namespace teserve {
 namespace testing {

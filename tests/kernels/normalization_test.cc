@@ -241,7 +241,7 @@ TEST_F(NormErrors, BackwardRejectsMismatchedShapes) {
               HasError(kInvalid, "gamma: expected a tensor, got an undefined tensor"));
 }
 
-// With CUDA compiled in, CUDA tensors run the kernels (tests/gpu/normalization_gpu_test.cc);
+// With CUDA compiled in, CUDA tensors run the kernels (tests/gpu/normalization/normalization_gpu_test.cc);
 // without it, a CUDA context is refused naming the op, before any memory is touched.
 TEST_F(NormErrors, CudaContextWithoutCudaBackendNamesTheOp) {
 #if TESERVE_WITH_CUDA

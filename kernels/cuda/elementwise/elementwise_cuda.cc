@@ -3,10 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include "core/status.h"
-#include "kernels/cuda/cast_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_kernels.h"
-#include "kernels/cuda/scoped_device.h"
+#include "kernels/cuda/device_entry.h"
 
 namespace teserve {
 namespace kernels {
@@ -18,23 +17,19 @@ cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx
 }  // namespace
 
 absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into) {
-  ScopedDevice device(ctx.device.index);
-  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchAddInto(x.data<float>(), x.numel(), into->data<float>(), StreamOf(ctx)));
   return absl::OkStatus();
 }
 
 absl::Status Scale(const Context& ctx, float factor, Tensor* x) {
-  ScopedDevice device(ctx.device.index);
-  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchScale(factor, x->numel(), x->data<float>(), StreamOf(ctx)));
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors) {
-  RegisterCudaAllocator();
-  ScopedDevice device(ctx.device.index);
-  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
   if (tensors.empty()) return 0.0;
   const int64_t count = static_cast<int64_t>(tensors.size()) * kSumOfSquaresBlocks;
   // partials[count] then the total, in one stream-ordered scratch buffer.
@@ -53,18 +48,15 @@ absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor>
 }
 
 absl::Status FillZero(const Context& ctx, Tensor* x) {
-  ScopedDevice device(ctx.device.index);
-  TESERVE_CUDA_RETURN_IF_ERROR(device.status());
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
   if (x->nbytes() == 0) return absl::OkStatus();
   TESERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(x->raw_data(), 0, static_cast<size_t>(x->nbytes()), StreamOf(ctx)));
   return absl::OkStatus();
 }
 
 absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst) {
-  RegisterCudaAllocator();
   const Device device = src.device().is_cpu() ? dst->device() : src.device();
-  ScopedDevice scoped(device.index);
-  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.index));
   if (src.nbytes() == 0) return absl::OkStatus();
   // cudaMemcpyDefault: unified addressing tells the direction from the pointers.
   TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->raw_data(), src.raw_data(), static_cast<size_t>(src.nbytes()),

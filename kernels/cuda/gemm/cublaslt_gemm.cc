@@ -16,7 +16,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/scoped_device.h"
+#include "kernels/cuda/device_entry.h"
 
 // Turns a failed cuBLASLt call into a Status naming the statement, file and line.
 #define TESERVE_CUBLAS_RETURN_IF_ERROR(statement)                                          \
@@ -216,8 +216,7 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   const int64_t k = a.transpose ? a.data.dim(0) : a.data.dim(1);
   if (m == 0 || n == 0) return absl::OkStatus();
   const int device = d->device().index;
-  ScopedDevice scoped(device);
-  TESERVE_CUDA_RETURN_IF_ERROR(scoped.status());
+  ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   const bool fp8 = IsFloat8(a.data.dtype());
   if (k == 0) {
