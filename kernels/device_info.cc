@@ -21,6 +21,8 @@
 #include <dlfcn.h>
 
 #include <cstddef>
+
+#include "kernels/cuda/cuda_allocator.h"
 #endif
 
 namespace teserve {
@@ -153,6 +155,8 @@ absl::StatusOr<DeviceMemory> QueryDeviceMemory(int index) {
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::Create(int device_index) {
 #if TESERVE_WITH_CUDA
+  // A session on the device allocates tensors there before any op runs.
+  cuda::RegisterCudaAllocator();
   int previous = 0;
   cudaGetDevice(&previous);
   cudaError_t status = cudaSetDevice(device_index);

@@ -73,9 +73,12 @@ absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst) {
 absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device) {
   RETURN_IF_ERROR(CheckDefined("t", t));
   if (t.device() == device) return t;
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.dtype(), t.shape(), device, ctx.stream));
-  RETURN_IF_ERROR(CopyInto(ctx, t, &out));
-  return out;
+  if (t.device().is_cpu() && device.is_cpu()) return t.Clone();
+#if TESERVE_WITH_CUDA
+  return cuda::CopyTo(ctx, t, device);
+#else
+  return NoKernel("CopyTo", t.device().is_cpu() ? device : t.device(), kNoCudaBackend);
+#endif
 }
 
 }  // namespace kernels

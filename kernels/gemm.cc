@@ -218,9 +218,6 @@ absl::Status CheckEpilogue(const Tensor& d, const GemmOptions& options,
   if (wants_bias_grad) {
     const int64_t length = options.epilogue == GemmEpilogue::kBGradB ? m : n;
     RETURN_IF_ERROR(CheckVector("options.bias_grad", options.bias_grad, length, d.dtype(), ctx));
-    if (options.bias_grad->dtype() != DType::kFloat32) {
-      return InvalidField("options.bias_grad.dtype", "FLOAT32", DTypeName(options.bias_grad->dtype()));
-    }
   } else if (options.bias_grad != nullptr) {
     return InvalidField("options.bias_grad", "nullptr for this epilogue", "a tensor");
   }

@@ -44,7 +44,8 @@ namespace kernels {
 //                 the dgrad of fc2 feeding fc1's backward
 //   kBGradB       bias_grad[m] = sum over k of op(A): the wgrad dW = dy^T x with the
 //                 bias gradient of dy in the same pass
-// bias is [n] FP32 or D's dtype; bias_grad is FP32 [n] (kDGeluBGrad) or [m] (kBGradB).
+// bias is [n] and bias_grad [n] (kDGeluBGrad) or [m] (kBGradB), each FP32 or D's dtype;
+// cuBLASLt's kernels for 16-bit D want them in D's dtype.
 //
 // On the CPU every operand is decoded to FP32 (x * scale_inv for FP8), multiplied with
 // sgemm and the epilogue applied in FP32: the numerical reference of the CUDA path.

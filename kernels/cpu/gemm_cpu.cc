@@ -51,6 +51,13 @@ void CopyBytes(const Tensor& src, Tensor* dst) {
   if (src.raw_data() != dst->raw_data()) std::memcpy(dst->raw_data(), src.raw_data(), src.nbytes());
 }
 
+// The FP32 sums into the bias gradient, rounded to its dtype.
+absl::Status WriteBiasGrad(const Context& ctx, const Tensor& sums, Tensor* bias_grad) {
+  ASSIGN_OR_RETURN(Tensor encoded, CastFromFloat32(ctx, sums, bias_grad->dtype()));
+  CopyBytes(encoded, bias_grad);
+  return absl::OkStatus();
+}
+
 // An operand as the FP32 matrix it stands for: FP8 codes times their scale_inv.
 absl::StatusOr<Tensor> DecodeOperand(const Context& ctx, const GemmOperand& operand) {
   ASSIGN_OR_RETURN(Tensor values, ToFloat32(ctx, operand.data));
@@ -88,21 +95,26 @@ absl::Status ApplyEpilogue(const Context& ctx, const GemmOptions& options, const
       ASSIGN_OR_RETURN(Tensor aux, ToFloat32(ctx, *options.aux));
       const float* pre = aux.data<float>();
       for (int64_t i = 0; i < m * n; ++i) y[i] *= gelu.Grad(pre[i]);
-      return ColumnSum(ctx, *product, /*accumulate=*/false, options.bias_grad);
+      ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros(DType::kFloat32, {n}));
+      RETURN_IF_ERROR(ColumnSum(ctx, *product, /*accumulate=*/false, &sums));
+      return WriteBiasGrad(ctx, sums, options.bias_grad);
     }
     case GemmEpilogue::kBGradB: {
       // bias_grad[i] = sum over k of op(A)[i, k]: column sums of A^T, or of A itself
       // when op(A) = A^T.
-      if (transpose_a) return ColumnSum(ctx, a_values, /*accumulate=*/false, options.bias_grad);
-      const int64_t k = a_values.dim(1);
-      const float* av = a_values.data<float>();
-      float* out = options.bias_grad->data<float>();
-      for (int64_t i = 0; i < m; ++i) {
-        double sum = 0.0;
-        for (int64_t j = 0; j < k; ++j) sum += av[i * k + j];
-        out[i] = static_cast<float>(sum);
+      ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros(DType::kFloat32, {m}));
+      if (transpose_a) {
+        RETURN_IF_ERROR(ColumnSum(ctx, a_values, /*accumulate=*/false, &sums));
+      } else {
+        const int64_t k = a_values.dim(1);
+        const float* av = a_values.data<float>();
+        for (int64_t i = 0; i < m; ++i) {
+          double sum = 0.0;
+          for (int64_t j = 0; j < k; ++j) sum += av[i * k + j];
+          sums.data<float>()[i] = static_cast<float>(sum);
+        }
       }
-      return absl::OkStatus();
+      return WriteBiasGrad(ctx, sums, options.bias_grad);
     }
   }
   return absl::InvalidArgumentError("Gemm: unknown epilogue");

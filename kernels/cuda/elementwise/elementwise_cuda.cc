@@ -67,6 +67,14 @@ absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device) {
+  // Entering the device registers the allocator the new tensor comes from.
+  ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.is_cpu() ? t.device().index : device.index));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.dtype(), t.shape(), device, ctx.stream));
+  RETURN_IF_ERROR(CopyInto(ctx, t, &out));
+  return out;
+}
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

@@ -18,6 +18,8 @@ absl::Status Scale(const Context& ctx, float factor, Tensor* x);
 absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors);
 absl::Status FillZero(const Context& ctx, Tensor* x);
 absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
+// A copy of t on `device`, one of the two sides being a CUDA device.
+absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -278,9 +278,16 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   ASSIGN_OR_RETURN(Layout lt_a, RowMajorLayout(b.data.dtype(), b.data.dim(0), b.data.dim(1)));
   ASSIGN_OR_RETURN(Layout lt_b, RowMajorLayout(a.data.dtype(), a.data.dim(0), a.data.dim(1)));
   ASSIGN_OR_RETURN(Layout lt_d, RowMajorLayout(d->dtype(), m, n));
-  // An FP8 D takes a 16-bit C layout (cuBLASLt has no FP8 C); beta is 0 then, so C is
-  // never read.
+  // An FP8 D takes a BF16 C (cuBLASLt has no FP8 C). beta is 0 then, so C is never
+  // read, but C may alias D only with D's own layout: C gets a scratch matrix from the
+  // stream's pool.
   ASSIGN_OR_RETURN(Layout lt_c, RowMajorLayout(IsFloat8(d->dtype()) ? DType::kBFloat16 : d->dtype(), m, n));
+  Tensor c_scratch;
+  void* c_ptr = d->raw_data();
+  if (IsFloat8(d->dtype())) {
+    ASSIGN_OR_RETURN(c_scratch, Tensor::Empty(DType::kBFloat16, {m, n}, d->device(), ctx.stream));
+    c_ptr = c_scratch.raw_data();
+  }
 
   const ProblemKey key{device,
                        m,
@@ -332,7 +339,7 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   const float alpha = options.alpha;
   const float beta = options.beta;
   TESERVE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle, desc.get(), &alpha, b.data.raw_data(), lt_a.get(),
-                                                a.data.raw_data(), lt_b.get(), &beta, d->raw_data(), lt_c.get(),
+                                                a.data.raw_data(), lt_b.get(), &beta, c_ptr, lt_c.get(),
                                                 d->raw_data(), lt_d.get(), &algo, workspace,
                                                 kGemmWorkspaceBytes, stream));
   return absl::OkStatus();

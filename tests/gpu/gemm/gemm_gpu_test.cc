@@ -207,18 +207,22 @@ TEST(GemmGpuEpilogue, BiasAndGeluAuxBiasMatchTheCpu) {
   }
 }
 
-TEST(GemmGpuEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
+class GemmGpuGradEpilogue : public ::testing::TestWithParam<DType> {};
+
+// The backward epilogues with 16-bit operands, D and bias gradient in one dtype (what
+// cuBLASLt's kernels take) and with FP32 throughout.
+TEST_P(GemmGpuGradEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
   TESERVE_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
   const int64_t m = 256, n = 192, k = 128;
   // dgrad of fc2: D = (dy W) * gelu'(aux), bias_grad = column sums of D.
-  const Operands o = MakeOperands(kBF16, kBF16, m, n, k, false, false, 61);
-  const Tensor aux = Cast(RandomTensor({m, n}, -2.0f, 2.0f, 62), kBF16);
-  const Tensor aux_gpu = testing::OnDevice(aux);
-  Tensor aux_cpu_in = aux, aux_gpu_in = aux_gpu;
-  Tensor d_cpu = Tensor::Zeros(kBF16, {m, n}).value();
-  Tensor d_gpu = Tensor::Zeros(kBF16, {m, n}, Device::Cuda(0)).value();
-  Tensor bgrad_cpu = Tensor::Zeros(kF32, {n}).value();
-  Tensor bgrad_gpu = Tensor::Zeros(kF32, {n}, Device::Cuda(0)).value();
+  const Operands o = MakeOperands(t, t, m, n, k, false, false, 61);
+  Tensor aux_cpu_in = Cast(RandomTensor({m, n}, -2.0f, 2.0f, 62), t);
+  Tensor aux_gpu_in = testing::OnDevice(aux_cpu_in);
+  Tensor d_cpu = Tensor::Zeros(t, {m, n}).value();
+  Tensor d_gpu = Tensor::Zeros(t, {m, n}, Device::Cuda(0)).value();
+  Tensor bgrad_cpu = Tensor::Zeros(t, {n}).value();
+  Tensor bgrad_gpu = Tensor::Zeros(t, {n}, Device::Cuda(0)).value();
   GemmOptions cpu_options, gpu_options;
   cpu_options.epilogue = gpu_options.epilogue = GemmEpilogue::kDGeluBGrad;
   cpu_options.aux = &aux_cpu_in;
@@ -228,21 +232,21 @@ TEST(GemmGpuEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
   ASSERT_OK(Gemm(Context::Cpu(), o.a, o.b, &d_cpu, cpu_options));
   ASSERT_OK(Gemm(testing::GpuContext(), o.a_gpu, o.b_gpu, &d_gpu, gpu_options));
   const std::vector<double> magnitude = TermMagnitude(o.a, o.b, d_cpu, 1.2f);  // |gelu'| < 1.2
+  const DType tol = t == kF32 ? kBF16 : t;  // tanh-GELU' differs in its last bits on the GPU
   const std::vector<float> want = testing::Floats(d_cpu);
-  EXPECT_TRUE(AllClose(testing::Floats(d_gpu), std::vector<double>(want.begin(), want.end()), kBF16, magnitude));
+  EXPECT_TRUE(AllClose(testing::Floats(d_gpu), std::vector<double>(want.begin(), want.end()), tol, magnitude));
   std::vector<double> bgrad_magnitude(n, 0.0);
   for (int64_t i = 0; i < m * n; ++i) bgrad_magnitude[i % n] += magnitude[i];
   const std::vector<float> want_bgrad = testing::Floats(bgrad_cpu);
-  // The GPU reduces the BF16-rounded or the FP32 product: either way within BF16's rtol.
   EXPECT_TRUE(AllClose(testing::Floats(bgrad_gpu), std::vector<double>(want_bgrad.begin(), want_bgrad.end()),
-                       kBF16, bgrad_magnitude));
+                       tol, bgrad_magnitude));
 
   // wgrad with dbias: dW [m, n] = dy^T x, dy stored [k, m]; bias_grad [m] = sums of dy.
-  const Operands w = MakeOperands(kBF16, kBF16, m, n, k, true, false, 63);
-  Tensor dw_cpu = Tensor::Zeros(kBF16, {m, n}).value();
-  Tensor dw_gpu = Tensor::Zeros(kBF16, {m, n}, Device::Cuda(0)).value();
-  Tensor db_cpu = Tensor::Zeros(kF32, {m}).value();
-  Tensor db_gpu = Tensor::Zeros(kF32, {m}, Device::Cuda(0)).value();
+  const Operands w = MakeOperands(t, t, m, n, k, true, false, 63);
+  Tensor dw_cpu = Tensor::Zeros(t, {m, n}).value();
+  Tensor dw_gpu = Tensor::Zeros(t, {m, n}, Device::Cuda(0)).value();
+  Tensor db_cpu = Tensor::Zeros(t, {m}).value();
+  Tensor db_gpu = Tensor::Zeros(t, {m}, Device::Cuda(0)).value();
   GemmOptions wc, wg;
   wc.epilogue = wg.epilogue = GemmEpilogue::kBGradB;
   wc.bias_grad = &db_cpu;
@@ -250,13 +254,16 @@ TEST(GemmGpuEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
   ASSERT_OK(Gemm(Context::Cpu(), w.a, w.b, &dw_cpu, wc));
   ASSERT_OK(Gemm(testing::GpuContext(), w.a_gpu, w.b_gpu, &dw_gpu, wg));
   const std::vector<float> want_dw = testing::Floats(dw_cpu);
-  EXPECT_TRUE(AllClose(testing::Floats(dw_gpu), std::vector<double>(want_dw.begin(), want_dw.end()), kBF16,
+  EXPECT_TRUE(AllClose(testing::Floats(dw_gpu), std::vector<double>(want_dw.begin(), want_dw.end()), tol,
                        TermMagnitude(w.a, w.b, dw_cpu, 1.0f)));
   std::vector<double> db_magnitude(m, static_cast<double>(k));  // |dy| <= 1
   const std::vector<float> want_db = testing::Floats(db_cpu);
-  EXPECT_TRUE(AllClose(testing::Floats(db_gpu), std::vector<double>(want_db.begin(), want_db.end()), kBF16,
+  EXPECT_TRUE(AllClose(testing::Floats(db_gpu), std::vector<double>(want_db.begin(), want_db.end()), tol,
                        db_magnitude));
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GemmGpuGradEpilogue, ::testing::Values(kBF16, kF16, kF32),
+                         [](const ::testing::TestParamInfo<DType>& info) { return std::string(DTypeName(info.param)); });
 
 TEST(GemmGpu, RepeatedCallsReuseTheCachedAlgorithmAndAgree) {
   TESERVE_SKIP_WITHOUT_GPU();
