@@ -71,19 +71,22 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
 
   void* a8 = Fp8Buffer(m * k, 3);
   void* b8 = Fp8Buffer(n * k, 4);
-  const float scales[2] = {0.5f, 0.25f};
-  void* s = DeviceBuffer(sizeof(scales));
-  BENCH_CHECK(cudaMemcpy(s, scales, sizeof(scales), cudaMemcpyHostToDevice));
+  // Each scale in its own allocation, as the quantizers' scale tensors are.
+  const float scale_a = 0.5f, scale_b = 0.25f;
+  void* sa = DeviceBuffer(sizeof(float));
+  void* sb = DeviceBuffer(sizeof(float));
+  BENCH_CHECK(cudaMemcpy(sa, &scale_a, sizeof(float), cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(sb, &scale_b, sizeof(float), cudaMemcpyHostToDevice));
   const kernels::GemmOperand a{Tensor::Borrow(a8, DType::kFloat8E4M3, {m, k}, gpu), false,
-                               Tensor::Borrow(s, DType::kFloat32, {1}, gpu)};
+                               Tensor::Borrow(sa, DType::kFloat32, {1}, gpu)};
   const kernels::GemmOperand b{Tensor::Borrow(b8, DType::kFloat8E4M3, {n, k}, gpu), true,
-                               Tensor::Borrow(static_cast<float*>(s) + 1, DType::kFloat32, {1}, gpu)};
+                               Tensor::Borrow(sb, DType::kFloat32, {1}, gpu)};
   kernels::GemmOptions fast;
   fast.accumulation = kernels::GemmAccumulation::kFast;
   record("gemm_fp8_fast", "e4m3", 1, a, b, fast, &d_bf16, "E4M3 x E4M3 -> BF16, per-tensor scale_inv pointers");
   record("gemm_fp8_split", "e4m3", 1, a, b, kernels::GemmOptions(), &d_bf16,
          "E4M3 x E4M3 -> BF16, split accumulation");
-  FreeDeviceBuffers({a16, b16, d16, a8, b8, s});
+  FreeDeviceBuffers({a16, b16, d16, a8, b8, sa, sb});
 }
 
 }  // namespace

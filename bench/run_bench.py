@@ -491,7 +491,23 @@ def _torch_scaled_mm(fast):
     return build
 
 
+def _torch_linear_fwd_bwd(rows, cols):
+    torch = _torch()
+    layer = torch.nn.Linear(cols, cols, bias=True, device="cuda", dtype=torch.bfloat16)
+    x = _randn(rows, cols, torch.bfloat16, seed=1).requires_grad_(True)
+    dy = _randn(rows, cols, torch.bfloat16, std=1e-3, seed=2)
+
+    def run():
+        y = layer(x)
+        y.backward(dy)
+    return run, "torch.nn.Linear BF16 forward + backward (dx, dW, db)"
+
+
+BENCHES.append("linear_bench")
+
 TORCH_EQUIVALENTS.update({
+    "linear_fp32_fwd_bwd": _torch_linear_fwd_bwd,
+    "linear_fp8_delayed_fwd_bwd": _torch_linear_fwd_bwd,
     "gemm_bf16": _torch_matmul_bf16,
     "gemm_fp8_fast": _torch_scaled_mm(True),
     "gemm_fp8_split": _torch_scaled_mm(False),
