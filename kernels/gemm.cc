@@ -181,6 +181,11 @@ absl::Status CheckGemmOutput(const GemmOperand& a, const GemmOperand& b, const T
                         DTypeName(d->dtype()));
   }
   RETURN_IF_ERROR(CheckGemmShapes(a.data, a.transpose, b.data, b.transpose, *d));
+  if (d->dtype() == DType::kFloat8E5M2 && a.data.dtype() == DType::kFloat8E4M3 &&
+      b.data.dtype() == DType::kFloat8E4M3) {
+    return InvalidField("d.dtype", "FLOAT8_E4M3 or a high-precision type for E4M3 x E4M3 (an E5M2 d needs an "
+                        "E5M2 operand)", DTypeName(d->dtype()));
+  }
   if (IsFloat8(d->dtype())) {
     if (options.d_scale == nullptr) return InvalidField("options.d_scale", "an FP32 [1] tensor for an FP8 d", "nullptr");
     RETURN_IF_ERROR(CheckTensorOfShape("options.d_scale", *options.d_scale, DType::kFloat32, {1}, ctx));

@@ -32,7 +32,8 @@ namespace kernels {
 // A [m, k] not transposed and B [n, k] transposed (Linear's fprop x W^T; dgrad and
 // wgrad pass the columnwise copies, which is why quantizers produce them), and the
 // stored row lengths (k) must be multiples of 16.
-// D: FLOAT32, BFLOAT16 or FLOAT16; for FP8 operands also E4M3 / E5M2, quantized with
+// D: FLOAT32, BFLOAT16 or FLOAT16; for FP8 operands also E4M3 / E5M2 (E5M2 only when an
+// operand is E5M2, as in cuBLASLt's FP8 type table), quantized with
 // d_scale (FP32 [1]): D_q = cast(D * d_scale). d_amax (FP32 [1]) receives max |D| before
 // that scaling (FP8 operands only). Accumulation is always FP32.
 //

@@ -82,9 +82,10 @@ absl::Status EncodeNamed(const std::vector<train::NamedTensor>& tensors,
   return absl::OkStatus();
 }
 
-// Sessions compute on the CPU reference backend in this release, so that is what the
-// availability describes. When a GPU was selected the reason also says what it will
-// offer once the CUDA layer kernels land, without claiming it runs there today.
+// What a session created now would run. On a GPU, per-tensor FP8 recipes (delayed,
+// current) run there for models whose layers all have a GPU path (train/session.cc
+// names them); the block recipes and other models run on the CPU reference, and the
+// reason says what the GPU itself offers.
 std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& config) {
   std::vector<v1::RecipeAvailability> cpu = RecipeAvailabilities(DeviceFacts{});
   if (!config.gpu_selected) return cpu;
@@ -95,13 +96,24 @@ std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& 
   gpu_facts.cc_minor = info.cc_minor;
   gpu_facts.cublaslt_version = info.cublaslt_version;
   const std::vector<v1::RecipeAvailability> gpu = RecipeAvailabilities(gpu_facts);
+  std::vector<v1::RecipeAvailability> out;
   for (size_t i = 0; i < cpu.size() && i < gpu.size(); ++i) {
-    cpu[i].set_reason(absl::StrCat(cpu[i].reason(), "; on ", config.selected_device,
-                                   " once the CUDA layer kernels land: ",
-                                   v1::Availability_Name(gpu[i].availability()), " (",
-                                   gpu[i].reason(), ")"));
+    const std::string& recipe = gpu[i].recipe();
+    if (recipe == "delayed" || recipe == "current") {
+      v1::RecipeAvailability a = gpu[i];
+      a.set_reason(absl::StrCat(gpu[i].reason(), "; on ", config.selected_device,
+                                " for Linear / LayerNorm / RMSNorm models, other models run on the CPU reference (",
+                                cpu[i].reason(), ")"));
+      out.push_back(std::move(a));
+    } else {
+      v1::RecipeAvailability a = cpu[i];
+      a.set_reason(absl::StrCat(cpu[i].reason(), "; sessions under this recipe run on the CPU reference until its ",
+                                config.selected_device, " path lands, where it will be ",
+                                v1::Availability_Name(gpu[i].availability()), " (", gpu[i].reason(), ")"));
+      out.push_back(std::move(a));
+    }
   }
-  return cpu;
+  return out;
 }
 
 }  // namespace

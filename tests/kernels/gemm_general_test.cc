@@ -214,6 +214,17 @@ TEST(GemmGeneral, RejectsE5M2TimesE5M2AndMixedPrecision) {
               HasError(kInvalid, "b.data.dtype"));
 }
 
+TEST(GemmGeneral, RejectsAnE5M2OutputOfE4M3Operands) {
+  const Tensor e4 = Cast(RandomTensor({16, 16}, -1.0f, 1.0f, 23), DType::kFloat8E4M3);
+  Tensor d = Tensor::Zeros(DType::kFloat8E5M2, {16, 16}).value();
+  const Tensor d_scale = Scalar(1.0f);
+  GemmOptions options;
+  options.d_scale = &d_scale;
+  EXPECT_THAT(Gemm(Context::Cpu(), GemmOperand{e4, false, Scalar(1.0f)}, GemmOperand{e4, true, Scalar(1.0f)}, &d,
+                   options),
+              HasError(kInvalid, "d.dtype: expected FLOAT8_E4M3 or a high-precision type for E4M3 x E4M3"));
+}
+
 TEST(GemmGeneral, RejectsMissingScalesAndMisplacedEpilogueTensors) {
   const Tensor e4 = Cast(RandomTensor({16, 16}, -1.0f, 1.0f, 19), DType::kFloat8E4M3);
   const Tensor f = RandomTensor({16, 16}, -1.0f, 1.0f, 20);

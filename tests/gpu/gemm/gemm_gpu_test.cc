@@ -136,13 +136,16 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(GemmGpuFp8, OutputQuantizedWithDScaleAndAmaxOfTheUnscaledResult) {
   TESERVE_SKIP_WITHOUT_GPU();
   const int64_t m = 128, n = 256, k = 192;
-  const Operands o = MakeOperands(kE4M3, kE4M3, m, n, k, false, true, 41);
+  // An E5M2 output takes an E5M2 operand (the dgrad's dy), as cuBLASLt's type table has it.
+  const Operands e4 = MakeOperands(kE4M3, kE4M3, m, n, k, false, true, 41);
+  const Operands e5 = MakeOperands(kE5M2, kE4M3, m, n, k, false, true, 42);
   const Tensor d_scale = Scalar(0.0625f);
   const Tensor d_scale_gpu = testing::OnDevice(d_scale);
   Tensor amax_cpu = Scalar(0.0f);
   Tensor amax_gpu = testing::OnDevice(Scalar(-1.0f));
   for (DType out : {kE4M3, kE5M2}) {
     SCOPED_TRACE(DTypeName(out));
+    const Operands& o = out == kE4M3 ? e4 : e5;
     Tensor d_cpu = Tensor::Zeros(out, {m, n}).value();
     Tensor d_gpu = Tensor::Zeros(out, {m, n}, Device::Cuda(0)).value();
     GemmOptions cpu_options;
