@@ -146,6 +146,11 @@ absl::StatusOr<DeviceMemory> QueryDeviceMemory(int index) {
   DeviceMemory memory;
   memory.total_bytes = static_cast<int64_t>(total_bytes);
   memory.used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+  absl::StatusOr<cuda::DevicePoolMemory> pool = cuda::PoolMemory(index);
+  if (pool.ok()) {
+    memory.pool_reserved_bytes = static_cast<int64_t>(pool->reserved);
+    memory.pool_used_bytes = static_cast<int64_t>(pool->used);
+  }
   return memory;
 #else
   return absl::FailedPreconditionError(

@@ -35,6 +35,10 @@ DeviceInfo QueryDeviceInfo();
 struct DeviceMemory {
   int64_t used_bytes = 0;   // total - free, whoever allocated it
   int64_t total_bytes = 0;
+  // teserve's stream-ordered pool on the device: what it holds from the driver, and of
+  // that what tensors use (the rest is kept for reuse).
+  int64_t pool_reserved_bytes = 0;
+  int64_t pool_used_bytes = 0;
 };
 
 // cudaMemGetInfo of GPU `index` (selects it on the calling thread). UNAVAILABLE naming

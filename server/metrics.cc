@@ -397,6 +397,10 @@ void Metrics::RefreshDeviceMemory() {
       .Set(static_cast<double>(gpu->used_bytes));
   device_memory_->Add({{"device", device}, {"kind", "total"}})
       .Set(static_cast<double>(gpu->total_bytes));
+  device_memory_->Add({{"device", device}, {"kind", "pool_reserved"}})
+      .Set(static_cast<double>(gpu->pool_reserved_bytes));
+  device_memory_->Add({{"device", device}, {"kind", "pool_used"}})
+      .Set(static_cast<double>(gpu->pool_used_bytes));
 }
 
 }  // namespace server

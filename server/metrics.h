@@ -24,7 +24,9 @@
 //   teserve_fp8_quantization_mse{...}               gauges, sampled (below)
 //   teserve_kernel_duration_seconds{op,device}      histogram, sampled (kernels/timing.h)
 //   teserve_device_memory_bytes{device,kind}        gauge, kind "used" | "total", read at
-//                                                   scrape time (CPU: process RSS as used)
+//                                                   scrape time (CPU: process RSS as used);
+//                                                   a GPU adds "pool_reserved" | "pool_used"
+//                                                   (teserve's stream-ordered pool)
 // The values come from a snapshot of the session (train::SessionSnapshot, taken by the
 // trainer service with Session::Snapshot) at the end of every Forward, Backward,
 // ForwardBackward and Step, so they equal what GetSession and GetQuantizationState

@@ -34,6 +34,7 @@ void FillSessionInfo(const std::string& id, const train::Session& session,
   info->set_num_parameters(summary.num_parameters);
   info->set_device(summary.device);
   info->set_device_note(summary.device_note);
+  info->set_state_bytes(summary.state_bytes);
   info->set_live_handles(summary.live_handles);
   info->set_recipe_name(summary.recipe_name);
   for (const train::LayerSummary& layer : summary.layers) {

@@ -34,6 +34,12 @@ absl::Status EnsureState(const Context& ctx, const std::vector<layers::Parameter
   return absl::OkStatus();
 }
 
+int64_t TensorBytes(const std::vector<Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const Tensor& t : tensors) bytes += t.nbytes();
+  return bytes;
+}
+
 // The parameter list as kernels/optimizer.h tensors.
 std::vector<kernels::OptimizerTensor> OptimizerTensors(const std::vector<layers::Parameter*>& params,
                                                        std::vector<Tensor>* exp_avg,
@@ -66,6 +72,8 @@ class Sgd : public Optimizer {
     return kernels::SgdStep(ctx, tensors, options_, step);
   }
 
+  int64_t StateBytes() const override { return TensorBytes(momentum_); }
+
  private:
   v1::SGD spec_;
   kernels::SgdOptions options_;
@@ -82,6 +90,8 @@ class AdamW : public Optimizer {
     const std::vector<kernels::OptimizerTensor> tensors = OptimizerTensors(params, &exp_avg_, &exp_avg_sq_);
     return kernels::AdamWStep(ctx, tensors, options_, step);
   }
+
+  int64_t StateBytes() const override { return TensorBytes(exp_avg_) + TensorBytes(exp_avg_sq_); }
 
  private:
   kernels::AdamWOptions options_;

@@ -29,6 +29,8 @@ class Optimizer {
   // parameters and the optimizer state live); `step` counts from 1. The parameter list
   // and the Context's device must be the same on every call.
   virtual absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) = 0;
+  // Bytes of the state buffers allocated so far (momentum, Adam moments).
+  virtual int64_t StateBytes() const = 0;
 };
 
 // Validates the spec (INVALID_ARGUMENT naming "optimizer.<field>").

@@ -500,7 +500,11 @@ SessionSummary Session::Summary() const {
   absl::MutexLock lock(&mu_);
   SessionSummary summary;
   summary.step = state_->step;
-  for (const layers::Parameter* p : state_->params) summary.num_parameters += p->value.numel();
+  for (const layers::Parameter* p : state_->params) {
+    summary.num_parameters += p->value.numel();
+    summary.state_bytes += p->value.nbytes() + p->grad.nbytes();
+  }
+  summary.state_bytes += state_->optimizer->StateBytes();
   summary.live_handles = static_cast<int64_t>(state_->pending.size());
   summary.device = state_->ctx.device.ToString();
   summary.device_note = state_->device_note;

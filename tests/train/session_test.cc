@@ -145,6 +145,21 @@ TEST(Session, MicrobatchesMayPrecedeTheirBackwards) {
   EXPECT_EQ(session->Summary().live_handles, 0);
 }
 
+TEST(Session, StateBytesCountParametersGradientsAndOptimizerState) {
+  // LayerNorm(8): gamma, beta; Linear(8 -> 4): weight, bias. 8 + 8 + 32 + 4 = 52 FP32
+  // values, each with its gradient; AdamW adds two moments once it has stepped.
+  v1::OptimizerSpec adamw;
+  adamw.mutable_adamw()->set_lr(1e-3f);
+  auto session = MakeSession(Delayed(), adamw);
+  EXPECT_EQ(session->Summary().state_bytes, 2 * 52 * 4);
+  auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
+  ASSERT_TRUE(session->Backward(fwd.handle, {Random({2, 4}, 2)}).ok());
+  ASSERT_TRUE(session->Step().ok());
+  EXPECT_EQ(session->Summary().state_bytes, 4 * 52 * 4);
+  EXPECT_EQ(session->Summary().device, "cpu");
+  EXPECT_EQ(session->Summary().device_note, "");
+}
+
 TEST(Session, NoGradForwardReturnsNoHandle) {
   auto session = MakeSession();
   auto fwd = session->Forward({Random({2, 8}, 1)}, false).value();

@@ -128,6 +128,7 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->Summary().device, "cuda:0");
   EXPECT_EQ((*gpu)->Summary().device_note, "");
+  EXPECT_EQ((*gpu)->Summary().state_bytes, (*cpu)->Summary().state_bytes);
 
   LossOptions mse;
   mse.kind = LossOptions::Kind::kMse;
@@ -208,6 +209,10 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
   for (size_t i = 0; i < got_grads->size(); ++i) {
     if (!fp8) EXPECT_TRUE(Close((*got_grads)[i].tensor, (*want_grads)[i].tensor)) << (*want_grads)[i].name;
   }
+  // After training the optimizer state lives on the device too.
+  EXPECT_EQ((*gpu)->Summary().state_bytes, (*cpu)->Summary().state_bytes);
+  EXPECT_GT((*gpu)->Summary().state_bytes, 0);
+
   // SetParameters writes the device copy: reading it back gives the bytes sent.
   std::vector<NamedTensor> update{{(*want_params)[1].name, Random((*want_params)[1].tensor.shape(), 400)}};
   ASSERT_TRUE((*gpu)->SetParameters(update).ok());
