@@ -236,6 +236,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
 
 std::string Metrics::Render() {
   RefreshDeviceMemory();
+  // GPU kernel timings whose events have completed since the last sampled call.
+  if (kernel_timing_ != nullptr) kernel_timing_->Drain();
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

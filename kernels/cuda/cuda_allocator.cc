@@ -112,6 +112,7 @@ void RegisterCudaAllocator() {
   std::call_once(once, [] {
     static CudaAllocator* allocator = new CudaAllocator();
     RegisterAllocator(DeviceType::kCuda, allocator);
+    RegisterCudaTimer();
   });
 }
 

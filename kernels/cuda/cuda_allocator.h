@@ -16,6 +16,10 @@ namespace cuda {
 // CUDA entry point calls it through EnterDevice (device_entry.h).
 void RegisterCudaAllocator();
 
+// Registers the CUDA-event DeviceTimer factory of kernels/timing.h (timing_cuda.cc), so
+// sampled ops on CUDA devices are timed; RegisterCudaAllocator does it too.
+void RegisterCudaTimer();
+
 // Bytes the device's memory pool holds from the driver, and of those the bytes in use.
 struct DevicePoolMemory {
   uint64_t reserved = 0;
