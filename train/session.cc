@@ -162,7 +162,7 @@ struct Session::State {
       const std::string kind = module->kind();
       if (std::find(std::begin(kDeviceLayers), std::end(kDeviceLayers), kind) == std::end(kDeviceLayers)) {
         return absl::UnimplementedError(absl::StrCat(
-            "model: layer '", module->name(), "' (", kind, ") has no ", ctx.device.ToString(),
+            "model: layer ", Quoted(module->name()), " (", kind, ") has no ", ctx.device.ToString(),
             " path yet; on a GPU, sessions take ", absl::StrJoin(kDeviceLayers, ", "),
             " layers (use --device=cpu for this model)"));
       }
