@@ -254,9 +254,9 @@ TEST_F(BadInput, RepeatedParameterNames) {
   request.set_session_id(id_);
   for (int i = 0; i < 3; ++i) request.add_names(before_.parameters(i % before_.parameters_size()).name());
   request.add_names(name);
-  EXPECT_REJECTED(s_.client->GetParameters(request), kInvalidArgument,
-                  absl::StrCat("names[3]: expected each parameter at most once, got '", name, "' again")
-                      .c_str());
+  const std::string expected =
+      absl::StrCat("names[3]: expected each parameter at most once, got '", name, "' again");
+  EXPECT_REJECTED(s_.client->GetParameters(request), kInvalidArgument, expected.c_str());
   // The attack from issue 25: one name 60,000 times is refused at the second.
   request.clear_names();
   for (int i = 0; i < 60000; ++i) request.add_names(name);
