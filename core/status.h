@@ -4,11 +4,14 @@
 #ifndef TESERVE_CORE_STATUS_H_
 #define TESERVE_CORE_STATUS_H_
 
+#include <cstddef>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define TESERVE_STATUS_CONCAT_INNER_(a, b) a##b
 #define TESERVE_STATUS_CONCAT_(a, b) TESERVE_STATUS_CONCAT_INNER_(a, b)
@@ -43,6 +46,31 @@ template <typename Expected, typename Got>
 absl::Status InvalidField(absl::string_view field, const Expected& expected, const Got& got) {
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": expected ", expected, ", got ", got));
+}
+
+// Text from a client, quoted for an error message. Short text comes back as 'text';
+// longer text as its first kQuotedMaxBytes bytes (never splitting a UTF-8 sequence),
+// an ellipsis and the original length: 'abc...' (200000 bytes). Every message that
+// echoes a session id, name or other request string goes through this, so a huge input
+// gives a short error (not gRPC's metadata-limit RESOURCE_EXHAUSTED).
+inline constexpr size_t kQuotedMaxBytes = 128;
+inline std::string Quoted(absl::string_view client_text) {
+  if (client_text.size() <= kQuotedMaxBytes) return absl::StrCat("'", client_text, "'");
+  size_t cut = kQuotedMaxBytes;
+  // Back up over UTF-8 continuation bytes (10xxxxxx) so the prefix ends on a boundary.
+  while (cut > 0 && (static_cast<unsigned char>(client_text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat("'", client_text.substr(0, cut), "...' (", client_text.size(), " bytes)");
+}
+
+// The backstop for messages built from many pieces (lists of names, nested
+// annotations): a message longer than kMaxStatusMessageBytes keeps its first bytes and
+// says how long it was. ToGrpcStatus applies it to every status the server sends.
+inline constexpr size_t kMaxStatusMessageBytes = 4096;
+inline std::string BoundedMessage(absl::string_view message) {
+  if (message.size() <= kMaxStatusMessageBytes) return std::string(message);
+  size_t cut = kMaxStatusMessageBytes - 64;
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(message.substr(0, cut), "... (message truncated, ", message.size(), " bytes in all)");
 }
 
 }  // namespace teserve

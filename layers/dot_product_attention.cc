@@ -165,7 +165,7 @@ absl::StatusOr<std::vector<Shape>> DotProductAttention::OutputShapes(const std::
   const size_t rank = thd ? 3 : 4;
   const int head_dim = static_cast<int>(rank) - 2;
   const int batch_dim = format == QkvFormat::kBshd ? 0 : 1;  // sbhd/bshd
-  const std::string layer = absl::StrCat(" (qkv_format ", kernels::QkvFormatName(format), " of layer '", name(), "')");
+  const std::string layer = absl::StrCat(" (qkv_format ", kernels::QkvFormatName(format), " of layer ", Quoted(name()), ")");
   const struct {
     absl::string_view seq;
     int64_t heads;

@@ -86,7 +86,7 @@ absl::StatusOr<std::vector<Shape>> GroupedLinear::OutputShapes(const std::vector
                                                                absl::string_view field) const {
   RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.in_features, absl::StrCat(field, "[0]"),
-                                 absl::StrCat("in_features of layer '", name(), "'")));
+                                 absl::StrCat("in_features of layer ", Quoted(name()))));
   Shape out = input_shapes[0];
   out.back() = options_.out_features;
   std::vector<Shape> shapes{out};
@@ -98,7 +98,7 @@ absl::StatusOr<std::vector<Shape>> GroupedLinear::OutputShapes(const std::vector
 
 absl::StatusOr<std::vector<int64_t>> GroupedLinear::Splits(const SideInputs* side, int64_t tokens) const {
   const Tensor* splits = side == nullptr ? nullptr : side->Find("m_splits");
-  const std::string layer = absl::StrCat("layer '", name(), "'");
+  const std::string layer = absl::StrCat("layer ", Quoted(name()));
   if (splits == nullptr || !splits->defined()) {
     return InvalidField(kSplitsField,
                         absl::StrCat("an INT64 tensor [", options_.num_gemms, "] (the group sizes of GroupedLinear ",

@@ -19,7 +19,7 @@ absl::StatusOr<std::vector<Shape>> LayerStack::OutputShapes(const std::vector<Sh
   std::string current_field(field);
   for (size_t i = 0; i < modules_.size(); ++i) {
     ASSIGN_OR_RETURN(shapes, modules_[i]->OutputShapes(shapes, current_field));
-    current_field = absl::StrCat("output of layer '", modules_[i]->name(), "'");
+    current_field = absl::StrCat("output of layer ", Quoted(modules_[i]->name()));
   }
   return shapes;
 }

@@ -39,11 +39,11 @@ absl::Status ValidateParametersSplit(const ParametersSplit& split, int64_t out_f
     const std::string at = absl::StrCat(field, "[", i, "]");
     if (name.empty()) {
       return InvalidField(absl::StrCat(at, ".name"), "a non-empty name (trailing underscores are dropped)",
-                          absl::StrCat("'", split[i].first, "'"));
+                          Quoted(split[i].first));
     }
     if (!names.insert(name).second) {
       return InvalidField(absl::StrCat(at, ".name"), "a name unique within parameters_split",
-                          absl::StrCat("'", name, "' again"));
+                          absl::StrCat(Quoted(name), " again"));
     }
     if (split[i].second <= 0 || split[i].second > out_features) {
       return InvalidField(absl::StrCat(at, ".size"), absl::StrCat("a size in 1..", out_features, " (out_features)"),
@@ -124,7 +124,7 @@ absl::StatusOr<std::vector<Shape>> LayerNormLinear::OutputShapes(const std::vect
                                                                  absl::string_view field) const {
   RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.in_features, absl::StrCat(field, "[0]"),
-                                 absl::StrCat("in_features of layer '", name(), "'")));
+                                 absl::StrCat("in_features of layer ", Quoted(name()))));
   ASSIGN_OR_RETURN(std::vector<Shape> shapes, linear_->OutputShapes(input_shapes, field));
   if (options_.return_layernorm_output) shapes.push_back(input_shapes[0]);
   return shapes;

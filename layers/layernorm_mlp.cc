@@ -61,7 +61,7 @@ absl::StatusOr<std::vector<Shape>> LayerNormMLP::OutputShapes(const std::vector<
                                                               absl::string_view field) const {
   RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.hidden_size, absl::StrCat(field, "[0]"),
-                                 absl::StrCat("hidden_size of layer '", name(), "'")));
+                                 absl::StrCat("hidden_size of layer ", Quoted(name()))));
   // fc1 checks the token count against the recipe's block size; fc2 sees the same rows.
   RETURN_IF_ERROR(fc1_->OutputShapes(input_shapes, field).status());
   std::vector<Shape> shapes{input_shapes[0]};

@@ -109,14 +109,14 @@ absl::StatusOr<std::vector<Shape>> Linear::OutputShapes(const std::vector<Shape>
                                                         absl::string_view field) const {
   RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.in_features, absl::StrCat(field, "[0]"),
-                                 absl::StrCat("in_features of layer '", name(), "'")));
+                                 absl::StrCat("in_features of layer ", Quoted(name()))));
   Shape out = input_shapes[0];
   int64_t rows = 1;  // tokens: the product of the leading dimensions
   for (size_t i = 0; i + 1 < out.size(); ++i) rows *= out[i];
   if (rows % row_multiple_ != 0) {
     return InvalidField(absl::StrCat(field, "[0].shape"),
                         absl::StrCat("a token count (product of the leading dimensions) divisible by ", row_multiple_,
-                                     " (the recipe's block size, for layer '", name(), "')"),
+                                     " (the recipe's block size, for layer ", Quoted(name()), ")"),
                         absl::StrCat(rows, " in ", ShapeToString(out)));
   }
   out.back() = options_.out_features;

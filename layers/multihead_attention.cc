@@ -201,7 +201,7 @@ std::vector<Parameter> SplitViews(Linear& linear, const ParametersSplit& split) 
 absl::StatusOr<AttentionType> ParseAttentionType(absl::string_view text, absl::string_view field) {
   if (text == "self") return AttentionType::kSelf;
   if (text == "cross") return AttentionType::kCross;
-  return InvalidField(field, "one of self, cross", absl::StrCat("'", text, "'"));
+  return InvalidField(field, "one of self, cross", Quoted(text));
 }
 
 absl::StatusOr<QkNormType> ParseQkNormType(absl::string_view text, absl::string_view field) {
@@ -209,7 +209,7 @@ absl::StatusOr<QkNormType> ParseQkNormType(absl::string_view text, absl::string_
   if (text == "L2Normalization") return QkNormType::kL2Normalization;
   if (text == "RMSNorm") return QkNormType::kRmsNorm;
   if (text == "LayerNorm") return QkNormType::kLayerNorm;
-  return InvalidField(field, "one of none, L2Normalization, RMSNorm, LayerNorm", absl::StrCat("'", text, "'"));
+  return InvalidField(field, "one of none, L2Normalization, RMSNorm, LayerNorm", Quoted(text));
 }
 
 int64_t HeadDim(const MultiheadAttentionOptions& options) {
@@ -352,11 +352,11 @@ absl::StatusOr<std::vector<Shape>> MultiheadAttention::OutputShapes(const std::v
                                                                    : "[T, hidden_size]";
     return InvalidField(
         absl::StrCat(field, "[0].shape"),
-        absl::StrCat(layout, " (qkv_format ", kernels::QkvFormatName(options_.qkv_format), " of layer '", name(), "')"),
+        absl::StrCat(layout, " (qkv_format ", kernels::QkvFormatName(options_.qkv_format), " of layer ", Quoted(name()), ")"),
         ShapeToString(x));
   }
   RETURN_IF_ERROR(ExpectFeatures(x, options_.hidden_size, absl::StrCat(field, "[0]"),
-                                 absl::StrCat("hidden_size of layer '", name(), "'")));
+                                 absl::StrCat("hidden_size of layer ", Quoted(name()))));
   // The token-count divisibility of block recipes (the same for every projection of x).
   RETURN_IF_ERROR(query_proj_->OutputShapes({x}, field).status());
   std::vector<Shape> shapes{x};
@@ -373,7 +373,7 @@ absl::StatusOr<Shape> MultiheadAttention::EncoderShape(const SideInputs* side, c
                                           : options_.qkv_format == QkvFormat::kBshd ? "[B, S_kv, "
                                                                                     : "[T_kv, ",
                                           options_.hidden_size, "]", thd ? "" : " with the batch size of hidden_states",
-                                          " (cross-attention of layer '", name(), "')");
+                                          " (cross-attention of layer ", Quoted(name()), ")");
   if (enc == nullptr) return InvalidField(kField, absl::StrCat("an FP32 tensor ", layout), "none");
   if (enc->dtype() != DType::kFloat32) {
     return InvalidField(absl::StrCat(kField, ".dtype"), "FLOAT32", DTypeName(enc->dtype()));

@@ -48,7 +48,7 @@ absl::StatusOr<std::vector<Shape>> Normalization::OutputShapes(const std::vector
                                                                absl::string_view field) const {
   RETURN_IF_ERROR(ExpectInputCount(input_shapes, 1, field));
   RETURN_IF_ERROR(ExpectFeatures(input_shapes[0], options_.hidden_size, absl::StrCat(field, "[0]"),
-                                 absl::StrCat("hidden_size of layer '", name(), "'")));
+                                 absl::StrCat("hidden_size of layer ", Quoted(name()))));
   return std::vector<Shape>{input_shapes[0]};
 }
 

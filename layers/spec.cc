@@ -224,7 +224,7 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
-  return absl::InternalError(absl::StrCat("layer '", name, "': no layer kind set after planning"));
+  return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
 }  // namespace
@@ -242,7 +242,7 @@ absl::StatusOr<std::unique_ptr<LayerStack>> BuildStack(const v1::ModelSpec& spec
     plan.name = layer.name().empty() ? absl::StrCat("layers.", i) : layer.name();
     if (!names.insert(plan.name).second) {
       return InvalidField(absl::StrCat(field, ".name"), "a name unique within the model",
-                          absl::StrCat("'", plan.name, "' again"));
+                          absl::StrCat(Quoted(plan.name), " again"));
     }
     for (const auto& [dim_field, value] : plan.tiled_dims) RETURN_IF_ERROR(CheckTiles(value, recipe, dim_field));
     if (layer.kind_case() == v1::LayerSpec::kDotProductAttention) {

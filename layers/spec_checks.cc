@@ -26,7 +26,7 @@ absl::Status CheckInitStd(bool has, float value, absl::string_view field) {
 absl::StatusOr<NormKind> ParseNormalization(const std::string& name, absl::string_view field) {
   if (name.empty() || name == "LayerNorm") return NormKind::kLayerNorm;
   if (name == "RMSNorm") return NormKind::kRmsNorm;
-  return InvalidField(field, "one of LayerNorm, RMSNorm", absl::StrCat("'", name, "'"));
+  return InvalidField(field, "one of LayerNorm, RMSNorm", Quoted(name));
 }
 
 absl::Status CheckTiles(int64_t value, const recipes::Recipe& recipe, absl::string_view field,

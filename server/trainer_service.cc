@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "absl/time/time.h"
 #include "core/context.h"
 #include "core/status.h"
@@ -83,6 +84,30 @@ absl::Status EncodeNamed(const std::vector<train::NamedTensor>& tensors,
   return absl::OkStatus();
 }
 
+// The exact wire size of `layouts` encoded by EncodeNamed as repeated field `field_number`
+// of a reply, computed without the data.
+int64_t NamedTensorsWireBytes(const std::vector<train::TensorLayout>& layouts, int field_number) {
+  using google::protobuf::internal::WireFormatLite;
+  int64_t total = 0;
+  for (const train::TensorLayout& layout : layouts) {
+    v1::NamedTensor meta;
+    meta.set_name(layout.name);
+    v1::Tensor* tensor = meta.mutable_tensor();
+    tensor->set_dtype(DTypeToWire(layout.dtype));
+    for (int64_t d : layout.shape) tensor->add_shape(d);
+    // data (field 3) as EncodeTensor adds it: tag, length, bytes (absent when empty).
+    const size_t data = static_cast<size_t>(layout.nbytes);
+    const size_t data_field = data == 0 ? 0 : 1 + WireFormatLite::UInt64Size(data) + data;
+    const size_t tensor_bytes = tensor->ByteSizeLong() + data_field;
+    meta.clear_tensor();
+    const size_t named_bytes = meta.ByteSizeLong() + WireFormatLite::TagSize(2, WireFormatLite::TYPE_MESSAGE) +
+                               WireFormatLite::UInt64Size(tensor_bytes) + tensor_bytes;
+    total += static_cast<int64_t>(WireFormatLite::TagSize(field_number, WireFormatLite::TYPE_MESSAGE) +
+                                  WireFormatLite::UInt64Size(named_bytes) + named_bytes);
+  }
+  return total;
+}
+
 // What a session created now would run. On a GPU, per-tensor FP8 recipes (delayed,
 // current) run there for models whose layers all have a GPU path (train/session.cc
 // names them); the block recipes and other models run on the CPU reference, and the
@@ -121,8 +146,9 @@ std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& 
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  // Messages quote client text truncated (Quoted); this bounds the rest, so that a
+  // status always fits gRPC's metadata limit and the client sees the real code.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundedMessage(status.message()));
 }
 
 TrainerService::TrainerService(TrainerConfig config, Metrics* metrics)
@@ -145,9 +171,18 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat(method, ": unexpected exception: ", e.what()));
   }
+  // The handlers that can build large replies size them first (GetParameters); this is
+  // the backstop, so a reply over the limit fails with a message naming both sizes
+  // rather than gRPC's own.
+  int64_t sent = status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0;
+  if (sent > config_.max_message_bytes) {
+    status = absl::ResourceExhaustedError(absl::StrCat(method, ": the reply would be ", sent,
+                                                       " bytes, over the server's message limit of ",
+                                                       config_.max_message_bytes, " bytes (--max_message_bytes)"));
+    sent = 0;
+  }
   const grpc::Status grpc_status = ToGrpcStatus(status);
   // A failed call sends no message, only its status.
-  const int64_t sent = grpc_status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0;
   metrics_->RecordRpc(method, grpc_status.error_code(), absl::ToDoubleSeconds(absl::Now() - start),
                       static_cast<int64_t>(request.ByteSizeLong()), sent);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -311,6 +346,20 @@ grpc::ServerUnaryReactor* TrainerService::GetParameters(grpc::CallbackServerCont
   return Serve(context, "GetParameters", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
     const std::vector<std::string> names(request->names().begin(), request->names().end());
+    // Sized before anything is copied: unknown or repeated names are rejected here, and a
+    // reply over the message limit is refused instead of built.
+    ASSIGN_OR_RETURN(std::vector<train::TensorLayout> layouts, session->Layouts(names, /*grads=*/false));
+    int64_t reply_bytes = NamedTensorsWireBytes(layouts, v1::GetParametersResponse::kParametersFieldNumber);
+    if (request->include_grads()) {
+      ASSIGN_OR_RETURN(layouts, session->Layouts(names, /*grads=*/true));
+      reply_bytes += NamedTensorsWireBytes(layouts, v1::GetParametersResponse::kGradsFieldNumber);
+    }
+    if (reply_bytes > config_.max_message_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "names: the reply would be ", reply_bytes, " bytes, over the server's message limit of ",
+          config_.max_message_bytes, " bytes (--max_message_bytes); ask for fewer parameters per call",
+          request->include_grads() ? " or without include_grads" : ""));
+    }
     ASSIGN_OR_RETURN(std::vector<train::NamedTensor> parameters, session->GetParameters(names));
     RETURN_IF_ERROR(EncodeNamed(parameters, response->mutable_parameters()));
     if (request->include_grads()) {

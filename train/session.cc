@@ -41,7 +41,7 @@ absl::Status CheckSideInputs(const layers::SideInputs& side) {
     for (absl::string_view n : layers::kSideInputNames) known = known || n == name;
     if (!known) {
       return InvalidField(field, absl::StrCat("a side input name, one of ", absl::StrJoin(layers::kSideInputNames, ", ")),
-                          absl::StrCat("'", name, "'"));
+                          Quoted(name));
     }
     if (!tensor.device().is_cpu()) return InvalidField(absl::StrCat(field, ".device"), "cpu", tensor.device().ToString());
   }
@@ -109,8 +109,24 @@ struct Session::State {
     }
     std::vector<std::string> known;
     for (const layers::Parameter* p : params) known.push_back(p->name);
-    return absl::NotFoundError(absl::StrCat("parameters: no parameter named '", name, "' (this model has ",
+    return absl::NotFoundError(absl::StrCat("parameters: no parameter named ", Quoted(name), " (this model has ",
                                             absl::StrJoin(known, ", "), ")"));
+  }
+
+  // The named parameters (all when `names` is empty), in request order; each at most once.
+  absl::StatusOr<std::vector<layers::Parameter*>> Select(const std::vector<std::string>& names) const {
+    if (names.empty()) return params;
+    std::vector<layers::Parameter*> selected;
+    absl::flat_hash_set<const layers::Parameter*> seen;
+    for (size_t i = 0; i < names.size(); ++i) {
+      ASSIGN_OR_RETURN(layers::Parameter * p, FindParameter(names[i]));
+      if (!seen.insert(p).second) {
+        return InvalidField(absl::StrCat("names[", i, "]"), "each parameter at most once",
+                            absl::StrCat(Quoted(names[i]), " again"));
+      }
+      selected.push_back(p);
+    }
+    return selected;
   }
 
   TrainingStats Stats() const {
@@ -146,7 +162,7 @@ struct Session::State {
       const std::string kind = module->kind();
       if (std::find(std::begin(kDeviceLayers), std::end(kDeviceLayers), kind) == std::end(kDeviceLayers)) {
         return absl::UnimplementedError(absl::StrCat(
-            "model: layer '", module->name(), "' (", kind, ") has no ", ctx.device.ToString(),
+            "model: layer ", Quoted(module->name()), " (", kind, ") has no ", ctx.device.ToString(),
             " path yet; on a GPU, sessions take ", absl::StrJoin(kDeviceLayers, ", "),
             " layers (use --device=cpu for this model)"));
       }
@@ -191,11 +207,7 @@ struct Session::State {
 
   // Deep copies of the named parameters (all when `names` is empty), or of their grads.
   absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<std::string>& names, bool grads) const {
-    std::vector<layers::Parameter*> selected = names.empty() ? params : std::vector<layers::Parameter*>();
-    for (const std::string& name : names) {
-      ASSIGN_OR_RETURN(layers::Parameter * p, FindParameter(name));
-      selected.push_back(p);
-    }
+    ASSIGN_OR_RETURN(const std::vector<layers::Parameter*> selected, Select(names));
     std::vector<NamedTensor> out;
     for (const layers::Parameter* p : selected) {
       const Tensor& source = grads ? p->grad : p->value;
@@ -405,6 +417,19 @@ absl::StatusOr<std::vector<NamedTensor>> Session::GetGradients(const std::vector
   return state_->CopyTensors(names, /*grads=*/true);
 }
 
+absl::StatusOr<std::vector<TensorLayout>> Session::Layouts(const std::vector<std::string>& names,
+                                                           bool grads) const {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const std::vector<layers::Parameter*> selected, state_->Select(names));
+  std::vector<TensorLayout> out;
+  out.reserve(selected.size());
+  for (const layers::Parameter* p : selected) {
+    const Tensor& source = grads ? p->grad : p->value;
+    out.push_back(TensorLayout{p->name, source.dtype(), source.shape(), source.nbytes()});
+  }
+  return out;
+}
+
 absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) {
   absl::MutexLock lock(&mu_);
   std::vector<layers::Parameter*> targets;
@@ -415,7 +440,7 @@ absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) 
     ASSIGN_OR_RETURN(layers::Parameter * p, state_->FindParameter(named.name));
     if (!seen.insert(named.name).second) {
       return InvalidField(absl::StrCat(field, ".name"), "each parameter at most once",
-                          absl::StrCat("'", named.name, "' again"));
+                          absl::StrCat(Quoted(named.name), " again"));
     }
     RETURN_IF_ERROR(CheckFp32Cpu(named.tensor, absl::StrCat(field, ".tensor")));
     if (named.tensor.shape() != p->value.shape()) {

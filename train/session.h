@@ -33,6 +33,15 @@ struct NamedTensor {
   Tensor tensor;
 };
 
+// What GetParameters / GetGradients would copy, without copying it: lets the server
+// size a reply before building it.
+struct TensorLayout {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  int64_t nbytes = 0;
+};
+
 struct ForwardResult {
   std::vector<Tensor> outputs;  // FP32
   uint64_t handle = 0;          // 0 when no activations were saved
@@ -122,9 +131,14 @@ class Session {
   absl::StatusOr<StepResult> Step();
   absl::Status ZeroGrad();
 
-  // Deep copies. Unknown names: NOT_FOUND naming the parameter.
+  // Deep copies (all parameters when `names` is empty). Unknown names: NOT_FOUND naming
+  // the parameter; a name given twice: INVALID_ARGUMENT "names[i]: expected each
+  // parameter at most once, got 'x' again".
   absl::StatusOr<std::vector<NamedTensor>> GetParameters(const std::vector<std::string>& names) const;
   absl::StatusOr<std::vector<NamedTensor>> GetGradients(const std::vector<std::string>& names) const;
+  // The layouts GetParameters (`grads` false) / GetGradients (true) would return for
+  // `names`, with the same errors; copies nothing.
+  absl::StatusOr<std::vector<TensorLayout>> Layouts(const std::vector<std::string>& names, bool grads) const;
   // All-or-nothing: validates every name, dtype (FP32) and shape before writing any.
   absl::Status SetParameters(const std::vector<NamedTensor>& parameters);
 

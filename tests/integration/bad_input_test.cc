@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/demo.h"
 #include "gmock/gmock.h"
@@ -218,6 +219,51 @@ TEST_F(BadInput, UnknownSession) {
                   "session_id: expected the id CreateSession returned, got an empty string");
 }
 
+// A 200,000-character id: the real code with a short message (the id quoted truncated),
+// not gRPC's metadata-limit RESOURCE_EXHAUSTED; the server keeps serving (TearDown).
+TEST_F(BadInput, HugeUnknownSessionId) {
+  const std::string ghost(200000, 'f');
+  for (absl::Status status :
+       {StatusOf(s_.client->GetSession(ghost)), StatusOf(s_.client->Step(ghost)),
+        StatusOf(s_.client->DeleteSession(ghost)), StatusOf(s_.client->GetQuantizationState(ghost))}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status.message().substr(0, 300);
+    EXPECT_LT(status.message().size(), 1024u);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("session_id: no session 'ffff"));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("...' (200000 bytes)"));
+  }
+  v1::ForwardRequest forward = GoodForward();
+  forward.set_session_id(ghost);
+  const absl::Status status = StatusOf(s_.client->Forward(forward));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(status.message().size(), 1024u);
+}
+
+TEST_F(BadInput, HugeParameterName) {
+  v1::GetParametersRequest request;
+  request.set_session_id(id_);
+  request.add_names(std::string(200000, 'p'));
+  const absl::Status status = StatusOf(s_.client->GetParameters(request));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(status.message().size(), 1024u);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("no parameter named 'ppp"));
+}
+
+TEST_F(BadInput, RepeatedParameterNames) {
+  const std::string name = before_.parameters(0).name();
+  v1::GetParametersRequest request;
+  request.set_session_id(id_);
+  for (int i = 0; i < 3; ++i) request.add_names(before_.parameters(i % before_.parameters_size()).name());
+  request.add_names(name);
+  const std::string expected =
+      absl::StrCat("names[3]: expected each parameter at most once, got '", name, "' again");
+  EXPECT_REJECTED(s_.client->GetParameters(request), kInvalidArgument, expected.c_str());
+  // The attack from issue 25: one name 60,000 times is refused at the second.
+  request.clear_names();
+  for (int i = 0; i < 60000; ++i) request.add_names(name);
+  request.set_include_grads(true);
+  EXPECT_REJECTED(s_.client->GetParameters(request), kInvalidArgument, "names[1]: expected each parameter");
+}
+
 TEST_F(BadInput, BackwardWithUnknownHandle) {
   EXPECT_REJECTED(s_.client->Backward(GoodBackward(999)), kNotFound,
                   "handle: no activation handle 999");
@@ -303,6 +349,57 @@ TEST_F(BadInput, SetParametersIsAllOrNothing) {
   bad->set_name("no.such.parameter");
   *bad->mutable_tensor() = before_.parameters(1).tensor();
   EXPECT_REJECTED(s_.client->SetParameters(request), kNotFound, "no.such.parameter");
+}
+
+}  // namespace
+}  // namespace teserve
+
+namespace teserve {
+namespace {
+
+// A reply can't exceed the server's --max_message_bytes: GetParameters sizes it first and
+// refuses with RESOURCE_EXHAUSTED naming both numbers; a reply of exactly the limit goes.
+TEST(ReplyLimit, GetParametersIsSizedBeforeItIsBuilt) {
+  v1::GetParametersRequest all;
+  int64_t reply_bytes = 0;
+  {
+    testing::LoopbackServer big = testing::StartLoopbackServer();
+    ASSERT_NE(big.server, nullptr);
+    auto created = big.client->CreateSession(client::DemoSessionRequest(7, 0.05f, true, 1e-2f));
+    ASSERT_TRUE(created.ok()) << created.status();
+    all.set_session_id(created->session_id());
+    all.set_include_grads(true);
+    auto reply = big.client->GetParameters(all);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    reply_bytes = static_cast<int64_t>(reply->ByteSizeLong());
+    ASSERT_GT(reply_bytes, 4096);
+  }
+  for (const int64_t limit : {reply_bytes, reply_bytes - 1}) {
+    server::ServerOptions options = testing::LoopbackOptions();
+    options.max_message_bytes = limit;
+    testing::LoopbackServer s = testing::StartLoopbackServer(options);
+    ASSERT_NE(s.server, nullptr);
+    auto created = s.client->CreateSession(client::DemoSessionRequest(7, 0.05f, true, 1e-2f));
+    ASSERT_TRUE(created.ok()) << created.status();
+    all.set_session_id(created->session_id());
+    auto reply = s.client->GetParameters(all);
+    if (limit == reply_bytes) {
+      ASSERT_TRUE(reply.ok()) << "a reply of exactly the limit is sent: " << reply.status();
+      EXPECT_EQ(static_cast<int64_t>(reply->ByteSizeLong()), reply_bytes);
+    } else {
+      EXPECT_EQ(reply.status().code(), absl::StatusCode::kResourceExhausted) << reply.status();
+      EXPECT_THAT(std::string(reply.status().message()),
+                  HasSubstr(absl::StrCat("the reply would be ", reply_bytes,
+                                         " bytes, over the server's message limit of ", limit,
+                                         " bytes (--max_message_bytes)")));
+      // Without the gradients it fits, and the server keeps serving.
+      all.set_include_grads(false);
+      EXPECT_TRUE(s.client->GetParameters(all).ok());
+      all.set_include_grads(true);
+      absl::StatusOr<std::string> health = s.client->Health();
+      ASSERT_TRUE(health.ok()) << health.status();
+    }
+  }
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ TEST(Server, SessionLifecycle) {
   auto created = s.client->CreateSession(client::DemoSessionRequest(3, 0.05f, true, 1e-2f));
   ASSERT_TRUE(created.ok()) << created.status();
   const std::string id = created->session_id();
-  EXPECT_THAT(id, ::testing::MatchesRegex("[0-9a-f]{16}"));
+  EXPECT_THAT(id, ::testing::MatchesRegex("[0-9a-f]{32}"));
   EXPECT_EQ(created->info().device(), "cpu");
   EXPECT_EQ(created->info().recipe_name(), "delayed");
   ASSERT_EQ(created->info().layers_size(), 4);

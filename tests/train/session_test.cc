@@ -186,6 +186,35 @@ TEST(Session, SetParametersIsAllOrNothing) {
   EXPECT_TRUE(BitwiseEqual(session->GetParameters({"fc.bias"}).value()[0].tensor, bias));
 }
 
+TEST(Session, GetParametersRejectsRepeatedNamesAndReportsLayouts) {
+  auto session = MakeSession();
+  auto repeated = session->GetParameters({"fc.bias", "fc.weight", "fc.bias"});
+  EXPECT_EQ(repeated.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(repeated.status().message()),
+              HasSubstr("names[2]: expected each parameter at most once, got 'fc.bias' again"));
+  EXPECT_EQ(session->GetGradients({"fc.weight", "fc.weight"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Layouts({"fc.weight", "fc.weight"}, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto layouts = session->Layouts({"fc.weight"}, /*grads=*/true);
+  ASSERT_TRUE(layouts.ok()) << layouts.status();
+  ASSERT_EQ(layouts->size(), 1u);
+  EXPECT_EQ((*layouts)[0].name, "fc.weight");
+  EXPECT_EQ((*layouts)[0].shape, (Shape{4, 8}));
+  EXPECT_EQ((*layouts)[0].nbytes, 4 * 8 * 4);
+  auto all = session->Layouts({}, /*grads=*/false);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), Params(*session).size());
+
+  // An unknown name is quoted truncated, with its length.
+  const std::string huge(200000, 'x');
+  auto unknown = session->GetParameters({huge});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(unknown.status().message().size(), 1024u);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("...' (200000 bytes)"));
+}
+
 TEST(Session, StepSkipsNonFiniteGradients) {
   auto session = MakeSession();
   auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();
