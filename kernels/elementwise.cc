@@ -26,7 +26,7 @@ absl::Status CheckOutput(absl::string_view name, const Tensor* t, const Context&
 absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into) {
   RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
   RETURN_IF_ERROR(CheckOutput("into", into, ctx));
-  if (x.numel() != into->numel()) {
+  if (x.shape() != into->shape()) {
     return InvalidField("into.shape", absl::StrCat(ShapeToString(x.shape()), " (the shape of x)"),
                         ShapeToString(into->shape()));
   }

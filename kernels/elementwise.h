@@ -1,5 +1,5 @@
 // Element-wise glue of the layers and the training step, on FP32 tensors of the Context's
-// device:
+// device (FillZero and the copies take any dtype):
 //   AddInto:        into += x (same shape): gradient accumulation, residual adds.
 //   Scale:          x *= factor, in place: gradient clipping.
 //   SumOfSquares:   sum over every tensor of sum x^2, accumulated in double and returned

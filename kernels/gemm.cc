@@ -155,8 +155,10 @@ absl::Status CheckVector(absl::string_view name, const Tensor* t, int64_t length
                          const Context& ctx) {
   if (t == nullptr) return InvalidField(name, absl::StrCat("a [", length, "] tensor"), "nullptr");
   RETURN_IF_ERROR(CheckDefined(name, *t));
-  if (t->dtype() != DType::kFloat32 && t->dtype() != d_dtype) {
-    return InvalidField(absl::StrCat(name, ".dtype"), absl::StrCat("FLOAT32 or ", DTypeName(d_dtype)),
+  // A vector beside an FP8 D is FP32 or BF16 (FP8 codes would carry no scale).
+  const DType other = IsFloat8(d_dtype) ? DType::kBFloat16 : d_dtype;
+  if (t->dtype() != DType::kFloat32 && t->dtype() != other) {
+    return InvalidField(absl::StrCat(name, ".dtype"), absl::StrCat("FLOAT32 or ", DTypeName(other)),
                         DTypeName(t->dtype()));
   }
   RETURN_IF_ERROR(CheckDevice(name, *t, ctx));
@@ -200,10 +202,11 @@ absl::Status CheckGemmOutput(const GemmOperand& a, const GemmOperand& b, const T
   return absl::OkStatus();
 }
 
-absl::Status CheckEpilogue(const Tensor& d, const GemmOptions& options,
+absl::Status CheckEpilogue(const GemmOperand& a, const Tensor& d, const GemmOptions& options,
                            const Context& ctx) {
   const int64_t m = d.dim(0);
   const int64_t n = d.dim(1);
+  const int64_t k = a.transpose ? a.data.dim(0) : a.data.dim(1);
   const bool wants_bias = options.epilogue == GemmEpilogue::kBias || options.epilogue == GemmEpilogue::kGeluAuxBias;
   const bool wants_aux = options.epilogue == GemmEpilogue::kGeluAuxBias || options.epilogue == GemmEpilogue::kDGeluBGrad;
   const bool wants_bias_grad =
@@ -229,6 +232,10 @@ absl::Status CheckEpilogue(const Tensor& d, const GemmOptions& options,
   if (options.epilogue != GemmEpilogue::kNone && options.beta != 0.0f) {
     return InvalidField("options.beta", "0 with an epilogue", options.beta);
   }
+  if ((options.epilogue != GemmEpilogue::kNone || options.d_amax != nullptr) && (m == 0 || n == 0 || k == 0)) {
+    return InvalidField("options.epilogue", "no epilogue and no d_amax for an empty product",
+                        absl::StrCat("m=", m, " n=", n, " k=", k));
+  }
   return absl::OkStatus();
 }
 
@@ -240,7 +247,7 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   RETURN_IF_ERROR(CheckOperand("b", b, ctx));
   RETURN_IF_ERROR(CheckOperandPair(a, b));
   RETURN_IF_ERROR(CheckGemmOutput(a, b, d, options, ctx));
-  RETURN_IF_ERROR(CheckEpilogue(*d, options, ctx));
+  RETURN_IF_ERROR(CheckEpilogue(a, *d, options, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kGemm);
   return Dispatch("Gemm", ctx, [&] { return cpu::Gemm(ctx, a, b, d, options); },
                   TESERVE_CUDA_KERNEL([&] { return cuda::Gemm(ctx, a, b, d, options); }));

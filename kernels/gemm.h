@@ -45,13 +45,14 @@ namespace kernels {
 //                 the dgrad of fc2 feeding fc1's backward
 //   kBGradB       bias_grad[m] = sum over k of op(A): the wgrad dW = dy^T x with the
 //                 bias gradient of dy in the same pass
-// bias is [n] and bias_grad [n] (kDGeluBGrad) or [m] (kBGradB), each FP32 or D's dtype;
-// cuBLASLt's kernels for 16-bit D want them in D's dtype.
+// bias is [n] and bias_grad [n] (kDGeluBGrad) or [m] (kBGradB), each FP32 or D's dtype
+// (BF16 for an FP8 D); cuBLASLt's kernels for 16-bit D want them in D's dtype. An empty
+// product (m, n or k 0) takes no epilogue and no d_amax.
 //
 // On the CPU every operand is decoded to FP32 (x * scale_inv for FP8), multiplied with
 // sgemm and the epilogue applied in FP32: the numerical reference of the CUDA path.
-// On CUDA it runs through cuBLASLt with a 32 MiB workspace per device and the algorithm
-// chosen by its heuristic once per shape.
+// On CUDA it runs through cuBLASLt with a 32 MiB workspace per (device, stream) and the
+// algorithm chosen by its heuristic once per problem.
 enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 
 // Fast accumulation lets FP8 tensor cores keep partial sums in reduced precision over
@@ -68,7 +69,7 @@ struct GemmOperand {
 
 struct GemmOptions {
   float alpha = 1.0f;
-  float beta = 0.0f;  // beta != 0 accumulates into D (FLOAT32 D only)
+  float beta = 0.0f;  // beta != 0 accumulates into D (not an FP8 D)
   GemmAccumulation accumulation = GemmAccumulation::kSplit;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   const Tensor* bias = nullptr;  // kBias, kGeluAuxBias

@@ -321,7 +321,8 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
                    s.stack->Backward(s.ctx, *it->second.saved, device_grads, &layer_side_grads));
   ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
   if (side_grads != nullptr && layer_side_grads.encoder_output.defined()) {
-    side_grads->push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
+    ASSIGN_OR_RETURN(std::vector<Tensor> encoder_grad, s.ToHost({std::move(layer_side_grads.encoder_output)}));
+    side_grads->push_back(NamedTensor{"encoder_output", std::move(encoder_grad[0])});
   }
   s.pending.erase(it);
   s.EndRegion(/*forward=*/false);
@@ -371,6 +372,7 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
       result.side_grads.push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
     }
   }
+  // The model has exactly one output (checked above), the one the loss read.
   if (return_outputs) result.outputs = std::move(host_output);
   return result;
 }

@@ -7,6 +7,7 @@
 
 #include "core/context.h"
 #include "kernels/cuda/cuda_allocator.h"
+#include "kernels/cuda/scoped_device.h"
 #include "kernels/timing.h"
 
 namespace teserve {
@@ -17,7 +18,13 @@ namespace {
 class CudaEventTimer final : public DeviceTimer {
  public:
   static std::unique_ptr<DeviceTimer> Start(const Context& ctx) {
-    auto timer = std::unique_ptr<CudaEventTimer>(new CudaEventTimer(static_cast<cudaStream_t>(ctx.stream)));
+    // Events belong to the device of the stream they are recorded on.
+    ScopedDevice device(ctx.device.index);
+    if (device.status() != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    auto timer = std::unique_ptr<CudaEventTimer>(new CudaEventTimer(ctx.device.index, static_cast<cudaStream_t>(ctx.stream)));
     if (cudaEventCreate(&timer->start_) != cudaSuccess || cudaEventCreate(&timer->stop_) != cudaSuccess ||
         cudaEventRecord(timer->start_, timer->stream_) != cudaSuccess) {
       cudaGetLastError();  // a timing that cannot be taken is not the op's error
@@ -32,6 +39,7 @@ class CudaEventTimer final : public DeviceTimer {
   }
 
   void Stop() override {
+    ScopedDevice device(device_index_);
     if (cudaEventRecord(stop_, stream_) != cudaSuccess) {
       cudaGetLastError();
       failed_ = true;
@@ -52,7 +60,8 @@ class CudaEventTimer final : public DeviceTimer {
   }
 
  private:
-  explicit CudaEventTimer(cudaStream_t stream) : stream_(stream) {}
+  CudaEventTimer(int device_index, cudaStream_t stream) : device_index_(device_index), stream_(stream) {}
+  int device_index_;
   cudaStream_t stream_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;

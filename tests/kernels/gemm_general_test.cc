@@ -225,6 +225,29 @@ TEST(GemmGeneral, RejectsAnE5M2OutputOfE4M3Operands) {
               HasError(kInvalid, "d.dtype: expected FLOAT8_E4M3 or a high-precision type for E4M3 x E4M3"));
 }
 
+TEST(GemmGeneral, RejectsAnEpilogueOnAnEmptyProductAndFp8Vectors) {
+  const Tensor empty_k = Tensor::Zeros(DType::kFloat32, {4, 0}).value();
+  Tensor d = Tensor::Zeros(DType::kFloat32, {4, 4}).value();
+  const Tensor bias = RandomTensor({4}, -1.0f, 1.0f, 24);
+  GemmOptions with_bias;
+  with_bias.epilogue = GemmEpilogue::kBias;
+  with_bias.bias = &bias;
+  EXPECT_THAT(Gemm(Context::Cpu(), GemmOperand{empty_k}, GemmOperand{empty_k, true}, &d, with_bias),
+              HasError(kInvalid, "options.epilogue: expected no epilogue and no d_amax for an empty product"));
+  ASSERT_OK(Gemm(Context::Cpu(), GemmOperand{empty_k}, GemmOperand{empty_k, true}, &d));  // D = 0
+
+  const Tensor e4 = Cast(RandomTensor({16, 16}, -1.0f, 1.0f, 25), DType::kFloat8E4M3);
+  Tensor d8 = Tensor::Zeros(DType::kFloat8E4M3, {16, 16}).value();
+  const Tensor d_scale = Scalar(1.0f);
+  const Tensor fp8_bias = Cast(RandomTensor({16}, -1.0f, 1.0f, 26), DType::kFloat8E4M3);
+  GemmOptions fp8;
+  fp8.d_scale = &d_scale;
+  fp8.epilogue = GemmEpilogue::kBias;
+  fp8.bias = &fp8_bias;
+  EXPECT_THAT(Gemm(Context::Cpu(), GemmOperand{e4, false, Scalar(1.0f)}, GemmOperand{e4, true, Scalar(1.0f)}, &d8, fp8),
+              HasError(kInvalid, "options.bias.dtype: expected FLOAT32 or BFLOAT16"));
+}
+
 TEST(GemmGeneral, RejectsMissingScalesAndMisplacedEpilogueTensors) {
   const Tensor e4 = Cast(RandomTensor({16, 16}, -1.0f, 1.0f, 19), DType::kFloat8E4M3);
   const Tensor f = RandomTensor({16, 16}, -1.0f, 1.0f, 20);
