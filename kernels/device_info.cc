@@ -23,6 +23,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/cuda_allocator.h"
+#include "kernels/cuda/gemm/gemm_cuda.h"
 #endif
 
 namespace teserve {
@@ -184,6 +185,7 @@ DeviceStream::~DeviceStream() {
 #if TESERVE_WITH_CUDA
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   cudaStreamSynchronize(stream);
+  cuda::ReleaseGemmWorkspace(device_index_, stream_);
   cudaStreamDestroy(stream);
 #endif
 }

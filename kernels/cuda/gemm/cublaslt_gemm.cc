@@ -166,6 +166,20 @@ class LtState {
     return ptr;
   }
 
+  void ReleaseWorkspace(int device, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = workspaces_.find(std::make_pair(device, stream));
+    if (it == workspaces_.end()) return;
+    ScopedDevice scoped(device);
+    cudaFree(it->second);
+    workspaces_.erase(it);
+  }
+
+  int64_t WorkspaceCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(workspaces_.size());
+  }
+
   bool FindAlgo(const ProblemKey& key, cublasLtMatmulAlgo_t* algo) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = algos_.find(key);
@@ -344,6 +358,12 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
                                                 kGemmWorkspaceBytes, stream));
   return absl::OkStatus();
 }
+
+void ReleaseGemmWorkspace(int device_index, void* stream) {
+  LtState::Get().ReleaseWorkspace(device_index, static_cast<cudaStream_t>(stream));
+}
+
+int64_t GemmWorkspaceCount() { return LtState::Get().WorkspaceCount(); }
 
 }  // namespace cuda
 }  // namespace kernels

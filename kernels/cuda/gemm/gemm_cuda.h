@@ -9,8 +9,8 @@
 // What is cached and why:
 // - one cuBLASLt handle per device (created on first use, lives for the process);
 // - a 32 MiB workspace per (device, stream), so GEMMs of sessions on different streams
-//   never share scratch memory; a stream must be idle before it is destroyed (its
-//   workspace may be handed to the next stream created at the same address);
+//   never share scratch memory; a session's stream releases its workspace when it is
+//   destroyed (ReleaseGemmWorkspace), so the count follows the live streams;
 // - the heuristic's algorithm per problem (shapes, dtypes, layout, epilogue, pointer
 //   alignment), so steady-state calls skip the heuristic query.
 // Descriptors are created per call (cheap) and owned by unique_ptr, so an error between
@@ -19,6 +19,7 @@
 #define TESERVE_KERNELS_CUDA_GEMM_GEMM_CUDA_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "core/context.h"
@@ -39,6 +40,12 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
                   const GemmOptions& options);
 
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y);
+
+// Frees the cuBLASLt workspace of (device, stream), if one was made; the stream must be
+// idle (kernels::DeviceStream calls this after its final synchronization).
+void ReleaseGemmWorkspace(int device_index, void* stream);
+// Workspaces alive (tests).
+int64_t GemmWorkspaceCount();
 
 absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Tensor* out);
 

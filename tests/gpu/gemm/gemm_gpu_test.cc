@@ -12,7 +12,11 @@
 #include "core/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cast.h"
+#include "kernels/device_info.h"
 #include "kernels/gemm.h"
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/gemm/gemm_cuda.h"
+#endif
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/quantize_gpu_test_util.h"
 #include "tests/kernels/test_util.h"
@@ -274,6 +278,26 @@ TEST_P(GemmGpuGradEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemmGpuGradEpilogue, ::testing::Values(kBF16, kF16, kF32),
                          [](const ::testing::TestParamInfo<DType>& info) { return std::string(DTypeName(info.param)); });
+
+#if TESERVE_WITH_CUDA
+// A session's stream gets a cuBLASLt workspace with its first GEMM and gives it back
+// when it is destroyed, so workspaces follow the live sessions.
+TEST(GemmGpu, ASessionStreamReleasesItsWorkspace) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const Operands o = MakeOperands(kBF16, kBF16, 64, 64, 64, false, true, 91);
+  const int64_t before = cuda::GemmWorkspaceCount();
+  {
+    std::unique_ptr<DeviceStream> stream = DeviceStream::Create(0).value();
+    Context ctx = testing::GpuContext();
+    ctx.stream = stream->get();
+    Tensor d = Tensor::Zeros(kBF16, {64, 64}, Device::Cuda(0)).value();
+    ASSERT_OK(Gemm(ctx, o.a_gpu, o.b_gpu, &d));
+    EXPECT_EQ(cuda::GemmWorkspaceCount(), before + 1);
+    ASSERT_OK(stream->Synchronize());
+  }
+  EXPECT_EQ(cuda::GemmWorkspaceCount(), before);
+}
+#endif
 
 TEST(GemmGpu, RepeatedCallsReuseTheCachedAlgorithmAndAgree) {
   TESERVE_SKIP_WITHOUT_GPU();
