@@ -21,12 +21,12 @@
 #include "kernels/cast.h"
 #include "kernels/cuda/cast/cast_kernels.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_entry.h"  // StreamOf
 
 namespace teserve {
 namespace kernels {
 namespace cuda {
 
-inline cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 // Defined and on a CUDA device.
 inline absl::Status CheckOnCudaDevice(absl::string_view name, const Tensor& t) {

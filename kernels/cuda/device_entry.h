@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "core/context.h"
 #include "kernels/cuda/cuda_allocator.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/scoped_device.h"
@@ -24,6 +25,9 @@
 namespace teserve {
 namespace kernels {
 namespace cuda {
+
+// The Context's stream as the CUDA runtime takes it (nullptr: the legacy default stream).
+inline cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 inline absl::StatusOr<ScopedDevice> EnterDevice(int device_index) {
   RegisterCudaAllocator();

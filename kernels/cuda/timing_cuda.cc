@@ -7,7 +7,7 @@
 
 #include "core/context.h"
 #include "kernels/cuda/cuda_allocator.h"
-#include "kernels/cuda/scoped_device.h"
+#include "kernels/cuda/device_entry.h"  // ScopedDevice, StreamOf
 #include "kernels/timing.h"
 
 namespace teserve {
@@ -24,7 +24,7 @@ class CudaEventTimer final : public DeviceTimer {
       cudaGetLastError();
       return nullptr;
     }
-    auto timer = std::unique_ptr<CudaEventTimer>(new CudaEventTimer(ctx.device.index, static_cast<cudaStream_t>(ctx.stream)));
+    auto timer = std::unique_ptr<CudaEventTimer>(new CudaEventTimer(ctx.device.index, StreamOf(ctx)));
     if (cudaEventCreate(&timer->start_) != cudaSuccess || cudaEventCreate(&timer->stop_) != cudaSuccess ||
         cudaEventRecord(timer->start_, timer->stream_) != cudaSuccess) {
       cudaGetLastError();  // a timing that cannot be taken is not the op's error

@@ -10,11 +10,6 @@
 namespace teserve {
 namespace kernels {
 namespace cuda {
-namespace {
-
-cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
-
-}  // namespace
 
 absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));

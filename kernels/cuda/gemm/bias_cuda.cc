@@ -14,14 +14,14 @@ namespace cuda {
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y) {
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(y->device().index));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchAddBias(bias.data<float>(), y->dim(0), y->dim(1), y->data<float>(),
-                                             static_cast<cudaStream_t>(ctx.stream)));
+                                             StreamOf(ctx)));
   return absl::OkStatus();
 }
 
 absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Tensor* out) {
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(out->device().index));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchColumnSum(x.data<float>(), x.dim(0), x.dim(1), accumulate,
-                                               out->data<float>(), static_cast<cudaStream_t>(ctx.stream)));
+                                               out->data<float>(), StreamOf(ctx)));
   return absl::OkStatus();
 }
 

@@ -231,7 +231,7 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   if (m == 0 || n == 0) return absl::OkStatus();
   const int device = d->device().index;
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device));
-  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const cudaStream_t stream = StreamOf(ctx);
   const bool fp8 = IsFloat8(a.data.dtype());
   if (k == 0) {
     // cuBLASLt wants k >= 1. D = beta * D: zeros, D itself, or a scaling we do not need.

@@ -19,8 +19,6 @@ namespace kernels {
 namespace cuda {
 namespace {
 
-cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
-
 // INT64 device copy of the host labels.
 absl::StatusOr<Tensor> LabelsOnDevice(const Context& ctx, const Tensor& labels) {
   std::vector<int64_t> host(labels.numel());

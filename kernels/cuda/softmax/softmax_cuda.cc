@@ -15,8 +15,6 @@ namespace kernels {
 namespace cuda {
 namespace {
 
-cudaStream_t StreamOf(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
-
 SoftmaxLaunchParams ParamsOf(const Tensor& scores, float scale) {
   SoftmaxLaunchParams p;
   p.batches = scores.dim(0);

@@ -9,25 +9,14 @@
 #include "kernels/gemm.h"
 #include "kernels/timing.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/recording_sink.h"
 
 namespace teserve {
 namespace kernels {
 namespace {
 
-struct Recorded {
-  KernelOp op;
-  Device device;
-  double seconds;
-};
-
-class RecordingSink : public KernelTimingSink {
- public:
-  explicit RecordingSink(int64_t interval) : KernelTimingSink(interval) {}
-  void Record(KernelOp op, const Device& device, double seconds) override {
-    recorded.push_back(Recorded{op, device, seconds});
-  }
-  std::vector<Recorded> recorded;
-};
+using ::teserve::testing_kernels::Recorded;
+using ::teserve::testing_kernels::RecordingSink;
 
 TEST(CudaKernelTiming, SampledGemmsAreTimedWithEventsAndReportedOnceComplete) {
   TESERVE_SKIP_WITHOUT_GPU();
