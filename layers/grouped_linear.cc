@@ -1,9 +1,8 @@
 #include "layers/grouped_linear.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/elementwise.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
 
@@ -19,37 +18,24 @@ struct GroupedSaved : public SavedActivations {
   std::vector<std::unique_ptr<SavedActivations>> per_gemm;
 };
 
-absl::Status ExpectCpuFloat(const Tensor& t, absl::string_view what) {
-  if (!t.device().is_cpu() || t.dtype() != DType::kFloat32) {
-    return absl::UnimplementedError(
-        absl::StrCat("GroupedLinear splits FP32 CPU tensors only; ", what, " is ", DTypeName(t.dtype()), " on ",
-                     t.device().ToString()));
-  }
-  return absl::OkStatus();
-}
-
-// Rows [begin, begin + count) of the 2-D FP32 tensor x, as a tensor of its own.
-absl::StatusOr<Tensor> SliceRows(const Tensor& x, int64_t begin, int64_t count) {
-  RETURN_IF_ERROR(ExpectCpuFloat(x, "the tensor to split"));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {count, x.dim(1)}));
-  if (out.numel() > 0) {
-    std::memcpy(out.raw_data(), x.data<float>() + begin * x.dim(1), out.nbytes());
-  }
+// Rows [begin, begin + count) of the 2-D x, as a tensor of its own on x's device (a
+// group's saved activations outlive the request's input).
+absl::StatusOr<Tensor> SliceRows(const Context& ctx, const Tensor& x, int64_t begin, int64_t count) {
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(x.dtype(), {count, x.dim(1)}, x.device(), ctx.stream));
+  if (count > 0) RETURN_IF_ERROR(kernels::CopyInto(ctx, Rows(x, begin, count), &out));
   return out;
 }
 
 // Writes the 2-D src into the rows of dst starting at `begin` (same column count).
-absl::Status PasteRows(const Tensor& src, int64_t begin, Tensor* dst) {
-  RETURN_IF_ERROR(ExpectCpuFloat(src, "a group's result"));
+absl::Status PasteRows(const Context& ctx, const Tensor& src, int64_t begin, Tensor* dst) {
   ASSIGN_OR_RETURN(Tensor src2d, src.As2D());
   if (src2d.dim(1) != dst->dim(1) || begin + src2d.dim(0) > dst->dim(0)) {
     return absl::InternalError(absl::StrCat("GroupedLinear: group result ", ShapeToString(src.shape()),
                                             " does not fit rows ", begin, ".. of ", ShapeToString(dst->shape())));
   }
-  if (src2d.numel() > 0) {
-    std::memcpy(dst->data<float>() + begin * dst->dim(1), src2d.data<float>(), src2d.nbytes());
-  }
-  return absl::OkStatus();
+  if (src2d.dim(0) == 0) return absl::OkStatus();
+  Tensor rows = Rows(*dst, begin, src2d.dim(0));
+  return kernels::CopyInto(ctx, src2d, &rows);
 }
 
 int64_t TokenCount(const Shape& shape) {
@@ -161,13 +147,13 @@ absl::StatusOr<ForwardOutput> GroupedLinear::Forward(const Context& ctx, const s
     saved->input_shape = inputs[0].shape();
     saved->splits = splits;
   }
-  ASSIGN_OR_RETURN(Tensor y, Tensor::Zeros(DType::kFloat32, {x.dim(0), options_.out_features}));
+  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
   std::vector<Tensor> biases;
   int64_t row = 0;
   for (size_t i = 0; i < gemms_.size(); ++i) {
-    ASSIGN_OR_RETURN(Tensor x_i, SliceRows(x, row, splits[i]));
+    ASSIGN_OR_RETURN(Tensor x_i, SliceRows(ctx, x, row, splits[i]));
     ASSIGN_OR_RETURN(ForwardOutput out_i, gemms_[i]->Forward(ctx, {x_i}, options));
-    RETURN_IF_ERROR(PasteRows(out_i.outputs[0], row, &y));
+    RETURN_IF_ERROR(PasteRows(ctx, out_i.outputs[0], row, &y));
     if (options_.bias && options_.return_bias) biases.push_back(std::move(out_i.outputs[1]));
     if (saved) saved->per_gemm.push_back(std::move(out_i.saved));
     row += splits[i];
@@ -196,15 +182,15 @@ absl::StatusOr<std::vector<Tensor>> GroupedLinear::Backward(const Context& ctx, 
     return InvalidField("grad_outputs[0].shape", absl::StrCat(TokenCount(saved.input_shape), " rows (the forward's tokens)"),
                         ShapeToString(grad_outputs[0].shape()));
   }
-  ASSIGN_OR_RETURN(Tensor dx, Tensor::Zeros(DType::kFloat32, {dy.dim(0), options_.in_features}));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
   int64_t row = 0;
   for (size_t i = 0; i < gemms_.size(); ++i) {
     std::vector<Tensor> grads_i;
-    ASSIGN_OR_RETURN(Tensor dy_i, SliceRows(dy, row, saved.splits[i]));
+    ASSIGN_OR_RETURN(Tensor dy_i, SliceRows(ctx, dy, row, saved.splits[i]));
     grads_i.push_back(std::move(dy_i));
     if (options_.bias && options_.return_bias) grads_i.push_back(grad_outputs[1 + i]);
     ASSIGN_OR_RETURN(std::vector<Tensor> dx_i, gemms_[i]->Backward(ctx, *saved.per_gemm[i], grads_i, side_grads));
-    RETURN_IF_ERROR(PasteRows(dx_i[0], row, &dx));
+    RETURN_IF_ERROR(PasteRows(ctx, dx_i[0], row, &dx));
     row += saved.splits[i];
   }
   ASSIGN_OR_RETURN(Tensor dx_full, dx.Reshape(saved.input_shape));

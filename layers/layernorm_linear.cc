@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/status.h"
+#include "kernels/elementwise.h"
 #include "layers/shape_check.h"
 
 namespace teserve {
@@ -19,14 +20,6 @@ absl::string_view SplitName(absl::string_view name) {
   while (absl::ConsumeSuffix(&name, "_")) {
   }
   return name;
-}
-
-// Rows [begin, begin + rows) of a [R, C] FP32 tensor (or [R] when it is 1-D), sharing
-// its memory.
-Tensor RowView(Tensor& t, int64_t begin, int64_t rows) {
-  const int64_t cols = t.rank() == 2 ? t.dim(1) : 1;
-  Shape shape = t.rank() == 2 ? Shape{rows, cols} : Shape{rows};
-  return Tensor::Borrow(t.data<float>() + begin * cols, DType::kFloat32, std::move(shape), t.device());
 }
 
 }  // namespace
@@ -74,17 +67,6 @@ absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string
   return norm;
 }
 
-absl::Status AccumulateInto(const Tensor& b, Tensor* a) {
-  absl::Span<float> out = a->mutable_floats();
-  absl::Span<const float> in = b.floats();
-  if (out.size() != in.size() || a->numel() != b.numel()) {
-    return absl::InternalError(absl::StrCat("AccumulateInto: ", ShapeToString(b.shape()), " into ",
-                                            ShapeToString(a->shape())));
-  }
-  for (size_t i = 0; i < out.size(); ++i) out[i] += in[i];
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<LayerNormLinear>> LayerNormLinear::Create(std::string name,
                                                                          const LayerNormLinearOptions& options,
                                                                          const recipes::Recipe& recipe) {
@@ -106,13 +88,9 @@ absl::StatusOr<std::unique_ptr<LayerNormLinear>> LayerNormLinear::Create(std::st
     int64_t begin = 0;
     for (const auto& [split_name, rows] : options.parameters_split) {
       const absl::string_view stem = SplitName(split_name);
-      layer->split_weights_.push_back(Parameter{absl::StrCat(name, ".", stem, "_weight"),
-                                                RowView(whole[0]->value, begin, rows),
-                                                RowView(whole[0]->grad, begin, rows)});
+      layer->split_weights_.push_back(RowBlock(*whole[0], absl::StrCat(name, ".", stem, "_weight"), begin, rows));
       if (options.bias) {
-        layer->split_biases_.push_back(Parameter{absl::StrCat(name, ".", stem, "_bias"),
-                                                 RowView(whole[1]->value, begin, rows),
-                                                 RowView(whole[1]->grad, begin, rows)});
+        layer->split_biases_.push_back(RowBlock(*whole[1], absl::StrCat(name, ".", stem, "_bias"), begin, rows));
       }
       begin += rows;
     }
@@ -155,7 +133,7 @@ absl::StatusOr<std::vector<Tensor>> LayerNormLinear::Backward(const Context& ctx
   ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, linear_->Backward(ctx, *saved.linear, linear_grads));
   // d_ln[0] is a fresh tensor of Linear's, so the returned ln_out's gradient can be
   // added in place.
-  if (options_.return_layernorm_output) RETURN_IF_ERROR(AccumulateInto(grad_outputs.back(), &d_ln[0]));
+  if (options_.return_layernorm_output) RETURN_IF_ERROR(kernels::AddInto(ctx, grad_outputs.back(), &d_ln[0]));
   return norm_->Backward(ctx, *saved.norm, d_ln);
 }
 

@@ -93,8 +93,6 @@ absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string
                                                                int64_t hidden_size, float eps,
                                                                bool zero_centered_gamma);
 
-// a += b elementwise (FP32, same element count); for the gradient of a returned ln_out.
-absl::Status AccumulateInto(const Tensor& b, Tensor* a);
 
 }  // namespace layers
 }  // namespace teserve

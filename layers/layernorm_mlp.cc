@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cast.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "layers/init.h"
 #include "layers/layernorm_linear.h"
@@ -114,7 +115,7 @@ absl::StatusOr<Tensor> LayerNormMLP::RecomputeFc1(const Context& ctx, const Save
   ASSIGN_OR_RETURN(Tensor w_fprop, RequantizeRowwise(ctx, saved.weight_quantization, replay_weight_.get(),
                                                      fc1_params[0]->value));
   // fc1's fprop as Linear computes it: y = x W^T, then + b.
-  ASSIGN_OR_RETURN(Tensor fc1_out, Tensor::Zeros(DType::kFloat32, {ln_out.dim(0), fc1_width()}));
+  ASSIGN_OR_RETURN(Tensor fc1_out, Tensor::Empty(DType::kFloat32, {ln_out.dim(0), fc1_width()}, ctx.device, ctx.stream));
   RETURN_IF_ERROR(kernels::Gemm(ctx, x_fprop, false, w_fprop, true, 1.0f, 0.0f, &fc1_out));
   if (options_.bias) RETURN_IF_ERROR(kernels::AddBias(ctx, fc1_params[1]->value, &fc1_out));
   return fc1_out;
@@ -169,7 +170,7 @@ absl::StatusOr<std::vector<Tensor>> LayerNormMLP::Backward(const Context& ctx, S
                                                              d_act_2d, fc1_out));
   ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, fc1_->Backward(ctx, *saved.fc1, {d_fc1}));
   // d_ln[0] is a fresh tensor of Linear's: the returned ln_out's gradient joins in place.
-  if (options_.return_layernorm_output) RETURN_IF_ERROR(AccumulateInto(grad_outputs.back(), &d_ln[0]));
+  if (options_.return_layernorm_output) RETURN_IF_ERROR(kernels::AddInto(ctx, grad_outputs.back(), &d_ln[0]));
   return norm_->Backward(ctx, *saved.norm, d_ln);
 }
 

@@ -27,7 +27,25 @@ struct Parameter {
   std::string name;  // "<layer>.weight"
   Tensor value;      // FP32 master weights
   Tensor grad;       // FP32, same shape; Backward accumulates into it
+  // Set for a row block of another parameter (TE's parameters_split): value and grad
+  // are rows [view_begin, view_begin + rows) of view_of's tensors and share their
+  // memory. A view owns nothing; moving the owner to a device rebinds its views
+  // (PlaceParameters), so a view never points at memory its owner has let go.
+  Parameter* view_of = nullptr;
+  int64_t view_begin = 0;
 };
+
+// Rows [begin, begin + rows) of a rank-1 or rank-2 tensor of 8-bit or wider elements,
+// sharing its memory on whatever device it lives; valid while `t`'s storage is.
+Tensor Rows(const Tensor& t, int64_t begin, int64_t rows);
+
+// A parameter named `name` holding rows [begin, begin + rows) of `whole` (rank 1 or 2).
+Parameter RowBlock(Parameter& whole, std::string name, int64_t begin, int64_t rows);
+
+// Moves every parameter of `params` that owns its tensors, and the owner of every view
+// among them, to ctx.device (ordered on ctx.stream), then points the views at the
+// moved tensors. On failure the parameters are as they were (nothing half moved).
+absl::Status PlaceParameters(const Context& ctx, const std::vector<Parameter*>& params);
 
 // What one forward kept for its backward; each module defines its own.
 class SavedActivations {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/elementwise.h"
 #include "kernels/l2_norm.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
@@ -173,13 +174,6 @@ absl::StatusOr<std::unique_ptr<Linear>> CreateProjection(const std::string& name
   return Linear::Create(name, l, recipe);
 }
 
-// Rows [begin, begin + rows) of a [R, C] (or [R]) FP32 tensor, sharing its memory.
-Tensor RowView(Tensor& t, int64_t begin, int64_t rows) {
-  const int64_t cols = t.rank() == 2 ? t.dim(1) : 1;
-  Shape shape = t.rank() == 2 ? Shape{rows, cols} : Shape{rows};
-  return Tensor::Borrow(t.data<float>() + begin * cols, DType::kFloat32, std::move(shape), t.device());
-}
-
 // "<linear>.<split>_weight" (then "_bias") row blocks of a Linear's weight and bias,
 // weights first (as LayerNormLinear orders its split parameters).
 std::vector<Parameter> SplitViews(Linear& linear, const ParametersSplit& split) {
@@ -188,8 +182,8 @@ std::vector<Parameter> SplitViews(Linear& linear, const ParametersSplit& split) 
   for (size_t which = 0; which < whole.size(); ++which) {
     int64_t begin = 0;
     for (const auto& [stem, rows] : split) {
-      views.push_back(Parameter{absl::StrCat(linear.name(), ".", stem, which == 0 ? "_weight" : "_bias"),
-                                RowView(whole[which]->value, begin, rows), RowView(whole[which]->grad, begin, rows)});
+      views.push_back(
+          RowBlock(*whole[which], absl::StrCat(linear.name(), ".", stem, which == 0 ? "_weight" : "_bias"), begin, rows));
       begin += rows;
     }
   }
@@ -569,7 +563,7 @@ absl::StatusOr<Tensor> MultiheadAttention::ProjectBackward(const Context& ctx, S
     ASSIGN_OR_RETURN(std::vector<Tensor> denc, key_value_->Backward(ctx, *saved.key_value, {dkv}));
     if (side_grads != nullptr) {
       if (side_grads->encoder_output.defined()) {
-        RETURN_IF_ERROR(AccumulateInto(denc[0], &side_grads->encoder_output));
+        RETURN_IF_ERROR(kernels::AddInto(ctx, denc[0], &side_grads->encoder_output));
       } else {
         side_grads->encoder_output = std::move(denc[0]);
       }

@@ -46,12 +46,15 @@ GemmPlan PerTensorFp8(const char* recipe, const Gpu& gpu) {
                             gpu.sm));
 }
 
-// MXFP8 and NVFP4: hardware block scales exist only on Blackwell; Hopper runs them by
-// dequantizing the operands (numerically the same computation, slower).
+// MXFP8 and NVFP4: hardware block scales exist only on Blackwell, and teserve does not
+// build the native block-scaled GEMMs (cuBLASLt's VEC32_UE8M0 / VEC16_UE4M3 modes) yet, so
+// every GPU from Hopper on runs them by dequantizing the operands (numerically the same
+// computation, slower). The claim follows the GEMM that actually runs.
 GemmPlan MicroBlockScaled(const char* recipe, const char* what, const Gpu& gpu) {
   if (gpu.blackwell_or_newer()) {
-    return Entry(recipe, GemmExecution::kNative,
-                 absl::StrCat(what, " block-scaled GEMMs run natively on ", gpu.sm));
+    return Entry(recipe, GemmExecution::kEmulated,
+                 absl::StrCat("native ", what, " block-scaled GEMMs on ", gpu.sm,
+                              " are not built yet; the operands are dequantized and multiplied in BF16/FP32"));
   }
   if (gpu.hopper()) {
     return Entry(recipe, GemmExecution::kEmulated,

@@ -157,7 +157,8 @@ struct Session::State {
   }
 
   absl::Status DevicePath() const {
-    static constexpr absl::string_view kDeviceLayers[] = {"Linear", "LayerNorm", "RMSNorm"};
+    static constexpr absl::string_view kDeviceLayers[] = {"Linear",          "LayerNorm",    "RMSNorm",
+                                                          "LayerNormLinear", "LayerNormMLP", "GroupedLinear"};
     for (const auto& module : stack->modules()) {
       const std::string kind = module->kind();
       if (std::find(std::begin(kDeviceLayers), std::end(kDeviceLayers), kind) == std::end(kDeviceLayers)) {
@@ -167,22 +168,13 @@ struct Session::State {
             " layers (use --device=cpu for this model)"));
       }
     }
-    if (recipe.has_quantizers() && recipe.name() != "delayed" && recipe.name() != "current") {
-      return absl::UnimplementedError(absl::StrCat("recipe: '", recipe.name(), "' has no ", ctx.device.ToString(),
-                                                   " path yet; on a GPU, sessions take no recipe, delayed or "
-                                                   "current scaling (use --device=cpu for this recipe)"));
-    }
     return absl::OkStatus();
   }
 
   absl::Status PlaceOnDevice() {
     ASSIGN_OR_RETURN(stream, kernels::DeviceStream::Create(ctx.device.index));
     ctx.stream = stream->get();
-    for (layers::Parameter* p : params) {
-      ASSIGN_OR_RETURN(p->value, kernels::CopyTo(ctx, p->value, ctx.device));
-      ASSIGN_OR_RETURN(p->grad, kernels::CopyTo(ctx, p->grad, ctx.device));
-    }
-    return absl::OkStatus();
+    return layers::PlaceParameters(ctx, params);
   }
 
   // The RPC edge of a session on a device: client tensors (host) are copied to the

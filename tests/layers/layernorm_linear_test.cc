@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/elementwise.h"
 #include "kernels/normalization.h"
 #include "layers/linear.h"
 #include "layers/normalization.h"
@@ -164,7 +165,7 @@ TEST_P(LayerNormLinearRecipeTest, EqualsNormalizationThenLinearBitwise) {
       EndRegion(*fused, false);
       auto l_dx = linear->Backward(Context(), *l_out.saved, {dy}).value();
       EndRegion(*linear, false);
-      ASSERT_TRUE(AccumulateInto(d_ln, &l_dx[0]).ok());
+      ASSERT_TRUE(kernels::AddInto(Context(), d_ln, &l_dx[0]).ok());
       auto n_dx = norm->Backward(Context(), *n_out.saved, l_dx).value();
       EXPECT_TRUE(BitwiseEqual(f_dx[0], n_dx[0]));
       for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(BitwiseEqual(whole[i]->grad, parts[i]->grad)) << i;

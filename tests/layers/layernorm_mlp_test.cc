@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/activation.h"
+#include "kernels/elementwise.h"
 #include "kernels/normalization.h"
 #include "layers/layernorm_linear.h"
 #include "layers/layernorm_spec.h"
@@ -171,7 +172,7 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
       auto d_norm = fc1->Backward(Context(), *h1.saved, {d_h1}).value();
       EndRegion(*fc1, false);
       EndRegion(*fc2, false);
-      ASSERT_TRUE(AccumulateInto(d_ln, &d_norm[0]).ok());
+      ASSERT_TRUE(kernels::AddInto(Context(), d_ln, &d_norm[0]).ok());
       auto n_dx = norm->Backward(Context(), *n_out.saved, d_norm).value();
       EXPECT_TRUE(BitwiseEqual(m_dx[0], n_dx[0]));
       for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(BitwiseEqual(whole[i]->grad, parts[i]->grad)) << i;
