@@ -48,6 +48,60 @@ absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor>
                   TESERVE_CUDA_KERNEL([&] { return cuda::SumOfSquares(ctx, tensors); }));
 }
 
+absl::Status CopyColumns(const Context& ctx, const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                         int64_t cols) {
+  RETURN_IF_ERROR(CheckTensor("src", src, src.dtype(), 2, ctx));
+  if (dst == nullptr) return InvalidField("dst", "a tensor", "nullptr");
+  RETURN_IF_ERROR(CheckTensor("dst", *dst, src.dtype(), 2, ctx));
+  if (DTypeBits(src.dtype()) % 8 != 0) return InvalidField("src.dtype", "a type of whole bytes", DTypeName(src.dtype()));
+  if (dst->dim(0) != src.dim(0)) {
+    return InvalidField("dst.shape", absl::StrCat(src.dim(0), " rows (as src)"), ShapeToString(dst->shape()));
+  }
+  if (cols < 0 || src_col < 0 || src_col + cols > src.dim(1)) {
+    return InvalidField("src_col", absl::StrCat("columns [src_col, src_col + ", cols, ") within ", src.dim(1)), src_col);
+  }
+  if (dst_col < 0 || dst_col + cols > dst->dim(1)) {
+    return InvalidField("dst_col", absl::StrCat("columns [dst_col, dst_col + ", cols, ") within ", dst->dim(1)),
+                        dst_col);
+  }
+  if (cols == 0 || src.dim(0) == 0) return absl::OkStatus();
+  return Dispatch("CopyColumns", ctx, [&] { return cpu::CopyColumns(ctx, src, src_col, dst, dst_col, cols); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::CopyColumns(ctx, src, src_col, dst, dst_col, cols); }));
+}
+
+absl::StatusOr<Tensor> BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
+                                      const ResidualDropout& dropout) {
+  RETURN_IF_ERROR(CheckTensor("h", h, DType::kFloat32, kAnyRank, ctx));
+  if (h.rank() < 1) return InvalidField("h.shape", "rank >= 1", ShapeToString(h.shape()));
+  RETURN_IF_ERROR(CheckTensor("residual", residual, DType::kFloat32, kAnyRank, ctx));
+  RETURN_IF_ERROR(CheckShape("residual", residual, h.shape()));
+  if (bias.defined()) {
+    RETURN_IF_ERROR(CheckTensor("bias", bias, DType::kFloat32, 1, ctx));
+    RETURN_IF_ERROR(CheckShape("bias", bias, {h.shape().back()}));
+  }
+  if (dropout.active() && (dropout.batch < 1 || dropout.seq < 1)) {
+    return InvalidField("dropout.batch", ">= 1 (and seq >= 1)", absl::StrCat(dropout.batch, ", ", dropout.seq));
+  }
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kFloat32, h.shape(), ctx.device, ctx.stream));
+  if (h.numel() == 0) return out;
+  RETURN_IF_ERROR(Dispatch("BiasDropoutAdd", ctx, [&] { return cpu::BiasDropoutAdd(ctx, h, bias, residual, dropout, &out); },
+                           TESERVE_CUDA_KERNEL([&] {
+                             return cuda::BiasDropoutAdd(ctx, h, bias, residual, dropout, &out);
+                           })));
+  return out;
+}
+
+absl::Status DropoutScale(const Context& ctx, const ResidualDropout& dropout, Tensor* x) {
+  RETURN_IF_ERROR(CheckOutput("x", x, ctx));
+  if (x->rank() < 1) return InvalidField("x.shape", "rank >= 1", ShapeToString(x->shape()));
+  if (!dropout.active() || x->numel() == 0) return absl::OkStatus();
+  if (dropout.batch < 1 || dropout.seq < 1) {
+    return InvalidField("dropout.batch", ">= 1 (and seq >= 1)", absl::StrCat(dropout.batch, ", ", dropout.seq));
+  }
+  return Dispatch("DropoutScale", ctx, [&] { return cpu::DropoutScale(ctx, dropout, x); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::DropoutScale(ctx, dropout, x); }));
+}
+
 absl::Status FillZero(const Context& ctx, Tensor* x) {
   if (x == nullptr) return InvalidField("x", "a tensor", "nullptr");
   RETURN_IF_ERROR(CheckDefined("x", *x));

@@ -8,6 +8,15 @@
 //   CopyInto / CopyTo: bytes between tensors of any devices (the RPC edge: inputs to
 //                   the session's device, results back). Ordered on ctx.stream; a copy
 //                   that reads or writes host memory is complete when it returns.
+//   CopyColumns:    dst[:, dst_col + j] = src[:, src_col + j] for j < cols, rank-2
+//                   tensors of one dtype (any) with the same row count on ctx's device:
+//                   attention's head split and merge of fused projections.
+//   BiasDropoutAdd: out[i] = residual[i] + factor(i) * (h[i] + bias[i % hidden]), with
+//                   factor from kernels/dropout_math.h (no multiply when nothing is
+//                   dropped) and bias optional ([hidden]; h + 0 when undefined); each
+//                   operation one FP32 rounding in that order, so the CPU and CUDA
+//                   results and masks agree bit for bit. TransformerLayer's residuals.
+//   DropoutScale:   x[i] *= factor(i) in place: BiasDropoutAdd's backward for h.
 // The CPU versions are the reference. SumOfSquares on CUDA adds per-block partial sums
 // (double) in a fixed order, so its result is deterministic but may differ from the
 // CPU's in the last bits (a different summation order).
@@ -19,6 +28,7 @@
 #include "absl/types/span.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/dropout_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -28,6 +38,14 @@ absl::Status AddInto(const Context& ctx, const Tensor& x, Tensor* into);
 absl::Status Scale(const Context& ctx, float factor, Tensor* x);
 
 absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors);
+
+absl::Status CopyColumns(const Context& ctx, const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                         int64_t cols);
+
+absl::StatusOr<Tensor> BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
+                                      const ResidualDropout& dropout);
+
+absl::Status DropoutScale(const Context& ctx, const ResidualDropout& dropout, Tensor* x);
 
 absl::Status FillZero(const Context& ctx, Tensor* x);
 

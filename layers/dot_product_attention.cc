@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/elementwise.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
 
@@ -275,6 +276,12 @@ absl::StatusOr<ForwardOutput> DotProductAttention::Forward(const Context& ctx, c
   for (const Tensor& t : inputs) shapes.push_back(t.shape());
   ASSIGN_OR_RETURN(std::vector<Shape> out_shapes, OutputShapes(shapes, "inputs"));
   ASSIGN_OR_RETURN(kernels::AttentionSideTensors side, GatherSide(options.side, shapes));
+  // Side inputs arrive (and the padding mask becomes cu_seqlens) on the host; the
+  // attention kernels read them on ctx's device.
+  for (Tensor* t : {&side.cu_seqlens_q, &side.cu_seqlens_kv, &side.cu_seqlens_q_padded, &side.cu_seqlens_kv_padded,
+                    &side.mask, &side.bias, &side.alibi_slopes}) {
+    ASSIGN_OR_RETURN(*t, OnDevice(ctx, *t));
+  }
   kernels::AttentionConfig config = config_;
   const bool dropout = options_.attention_dropout > 0.0f && options.save_for_backward;
   if (dropout) {
@@ -296,7 +303,7 @@ absl::StatusOr<ForwardOutput> DotProductAttention::Forward(const Context& ctx, c
     saved->k = inputs[1];
     saved->v = inputs[2];
     if (side.softmax_offset.defined()) {
-      ASSIGN_OR_RETURN(side.softmax_offset, side.softmax_offset.Clone());
+      ASSIGN_OR_RETURN(side.softmax_offset, side.softmax_offset.Clone(ctx.stream));
     }
     saved->side = std::move(side);
     saved->config = config;
@@ -325,9 +332,7 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
                    kernels::AttentionBackward(ctx, saved.config, saved.q, saved.k, saved.v, saved.side, saved.out,
                                               saved.softmax_lse, dout));
   if (options_.softmax_type == SoftmaxType::kLearnable) {
-    absl::Span<float> acc = softmax_offset_.grad.mutable_floats();
-    absl::Span<const float> d = grads.dsoftmax_offset.floats();
-    for (size_t h = 0; h < acc.size(); ++h) acc[h] += d[h];
+    RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dsoftmax_offset, &softmax_offset_.grad));
   }
   return std::vector<Tensor>{std::move(grads.dq), std::move(grads.dk), std::move(grads.dv)};
 }

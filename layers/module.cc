@@ -16,6 +16,11 @@ Tensor Rows(const Tensor& t, int64_t begin, int64_t rows) {
   return Tensor::Borrow(const_cast<char*>(base), t.dtype(), std::move(shape), t.device());
 }
 
+absl::StatusOr<Tensor> OnDevice(const Context& ctx, const Tensor& t) {
+  if (!t.defined() || t.device() == ctx.device) return t;
+  return kernels::CopyTo(ctx, t, ctx.device);
+}
+
 Parameter RowBlock(Parameter& whole, std::string name, int64_t begin, int64_t rows) {
   Parameter view;
   view.name = std::move(name);

@@ -39,6 +39,10 @@ struct Parameter {
 // sharing its memory on whatever device it lives; valid while `t`'s storage is.
 Tensor Rows(const Tensor& t, int64_t begin, int64_t rows);
 
+// `t` on ctx's device: itself when it is there already (or undefined), else a copy
+// ordered on ctx.stream. For host-made tensors a device op reads (side inputs, tables).
+absl::StatusOr<Tensor> OnDevice(const Context& ctx, const Tensor& t);
+
 // A parameter named `name` holding rows [begin, begin + rows) of `whole` (rank 1 or 2).
 Parameter RowBlock(Parameter& whole, std::string name, int64_t begin, int64_t rows);
 

@@ -55,8 +55,24 @@ FusedLayout KeyValueLayout(int64_t groups, int64_t d, bool interleaved) {
   return layout;
 }
 
-// Gathers the parts of `mixed` [.., width] into [.., heads_p * D] tensors.
-absl::StatusOr<std::vector<Tensor>> SplitFused(const Tensor& mixed, const FusedLayout& layout, int64_t d) {
+// Runs of heads whose columns are contiguous in the fused layout: (first head, count).
+// The [q | k | v] layout is one run per part; the interleaved one a run per group.
+std::vector<std::pair<int64_t, int64_t>> ContiguousRuns(const std::vector<int64_t>& offsets, int64_t d) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (size_t h = 0; h < offsets.size(); ++h) {
+    if (!runs.empty() && offsets[h] == offsets[runs.back().first] + runs.back().second * d) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(static_cast<int64_t>(h), 1);
+    }
+  }
+  return runs;
+}
+
+// Gathers the parts of `mixed` [.., width] into [.., heads_p * D] tensors (on mixed's
+// device; one strided copy per run of contiguous heads).
+absl::StatusOr<std::vector<Tensor>> SplitFused(const Context& ctx, const Tensor& mixed, const FusedLayout& layout,
+                                               int64_t d) {
   ASSIGN_OR_RETURN(Tensor rows, mixed.As2D());
   std::vector<Tensor> parts(3);
   for (int p = 0; p < 3; ++p) {
@@ -64,23 +80,23 @@ absl::StatusOr<std::vector<Tensor>> SplitFused(const Tensor& mixed, const FusedL
     const int64_t heads = static_cast<int64_t>(layout.offsets[p].size());
     Shape shape = mixed.shape();
     shape.back() = heads * d;
-    ASSIGN_OR_RETURN(parts[p], Tensor::Zeros(DType::kFloat32, shape));
-    for (int64_t n = 0; n < rows.dim(0); ++n) {
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(parts[p].data<float>() + (n * heads + h) * d,
-                    rows.data<float>() + n * layout.width + layout.offsets[p][h], sizeof(float) * d);
-      }
+    ASSIGN_OR_RETURN(parts[p], Tensor::Empty(DType::kFloat32, shape, ctx.device, ctx.stream));
+    ASSIGN_OR_RETURN(Tensor part_rows, parts[p].As2D());
+    for (const auto& [first, count] : ContiguousRuns(layout.offsets[p], d)) {
+      RETURN_IF_ERROR(kernels::CopyColumns(ctx, rows, layout.offsets[p][first], &part_rows, first * d, count * d));
     }
   }
   return parts;
 }
 
 // The inverse of SplitFused: scatters the parts' gradients into one [.., width] tensor
-// of `shape` (whose last dimension is the width).
-absl::StatusOr<Tensor> MergeFused(const std::vector<const Tensor*>& parts, const FusedLayout& layout, int64_t d,
-                                  const Shape& shape) {
-  ASSIGN_OR_RETURN(Tensor merged, Tensor::Zeros(DType::kFloat32, shape));
+// of `shape` (whose last dimension is the width). The parts' columns cover the width
+// (every fused layout is a partition of it), so every element is written.
+absl::StatusOr<Tensor> MergeFused(const Context& ctx, const std::vector<const Tensor*>& parts,
+                                  const FusedLayout& layout, int64_t d, const Shape& shape) {
+  ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(DType::kFloat32, shape, ctx.device, ctx.stream));
   const int64_t rows = layout.width > 0 ? merged.numel() / layout.width : 0;
+  ASSIGN_OR_RETURN(Tensor merged_rows, merged.Reshape({rows, layout.width}));
   for (int p = 0; p < 3; ++p) {
     if (layout.offsets[p].empty()) continue;
     const int64_t heads = static_cast<int64_t>(layout.offsets[p].size());
@@ -88,11 +104,9 @@ absl::StatusOr<Tensor> MergeFused(const std::vector<const Tensor*>& parts, const
       return absl::InternalError(absl::StrCat("fused projection part ", p, " has ", parts[p]->numel(),
                                               " values, expected ", rows * heads * d));
     }
-    for (int64_t n = 0; n < rows; ++n) {
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(merged.data<float>() + n * layout.width + layout.offsets[p][h],
-                    parts[p]->data<float>() + (n * heads + h) * d, sizeof(float) * d);
-      }
+    ASSIGN_OR_RETURN(Tensor part_rows, parts[p]->Reshape({rows, heads * d}));
+    for (const auto& [first, count] : ContiguousRuns(layout.offsets[p], d)) {
+      RETURN_IF_ERROR(kernels::CopyColumns(ctx, part_rows, first * d, &merged_rows, layout.offsets[p][first], count * d));
     }
   }
   return merged;
@@ -404,18 +418,19 @@ absl::StatusOr<MultiheadAttention::QkvTensors> MultiheadAttention::Project(const
   if (!cross()) {
     ASSIGN_OR_RETURN(
         std::vector<Tensor> parts,
-        SplitFused(mixed, QkvLayout(heads_, groups_, head_dim_, options_.qkv_weight_interleaved), head_dim_));
+        SplitFused(ctx, mixed, QkvLayout(heads_, groups_, head_dim_, options_.qkv_weight_interleaved), head_dim_));
     ASSIGN_OR_RETURN(out.q, parts[0].Reshape(HeadShape(x.shape(), heads_)));
     ASSIGN_OR_RETURN(out.k, parts[1].Reshape(HeadShape(x.shape(), groups_)));
     ASSIGN_OR_RETURN(out.v, parts[2].Reshape(HeadShape(x.shape(), groups_)));
     return out;
   }
   ASSIGN_OR_RETURN(out.q, mixed.Reshape(HeadShape(x.shape(), heads_)));
-  ASSIGN_OR_RETURN(ForwardOutput kv, key_value_->Forward(ctx, {*encoder_output}, sub));
+  ASSIGN_OR_RETURN(const Tensor encoder, OnDevice(ctx, *encoder_output));
+  ASSIGN_OR_RETURN(ForwardOutput kv, key_value_->Forward(ctx, {encoder}, sub));
   if (save) saved->key_value = std::move(kv.saved);
   ASSIGN_OR_RETURN(
       std::vector<Tensor> parts,
-      SplitFused(kv.outputs[0], KeyValueLayout(groups_, head_dim_, options_.qkv_weight_interleaved), head_dim_));
+      SplitFused(ctx, kv.outputs[0], KeyValueLayout(groups_, head_dim_, options_.qkv_weight_interleaved), head_dim_));
   ASSIGN_OR_RETURN(out.k, parts[1].Reshape(HeadShape(encoder_output->shape(), groups_)));
   ASSIGN_OR_RETURN(out.v, parts[2].Reshape(HeadShape(encoder_output->shape(), groups_)));
   return out;
@@ -489,7 +504,10 @@ absl::Status MultiheadAttention::Rotate(const Context& ctx, const SideInputs* si
     const int seq_dim = rope_format_ == kernels::RopeFormat::kSbhd ? 0 : 1;
     positions = std::max(q->dim(seq_dim), k->dim(seq_dim));
   }
-  ASSIGN_OR_RETURN(Tensor freqs, kernels::RotaryFrequencies(RopeOptions(options_), positions));
+  // The table is made on the host and read on ctx's device; RoPE reads cu_seqlens on
+  // the host, where side inputs arrive.
+  ASSIGN_OR_RETURN(Tensor host_freqs, kernels::RotaryFrequencies(RopeOptions(options_), positions));
+  ASSIGN_OR_RETURN(Tensor freqs, OnDevice(ctx, host_freqs));
   const bool thd = rope_format_ == kernels::RopeFormat::kThd;
   ASSIGN_OR_RETURN(
       *q, kernels::RopeForward(ctx, *q, freqs, rope_format_, options_.rotary_pos_interleaved, thd ? &cu_q : nullptr));
@@ -553,13 +571,13 @@ absl::StatusOr<Tensor> MultiheadAttention::ProjectBackward(const Context& ctx, S
     const FusedLayout layout = QkvLayout(heads_, groups_, head_dim_, options_.qkv_weight_interleaved);
     Shape shape = saved.input_shape;
     shape.back() = layout.width;
-    ASSIGN_OR_RETURN(dmixed, MergeFused({&dq, &dk, &dv}, layout, head_dim_, shape));
+    ASSIGN_OR_RETURN(dmixed, MergeFused(ctx, {&dq, &dk, &dv}, layout, head_dim_, shape));
   } else {
     ASSIGN_OR_RETURN(dmixed, Flatten(dq, saved.input_shape, heads_ * head_dim_));
     const FusedLayout layout = KeyValueLayout(groups_, head_dim_, options_.qkv_weight_interleaved);
     Shape shape = saved.kv_input_shape;
     shape.back() = layout.width;
-    ASSIGN_OR_RETURN(Tensor dkv, MergeFused({nullptr, &dk, &dv}, layout, head_dim_, shape));
+    ASSIGN_OR_RETURN(Tensor dkv, MergeFused(ctx, {nullptr, &dk, &dv}, layout, head_dim_, shape));
     ASSIGN_OR_RETURN(std::vector<Tensor> denc, key_value_->Backward(ctx, *saved.key_value, {dkv}));
     if (side_grads != nullptr) {
       if (side_grads->encoder_output.defined()) {

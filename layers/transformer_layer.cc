@@ -1,11 +1,14 @@
 #include "layers/transformer_layer.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "kernels/stochastic_rounding.h"
+#include "kernels/dropout_math.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
 
@@ -61,58 +64,24 @@ constexpr BdaSite kSelfAttentionBda{kSelfAttentionSite, kSelfAttentionDropPathSi
 constexpr BdaSite kInterAttentionBda{kInterAttentionSite, std::nullopt};
 constexpr BdaSite kMlpBda{kMlpSite, kMlpDropPathSite};
 
-// The factor each element of h + bias is multiplied by: Dropout's keep / (1 - p) times
-// DropPath's per-sample keep / (1 - rate). Empty when nothing is dropped.
-std::vector<float> BdaFactors(const BdaRandom& random, const BdaSite& site, const Shape& shape) {
-  const float drop_path = site.drop_path.has_value() ? random.drop_path : 0.0f;
-  if (!random.active || (random.dropout <= 0.0f && drop_path <= 0.0f)) return {};
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const int64_t hidden = shape.back();
-  std::vector<float> factors(static_cast<size_t>(numel), 1.0f);
-  if (random.dropout > 0.0f) {
-    const uint64_t key = kernels::RandomKey(random.seed, random.stream, site.dropout);
-    const float keep_scale = 1.0f / (1.0f - random.dropout);
-    for (int64_t i = 0; i < numel; ++i) {
-      const float u = kernels::Uniform24ToFloat(kernels::RandomBits24(key, static_cast<uint64_t>(i)));
-      factors[i] = u >= random.dropout ? keep_scale : 0.0f;
-    }
+// The draw of a bias-dropout-add site for tensors of `shape` (kernels/dropout_math.h);
+// nothing is dropped in inference forwards or where both rates are 0.
+kernels::ResidualDropout Draw(const BdaRandom& random, const BdaSite& site, const Shape& shape) {
+  kernels::ResidualDropout d;
+  if (!random.active) return d;
+  d.seed = random.seed;
+  d.stream = random.stream;
+  d.dropout = random.dropout;
+  d.drop_path = site.drop_path.has_value() ? random.drop_path : 0.0f;
+  d.dropout_site = site.dropout;
+  d.drop_path_site = site.drop_path.value_or(0);
+  // Samples: the B dimension of sbhd [S, B, H] or bshd [B, S, H] (thd is rejected).
+  d.sbhd = random.format == QkvFormat::kSbhd;
+  if (shape.size() >= 3) {
+    d.batch = d.sbhd ? shape[1] : shape[0];
+    d.seq = d.sbhd ? shape[0] : shape[1];
   }
-  if (drop_path > 0.0f) {
-    // Samples: the B dimension of sbhd [S, B, H] or bshd [B, S, H] (thd is rejected).
-    const uint64_t key = kernels::RandomKey(random.seed, random.stream, *site.drop_path);
-    const float keep_scale = 1.0f / (1.0f - drop_path);
-    const bool sbhd = random.format == QkvFormat::kSbhd;
-    const int64_t batch = sbhd ? shape[1] : shape[0];
-    const int64_t seq = sbhd ? shape[0] : shape[1];
-    std::vector<float> per_sample(static_cast<size_t>(batch));
-    for (int64_t b = 0; b < batch; ++b) {
-      const float u = kernels::Uniform24ToFloat(kernels::RandomBits24(key, static_cast<uint64_t>(b)));
-      per_sample[b] = u >= drop_path ? keep_scale : 0.0f;
-    }
-    for (int64_t i = 0; i < numel; ++i) {
-      const int64_t row = i / hidden;
-      const int64_t b = sbhd ? row % batch : row / seq;
-      factors[i] *= per_sample[b];
-    }
-  }
-  return factors;
-}
-
-// residual + factors * (h + bias); bias may be undefined, factors empty (all ones).
-absl::StatusOr<Tensor> BiasDropoutAdd(const Tensor& h, const Tensor& bias, const Tensor& residual,
-                                      const std::vector<float>& factors) {
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, h.shape()));
-  absl::Span<float> o = out.mutable_floats();
-  absl::Span<const float> hv = h.floats();
-  absl::Span<const float> r = residual.floats();
-  const int64_t hidden = h.shape().back();
-  for (size_t i = 0; i < o.size(); ++i) {
-    float v = hv[i] + (bias.defined() ? bias.floats()[i % hidden] : 0.0f);
-    if (!factors.empty()) v *= factors[i];
-    o[i] = r[i] + v;
-  }
-  return out;
+  return d;
 }
 
 // Gradients of BiasDropoutAdd for dy: dh = factors * dy and dbias = its column sums
@@ -122,37 +91,25 @@ struct BdaGrads {
   Tensor dbias;
 };
 
-absl::StatusOr<BdaGrads> BiasDropoutAddBackward(const Tensor& dy, const std::vector<float>& factors,
-                                                bool with_bias) {
+absl::StatusOr<BdaGrads> BiasDropoutAddBackward(const Context& ctx, const Tensor& dy,
+                                                const kernels::ResidualDropout& draw, bool with_bias) {
   BdaGrads g;
-  ASSIGN_OR_RETURN(g.dh, dy.Clone());
-  absl::Span<float> dh = g.dh.mutable_floats();
-  if (!factors.empty()) {
-    for (size_t i = 0; i < dh.size(); ++i) dh[i] *= factors[i];
-  }
+  ASSIGN_OR_RETURN(g.dh, dy.Clone(ctx.stream));
+  RETURN_IF_ERROR(kernels::DropoutScale(ctx, draw, &g.dh));
   if (with_bias) {
     const int64_t hidden = dy.shape().back();
-    ASSIGN_OR_RETURN(g.dbias, Tensor::Zeros(DType::kFloat32, {hidden}));
-    absl::Span<float> db = g.dbias.mutable_floats();
-    std::vector<double> sums(static_cast<size_t>(hidden), 0.0);
-    for (size_t i = 0; i < dh.size(); ++i) sums[i % hidden] += dh[i];
-    for (int64_t j = 0; j < hidden; ++j) db[j] = static_cast<float>(sums[j]);
+    ASSIGN_OR_RETURN(g.dbias, Tensor::Empty(DType::kFloat32, {hidden}, ctx.device, ctx.stream));
+    ASSIGN_OR_RETURN(Tensor rows, g.dh.Reshape({g.dh.numel() / std::max<int64_t>(hidden, 1), hidden}));
+    RETURN_IF_ERROR(kernels::ColumnSum(ctx, rows, /*accumulate=*/false, &g.dbias));
   }
   return g;
 }
 
-absl::StatusOr<Tensor> Add(const Tensor& a, const Tensor& b) {
-  ASSIGN_OR_RETURN(Tensor out, a.Clone());
-  absl::Span<float> o = out.mutable_floats();
-  absl::Span<const float> bv = b.floats();
-  for (size_t i = 0; i < o.size(); ++i) o[i] += bv[i];
+// a + b as a new tensor on ctx's device.
+absl::StatusOr<Tensor> Add(const Context& ctx, const Tensor& a, const Tensor& b) {
+  ASSIGN_OR_RETURN(Tensor out, a.Clone(ctx.stream));
+  RETURN_IF_ERROR(kernels::AddInto(ctx, b, &out));
   return out;
-}
-
-void AddInto(const Tensor& b, Tensor* a) {
-  absl::Span<float> o = a->mutable_floats();
-  absl::Span<const float> bv = b.floats();
-  for (size_t i = 0; i < o.size(); ++i) o[i] += bv[i];
 }
 
 absl::Status CheckRate(float value, absl::string_view field) {
@@ -297,26 +254,27 @@ absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, cons
     ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {x}, options));
     if (save) saved->mlp = std::move(mlp.saved);
     BlockOutputs m = SplitOutputs(mlp.outputs, bias, false);
-    ASSIGN_OR_RETURN(Tensor sum, Add(a.out, m.out));
+    ASSIGN_OR_RETURN(Tensor sum, Add(ctx, a.out, m.out));
     Tensor bias_sum;
     if (bias) {
-      ASSIGN_OR_RETURN(bias_sum, Add(a.bias, m.bias));
+      ASSIGN_OR_RETURN(bias_sum, Add(ctx, a.bias, m.bias));
     }
-    ASSIGN_OR_RETURN(out, BiasDropoutAdd(sum, bias_sum, x, BdaFactors(random, kMlpBda, x.shape())));
+    ASSIGN_OR_RETURN(out, kernels::BiasDropoutAdd(ctx, sum, bias_sum, x, Draw(random, kMlpBda, x.shape())));
   } else {
-    ASSIGN_OR_RETURN(Tensor h, BiasDropoutAdd(a.out, a.bias, post_ln_attention() ? a.ln : x,
-                                              BdaFactors(random, kSelfAttentionBda, x.shape())));
+    ASSIGN_OR_RETURN(Tensor h, kernels::BiasDropoutAdd(ctx, a.out, a.bias, post_ln_attention() ? a.ln : x,
+                                                       Draw(random, kSelfAttentionBda, x.shape())));
     if (inter_attention_ != nullptr) {
       ASSIGN_OR_RETURN(ForwardOutput cross, inter_attention_->Forward(ctx, {h}, options));
       if (save) saved->inter_attention = std::move(cross.saved);
       BlockOutputs c = SplitOutputs(cross.outputs, bias, post_ln);
-      ASSIGN_OR_RETURN(h, BiasDropoutAdd(c.out, c.bias, post_ln ? c.ln : h,
-                                         BdaFactors(random, kInterAttentionBda, x.shape())));
+      ASSIGN_OR_RETURN(h, kernels::BiasDropoutAdd(ctx, c.out, c.bias, post_ln ? c.ln : h,
+                                                  Draw(random, kInterAttentionBda, x.shape())));
     }
     ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {h}, options));
     if (save) saved->mlp = std::move(mlp.saved);
     BlockOutputs m = SplitOutputs(mlp.outputs, bias, post_ln);
-    ASSIGN_OR_RETURN(out, BiasDropoutAdd(m.out, m.bias, post_ln ? m.ln : h, BdaFactors(random, kMlpBda, x.shape())));
+    ASSIGN_OR_RETURN(out, kernels::BiasDropoutAdd(ctx, m.out, m.bias, post_ln ? m.ln : h,
+                                                  Draw(random, kMlpBda, x.shape())));
   }
 
   if (layernorm_ != nullptr) {
@@ -353,39 +311,39 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
   };
 
   if (options_.parallel_attention_mlp) {
-    ASSIGN_OR_RETURN(BdaGrads g, BiasDropoutAddBackward(dy, BdaFactors(saved.random, kMlpBda, saved.shape), bias));
+    ASSIGN_OR_RETURN(BdaGrads g, BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias));
     ASSIGN_OR_RETURN(std::vector<Tensor> dm, layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(g, nullptr),
                                                                       side_grads));
     ASSIGN_OR_RETURN(std::vector<Tensor> da, self_attention_->Backward(ctx, *saved.self_attention,
                                                                        block_grads(g, nullptr), side_grads));
-    ASSIGN_OR_RETURN(Tensor dx, Add(dy, dm[0]));
-    AddInto(da[0], &dx);
+    ASSIGN_OR_RETURN(Tensor dx, Add(ctx, dy, dm[0]));
+    RETURN_IF_ERROR(kernels::AddInto(ctx, da[0], &dx));
     return std::vector<Tensor>{std::move(dx)};
   }
 
   // MLP block: out = r + F (m + m_b), r = m_ln (post-LN residual) or h.
-  ASSIGN_OR_RETURN(BdaGrads gm, BiasDropoutAddBackward(dy, BdaFactors(saved.random, kMlpBda, saved.shape), bias));
+  ASSIGN_OR_RETURN(BdaGrads gm, BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias));
   ASSIGN_OR_RETURN(std::vector<Tensor> dm,
                    layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(gm, post_ln ? &dy : nullptr), side_grads));
   Tensor dh = std::move(dm[0]);
-  if (!post_ln) AddInto(dy, &dh);
+  if (!post_ln) RETURN_IF_ERROR(kernels::AddInto(ctx, dy, &dh));
 
   if (inter_attention_ != nullptr) {
-    ASSIGN_OR_RETURN(BdaGrads gc, BiasDropoutAddBackward(dh, BdaFactors(saved.random, kInterAttentionBda,
-                                                                        saved.shape), bias));
+    ASSIGN_OR_RETURN(BdaGrads gc,
+                     BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kInterAttentionBda, saved.shape), bias));
     ASSIGN_OR_RETURN(std::vector<Tensor> dc,
                      inter_attention_->Backward(ctx, *saved.inter_attention,
                                                 block_grads(gc, post_ln ? &dh : nullptr), side_grads));
-    if (!post_ln) AddInto(dh, &dc[0]);
+    if (!post_ln) RETURN_IF_ERROR(kernels::AddInto(ctx, dh, &dc[0]));
     dh = std::move(dc[0]);
   }
 
-  ASSIGN_OR_RETURN(BdaGrads ga, BiasDropoutAddBackward(dh, BdaFactors(saved.random, kSelfAttentionBda,
-                                                                      saved.shape), bias));
+  ASSIGN_OR_RETURN(BdaGrads ga,
+                   BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kSelfAttentionBda, saved.shape), bias));
   ASSIGN_OR_RETURN(std::vector<Tensor> da,
                    self_attention_->Backward(ctx, *saved.self_attention,
                                              block_grads(ga, post_ln_attention() ? &dh : nullptr), side_grads));
-  if (!post_ln_attention()) AddInto(dh, &da[0]);
+  if (!post_ln_attention()) RETURN_IF_ERROR(kernels::AddInto(ctx, dh, &da[0]));
   return std::vector<Tensor>{std::move(da[0])};
 }
 

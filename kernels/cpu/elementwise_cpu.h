@@ -7,6 +7,7 @@
 #include "absl/types/span.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/dropout_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -17,6 +18,11 @@ absl::Status Scale(const Context& ctx, float factor, Tensor* x);
 absl::StatusOr<double> SumOfSquares(const Context& ctx, absl::Span<const Tensor> tensors);
 absl::Status FillZero(const Context& ctx, Tensor* x);
 absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
+absl::Status CopyColumns(const Context& ctx, const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                         int64_t cols);
+absl::Status BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
+                            const ResidualDropout& dropout, Tensor* out);
+absl::Status DropoutScale(const Context& ctx, const ResidualDropout& dropout, Tensor* x);
 
 }  // namespace cpu
 }  // namespace kernels

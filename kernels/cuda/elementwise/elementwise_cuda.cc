@@ -70,6 +70,54 @@ absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device
   return out;
 }
 
+absl::Status CopyColumns(const Context& ctx, const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                         int64_t cols) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  // One strided 2-D copy: rows of `cols` elements between the two row pitches.
+  const size_t bytes = static_cast<size_t>(DTypeBits(src.dtype()) / 8);
+  const char* from = static_cast<const char*>(src.raw_data()) + src_col * bytes;
+  char* to = static_cast<char*>(dst->raw_data()) + dst_col * bytes;
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(to, dst->dim(1) * bytes, from, src.dim(1) * bytes, cols * bytes,
+                                                 static_cast<size_t>(src.dim(0)), cudaMemcpyDeviceToDevice,
+                                                 StreamOf(ctx)));
+  return absl::OkStatus();
+}
+
+absl::Status BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
+                            const ResidualDropout& dropout, Tensor* out) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchBiasDropoutAdd(h.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                                                    residual.data<float>(), h.numel(), h.shape().back(), dropout,
+                                                    out->data<float>(), StreamOf(ctx)));
+  return absl::OkStatus();
+}
+
+absl::Status DropoutScale(const Context& ctx, const ResidualDropout& dropout, Tensor* x) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      LaunchDropoutScale(dropout, x->numel(), x->shape().back(), x->data<float>(), StreamOf(ctx)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<L2NormForwardOutputs> L2NormalizationForward(const Context& ctx, const Tensor& x, float eps) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  L2NormForwardOutputs out;
+  ASSIGN_OR_RETURN(out.y, Tensor::Empty(DType::kFloat32, x.shape(), ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(out.rsigma, Tensor::Empty(DType::kFloat32, {x.dim(0)}, ctx.device, ctx.stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchL2NormForward(x.data<float>(), x.dim(0), x.dim(1), eps, out.y.data<float>(),
+                                                   out.rsigma.data<float>(), StreamOf(ctx)));
+  return out;
+}
+
+absl::StatusOr<Tensor> L2NormalizationBackward(const Context& ctx, const Tensor& dy, const Tensor& x,
+                                               const Tensor& rsigma) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, x.shape(), ctx.device, ctx.stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchL2NormBackward(dy.data<float>(), x.data<float>(), rsigma.data<float>(), x.dim(0),
+                                                    x.dim(1), dx.data<float>(), StreamOf(ctx)));
+  return dx;
+}
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

@@ -8,6 +8,8 @@
 #include "absl/types/span.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/dropout_math.h"
+#include "kernels/l2_norm.h"
 
 namespace teserve {
 namespace kernels {
@@ -20,6 +22,16 @@ absl::Status FillZero(const Context& ctx, Tensor* x);
 absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
 // A copy of t on `device`, one of the two sides being a CUDA device.
 absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device);
+absl::Status CopyColumns(const Context& ctx, const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
+                         int64_t cols);
+absl::Status BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
+                            const ResidualDropout& dropout, Tensor* out);
+absl::Status DropoutScale(const Context& ctx, const ResidualDropout& dropout, Tensor* x);
+
+// kernels/l2_norm.h (a row-wise op, so it lives with the element-wise kernels).
+absl::StatusOr<L2NormForwardOutputs> L2NormalizationForward(const Context& ctx, const Tensor& x, float eps);
+absl::StatusOr<Tensor> L2NormalizationBackward(const Context& ctx, const Tensor& dy, const Tensor& x,
+                                               const Tensor& rsigma);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -57,7 +57,81 @@ __global__ void SumPartialsKernel(const double* __restrict__ partials, int64_t c
   *sum = total;
 }
 
+__global__ void __launch_bounds__(kThreads)
+    BiasDropoutAddKernel(const float* __restrict__ h, const float* __restrict__ bias,
+                         const float* __restrict__ residual, int64_t n, int64_t hidden, ResidualDropout dropout,
+                         float* __restrict__ out) {
+  const bool active = dropout.active();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    float v = __fadd_rn(h[i], bias != nullptr ? bias[i % hidden] : 0.0f);
+    if (active) v = __fmul_rn(v, ResidualDropoutFactor(dropout, i, hidden));
+    out[i] = __fadd_rn(residual[i], v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    DropoutScaleKernel(ResidualDropout dropout, int64_t n, int64_t hidden, float* x) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    x[i] = __fmul_rn(x[i], ResidualDropoutFactor(dropout, i, hidden));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    L2NormForwardKernel(const float* __restrict__ x, int64_t h, float eps, float* __restrict__ y,
+                        float* __restrict__ rsigma) {
+  const float* row = x + blockIdx.x * h;
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < h; j += kThreads) sum += static_cast<double>(row[j]) * row[j];
+  const double r = 1.0 / sqrt(BlockSum(sum) + eps);
+  float* out = y + blockIdx.x * h;
+  for (int64_t j = threadIdx.x; j < h; j += kThreads) out[j] = static_cast<float>(row[j] * r);
+  if (threadIdx.x == 0) rsigma[blockIdx.x] = static_cast<float>(r);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    L2NormBackwardKernel(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ rsigma,
+                         int64_t h, float* __restrict__ dx) {
+  const float* xr = x + blockIdx.x * h;
+  const float* dyr = dy + blockIdx.x * h;
+  double dot = 0.0;
+  for (int64_t j = threadIdx.x; j < h; j += kThreads) dot += static_cast<double>(dyr[j]) * xr[j];
+  const double r = rsigma[blockIdx.x];
+  const double r3_dot = r * r * r * BlockSum(dot);
+  float* out = dx + blockIdx.x * h;
+  for (int64_t j = threadIdx.x; j < h; j += kThreads) out[j] = static_cast<float>(r * dyr[j] - r3_dot * xr[j]);
+}
+
 }  // namespace
+
+cudaError_t LaunchBiasDropoutAdd(const float* h, const float* bias, const float* residual, int64_t n, int64_t hidden,
+                                 const ResidualDropout& dropout, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  BiasDropoutAddKernel<<<GridFor(n), kThreads, 0, stream>>>(h, bias, residual, n, hidden, dropout, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDropoutScale(const ResidualDropout& dropout, int64_t n, int64_t hidden, float* x,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  DropoutScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(dropout, n, hidden, x);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchL2NormForward(const float* x, int64_t rows, int64_t h, float eps, float* y, float* rsigma,
+                                cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  L2NormForwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, h, eps, y, rsigma);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchL2NormBackward(const float* dy, const float* x, const float* rsigma, int64_t rows, int64_t h,
+                                 float* dx, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  L2NormBackwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, x, rsigma, h, dx);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchAddInto(const float* x, int64_t n, float* into, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;

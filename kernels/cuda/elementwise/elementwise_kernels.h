@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "kernels/dropout_math.h"
+
 namespace teserve {
 namespace kernels {
 namespace cuda {
@@ -25,6 +27,22 @@ cudaError_t LaunchScale(float factor, int64_t n, float* x, cudaStream_t stream);
 cudaError_t LaunchSumOfSquaresPartials(const float* x, int64_t n, double* partials, cudaStream_t stream);
 // *sum = partials[0] + ... + partials[count - 1], in that order.
 cudaError_t LaunchSumPartials(const double* partials, int64_t count, double* sum, cudaStream_t stream);
+
+// out[i] = residual[i] + factor(i) * (h[i] + bias[i % hidden]) (bias may be null; no
+// multiply when !dropout.active()), every operation rounded on its own (no FMA), as
+// the CPU reference computes it.
+cudaError_t LaunchBiasDropoutAdd(const float* h, const float* bias, const float* residual, int64_t n, int64_t hidden,
+                                 const ResidualDropout& dropout, float* out, cudaStream_t stream);
+// x[i] *= factor(i).
+cudaError_t LaunchDropoutScale(const ResidualDropout& dropout, int64_t n, int64_t hidden, float* x,
+                               cudaStream_t stream);
+
+// L2 normalization of rows (kernels/l2_norm.h): one block per row, sums in double
+// reduced in a fixed order, so results do not depend on the launch.
+cudaError_t LaunchL2NormForward(const float* x, int64_t rows, int64_t h, float eps, float* y, float* rsigma,
+                                cudaStream_t stream);
+cudaError_t LaunchL2NormBackward(const float* dy, const float* x, const float* rsigma, int64_t rows, int64_t h,
+                                 float* dx, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace kernels
