@@ -167,10 +167,16 @@ struct Session::State {
             " layers (use --device=cpu for this model)"));
       }
     }
-    if (recipe.has_quantizers() && recipe.name() != "delayed" && recipe.name() != "current") {
+    // FP8 block scaling runs on the GPU wherever its GEMMs are native or emulated
+    // (compute capability 9.0+): Linear reads the block-scaled codes natively where
+    // cuBLASLt can (Hopper, >= 12.9) and dequantizes on the device otherwise.
+    const bool block_on_device =
+        recipe.name() == "block" && recipes::PlanGemm("block", DeviceFacts()).execution != recipes::GemmExecution::kUnavailable;
+    if (recipe.has_quantizers() && recipe.name() != "delayed" && recipe.name() != "current" && !block_on_device) {
       return absl::UnimplementedError(absl::StrCat("recipe: '", recipe.name(), "' has no ", ctx.device.ToString(),
-                                                   " path yet; on a GPU, sessions take no recipe, delayed or "
-                                                   "current scaling (use --device=cpu for this recipe)"));
+                                                   " path yet; on a GPU, sessions take no recipe, delayed, "
+                                                   "current or block scaling (block on compute capability 9.0+; "
+                                                   "use --device=cpu for this recipe)"));
     }
     return absl::OkStatus();
   }

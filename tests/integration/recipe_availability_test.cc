@@ -89,12 +89,14 @@ TEST(RecipeAvailability, UnknownCublasLtVersionIsNotTrusted) {
   EXPECT_THAT(got[3].reason(), HasSubstr("got unknown"));
 }
 
-TEST(RecipeAvailability, BlackwellRunsEverythingNatively) {
+TEST(RecipeAvailability, BlackwellRunsMicroscalingNativelyAndEmulatesFp8Blocks) {
+  // cuBLASLt's VEC128_32F / BLK128x128_32F scale modes are Hopper's; Blackwell's
+  // block-scaled tensor cores take E8M0 (MXFP8) scales, so FP8 blocks are dequantized.
   ExpectAvailabilities(Gpu(10, 0, "12.9.0"),
                        {{"delayed", v1::NATIVE, "sm_100"},
                         {"current", v1::NATIVE, "sm_100"},
                         {"mxfp8", v1::NATIVE, "MXFP8 block-scaled GEMMs run natively on sm_100"},
-                        {"block", v1::NATIVE, "sm_100"},
+                        {"block", v1::EMULATED, "exist only on sm_90; on sm_100 the operands are dequantized"},
                         {"nvfp4", v1::NATIVE, "NVFP4 block-scaled GEMMs run natively on sm_100"}});
 }
 

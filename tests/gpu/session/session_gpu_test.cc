@@ -1,6 +1,6 @@
 // A session on cuda:0 against the same session on the CPU reference: the demo's MLP
 // (LayerNorm -> Linear -> RMSNorm -> Linear) under no recipe, FP8 delayed and current
-// scaling, trained a few steps with ForwardBackward + Step (AdamW, clipping) and with
+// scaling and FP8 block scaling (native block-scaled cuBLASLt GEMMs on sm_90), trained a few steps with ForwardBackward + Step (AdamW, clipping) and with
 // Forward / Backward. Unquantized, losses, outputs, input and parameter gradients and
 // parameters agree within the FP32 tolerance over every step; under FP8 the first
 // step agrees value by value (but for neighbouring-code flips) with equal scales, and
@@ -73,6 +73,9 @@ std::vector<RecipeCase> Recipes() {
   v1::RecipeSpec current;
   current.mutable_current();
   cases.push_back({"current", current});
+  v1::RecipeSpec block;
+  block.mutable_block();  // x and dy 1x128, W 128x128: every GEMM of the MLP native on sm_90
+  cases.push_back({"block", block});
   return cases;
 }
 
@@ -165,7 +168,7 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
         SCOPED_TRACE(got_q[i].layer + " " + got_q[i].tensor);
         EXPECT_NEAR(got_q[i].amax, want_q[i].amax, fp8_rtol * want_q[i].amax);
         EXPECT_NEAR(got_q[i].scale, want_q[i].scale, fp8_rtol * want_q[i].scale);
-        EXPECT_EQ(got_q[i].execution, "native") << "per-tensor FP8 GEMMs read the codes on sm_90";
+        EXPECT_EQ(got_q[i].execution, "native") << "per-tensor and block-scaled FP8 GEMMs read the codes on sm_90";
         EXPECT_EQ(want_q[i].execution, "emulated");
       }
     } else {
