@@ -326,8 +326,10 @@ absl::Status CheckBlockScaling(const GemmOperand& a, const Tensor& d, const Gemm
                         "kFast");
   }
   if (options.epilogue != GemmEpilogue::kNone && options.epilogue != GemmEpilogue::kBias) {
-    return InvalidField("options.epilogue", "kNone or kBias for block-scaled operands",
-                        static_cast<int>(options.epilogue));
+    const char* got = options.epilogue == GemmEpilogue::kGeluAuxBias  ? "kGeluAuxBias"
+                      : options.epilogue == GemmEpilogue::kDGeluBGrad ? "kDGeluBGrad"
+                                                                      : "kBGradB";
+    return InvalidField("options.epilogue", "kNone or kBias for block-scaled operands", got);
   }
   if (options.d_amax != nullptr) {
     return InvalidField("options.d_amax", "nullptr for block-scaled operands", "a tensor");

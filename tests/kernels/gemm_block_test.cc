@@ -227,7 +227,7 @@ TEST(BlockGemmCpuErrors, OutputsShapesAndOptions) {
   gelu.bias = &bias;
   gelu.aux = &aux;
   EXPECT_THAT(Gemm(Context::Cpu(), o.a1(), o.b2(), &d, gelu),
-              HasError(kInvalid, "options.epilogue: expected kNone or kBias for block-scaled operands"));
+              HasError(kInvalid, "options.epilogue: expected kNone or kBias for block-scaled operands, got kGeluAuxBias"));
 
   // n (b's rows) a multiple of 8; m too when a is 1D, any m when a is 2D.
   const ErrorOperands odd = MakeErrorOperands(20, 12, 128);
