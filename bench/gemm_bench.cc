@@ -5,6 +5,12 @@
 //   gemm_bf16             BF16 x BF16 -> BF16
 //   gemm_fp8_fast         E4M3 x E4M3 -> BF16, per-tensor scales, fast accumulation (fprop)
 //   gemm_fp8_split        the same with split accumulation (dgrad / wgrad)
+//   gemm_fp8_block        E4M3 x E4M3 -> BF16, FP8 block scaling as the block recipe's
+//                         fprop: A 1x128 blocks (VEC128_32F), B 128x128 tiles
+//                         (BLK128x128_32F), scales already in cuBLASLt's layout (the
+//                         pure GEMM; split accumulation, the only mode these kernels have)
+//   gemm_fp8_block_qscales  the same with the scales as the quantizer makes them, so each
+//                         call also converts them (two small kernels): what Linear runs
 // Bytes are the operands read once and D written once; the JSON also carries flops
 // (2 m n k) and TFLOP/s, the figure a GEMM is judged by (bf16 ~790, FP8 ~1500 peak-ish
 // on an H200 with cuBLASLt). bench/run_bench.py times torch.matmul and
@@ -86,7 +92,49 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   record("gemm_fp8_fast", "e4m3", 1, a, b, fast, &d_bf16, "E4M3 x E4M3 -> BF16, per-tensor scale_inv pointers");
   record("gemm_fp8_split", "e4m3", 1, a, b, kernels::GemmOptions(), &d_bf16,
          "E4M3 x E4M3 -> BF16, split accumulation");
-  FreeDeviceBuffers({a16, b16, d16, a8, b8, sa, sb});
+
+  // FP8 block scaling. Scales are powers of two (the recipe's power_2_scale), varied per
+  // block so that no kernel could fold them into one.
+  auto scale_buffer = [](int64_t count, uint64_t seed) {
+    std::vector<float> host(count);
+    for (int64_t i = 0; i < count; ++i) {
+      host[i] = 1.0f / static_cast<float>(1 << (static_cast<int>((Uniform(seed, i) + 1.0f) * 2.0f) % 4));
+    }
+    void* device = DeviceBuffer(count * static_cast<int64_t>(sizeof(float)));
+    BENCH_CHECK(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return device;
+  };
+  const int64_t kb = (k + kernels::kGemmBlockSize - 1) / kernels::kGemmBlockSize;
+  const int64_t nb = (n + kernels::kGemmBlockSize - 1) / kernels::kGemmBlockSize;
+  const int64_t kb4 = (kb + 3) / 4 * 4, m4 = (m + 3) / 4 * 4;
+  // cuBLASLt layout: A 1D [kb, roundup(m, 4)], B 2D [nb, roundup(kb, 4)].
+  void* sa_gemm = scale_buffer(kb * m4, 5);
+  void* sb_gemm = scale_buffer(nb * kb4, 6);
+  // Quantizer layout: A 1D [m, kb], B 2D [nb, kb].
+  void* sa_q = scale_buffer(m * kb, 7);
+  void* sb_q = scale_buffer(nb * kb, 8);
+  auto block_operand = [&](void* data, int64_t rows, bool transpose, kernels::GemmScaleMode mode,
+                           kernels::GemmScaleLayout layout, void* scales, Shape scale_shape) {
+    kernels::GemmOperand o{Tensor::Borrow(data, DType::kFloat8E4M3, {rows, k}, gpu), transpose,
+                           Tensor::Borrow(scales, DType::kFloat32, scale_shape, gpu)};
+    o.scale_mode = mode;
+    o.scale_layout = layout;
+    return o;
+  };
+  using kernels::GemmScaleLayout;
+  using kernels::GemmScaleMode;
+  record("gemm_fp8_block", "e4m3", 1,
+         block_operand(a8, m, false, GemmScaleMode::kBlock1D, GemmScaleLayout::kGemm, sa_gemm, {kb, m4}),
+         block_operand(b8, n, true, GemmScaleMode::kBlock2D, GemmScaleLayout::kGemm, sb_gemm, {nb, kb4}),
+         kernels::GemmOptions(), &d_bf16,
+         "E4M3 x E4M3 -> BF16, A 1x128 (VEC128_32F) x B 128x128 (BLK128x128_32F) FP32 block scales in "
+         "cuBLASLt layout, split accumulation");
+  record("gemm_fp8_block_qscales", "e4m3", 1,
+         block_operand(a8, m, false, GemmScaleMode::kBlock1D, GemmScaleLayout::kQuantizer, sa_q, {m, kb}),
+         block_operand(b8, n, true, GemmScaleMode::kBlock2D, GemmScaleLayout::kQuantizer, sb_q, {nb, kb}),
+         kernels::GemmOptions(), &d_bf16,
+         "gemm_fp8_block with the quantizer's scale layout, converted on every call (Linear's path)");
+  FreeDeviceBuffers({a16, b16, d16, a8, b8, sa, sb, sa_gemm, sb_gemm, sa_q, sb_q});
 }
 
 }  // namespace

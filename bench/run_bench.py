@@ -491,6 +491,24 @@ def _torch_scaled_mm(fast):
     return build
 
 
+def _torch_scaled_mm_block(rows, cols):
+    """torch._scaled_mm with DeepSeek-style FP32 block scales (PyTorch >= 2.9 routes these to
+    cuBLASLt's VEC128_32F / BLK128x128_32F modes on sm_90): A 1x128 blocks, scale_a
+    [M, K/128] with M contiguous; B 128x128 tiles, scale_b^T [N/128, K/128] row-major.
+    Older PyTorch rejects the scale shapes; the row then reports torch_error and our
+    TFLOP/s stands alone."""
+    torch = _torch()
+    kb = -(-cols // 128)
+    nb = -(-cols // 128)
+    a = _randn(rows, cols, torch.float32, seed=1).to(torch.float8_e4m3fn)
+    b = _randn(cols, cols, torch.float32, seed=2).to(torch.float8_e4m3fn)
+    sa = torch.ones(kb, rows, device="cuda", dtype=torch.float32).t()   # [M, K/128], stride (1, M)
+    kb_padded = -(-kb // 4) * 4
+    sb = torch.ones(nb, kb_padded, device="cuda", dtype=torch.float32)[:, :kb].t()  # [K/128, N/128]
+    return (lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)), \
+        "torch._scaled_mm E4M3 x E4M3 -> BF16, 1x128 x 128x128 FP32 block scales"
+
+
 def _torch_linear_fwd_bwd(rows, cols):
     torch = _torch()
     layer = torch.nn.Linear(cols, cols, bias=True, device="cuda", dtype=torch.bfloat16)
@@ -511,6 +529,8 @@ TORCH_EQUIVALENTS.update({
     "gemm_bf16": _torch_matmul_bf16,
     "gemm_fp8_fast": _torch_scaled_mm(True),
     "gemm_fp8_split": _torch_scaled_mm(False),
+    "gemm_fp8_block": _torch_scaled_mm_block,
+    "gemm_fp8_block_qscales": _torch_scaled_mm_block,
 })
 
 

@@ -56,7 +56,11 @@
 //                           (the reduced-dim block index contiguous)
 //     In cuBLAS' column-major terms the operand is K x M with K = C the reduced dim;
 //     1D puts scale (k_block, m) at m + k_block * roundup(M, 4) and 2D puts
-//     (k_block, m_block) at k_block + m_block * roundup(ceil(K/128), 4).
+//     (k_block, m_block) at k_block + m_block * roundup(ceil(K/128), 4). (The layout
+//     Transformer Engine's block quantizer emits for cuBLASLt and torch._scaled_mm's
+//     blockwise scale strides check.) kernels::Gemm reads block scales in this layout
+//     (GemmScaleLayout::kGemm) or converts the quantizer's with it (kQuantizer); the
+//     CUDA version allocates its output on ctx.stream.
 //   Fused dbias (both ops, o.dbias set): *o.dbias, a defined FP32 [cols] tensor on the
 //     Context's device, is overwritten with the column sums of x, exactly as for
 //     QuantizePerTensor (kernels/cast.h: FP64 accumulation on the CPU, NaN/Inf

@@ -98,9 +98,46 @@ absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Ten
 namespace {
 
 constexpr int64_t kFloat8LeadingMultiple = 16;  // cuBLASLt FP8: 16-byte aligned rows
+// Block-scaled FP8: n (and m when a is 1D) multiples of 8, D's rows 16-byte aligned at
+// BF16; cuBLASLt refuses other shapes with these scale modes.
+constexpr int64_t kBlockScaledOuterMultiple = 8;
+// Padding of the contiguous dimension of GEMM-layout block scales (as
+// kernels/block_quantize.h's kBlockScalesGemmAlignment).
+constexpr int64_t kBlockScalesGemmAlignment = 4;
 
 bool IsGemmHighPrecision(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
+const char* ScaleModeName(GemmScaleMode mode) {
+  switch (mode) {
+    case GemmScaleMode::kPerTensor: return "kPerTensor";
+    case GemmScaleMode::kBlock1D: return "kBlock1D";
+    case GemmScaleMode::kBlock2D: return "kBlock2D";
+  }
+  return "unknown";
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+
+// The scale_inv shape an FP8 operand's mode and layout call for (kernels/gemm.h), from
+// the stored data [R, C] (C = k for the TN layout block scaling requires).
+Shape ExpectedScaleShape(const GemmOperand& operand) {
+  const int64_t rows = operand.data.dim(0);
+  const int64_t col_blocks = CeilDiv(operand.data.dim(1), kGemmBlockSize);
+  const bool gemm_layout = operand.scale_layout == GemmScaleLayout::kGemm;
+  switch (operand.scale_mode) {
+    case GemmScaleMode::kPerTensor:
+      return {1};
+    case GemmScaleMode::kBlock1D:
+      if (gemm_layout) return {col_blocks, RoundUp(rows, kBlockScalesGemmAlignment)};
+      return {rows, col_blocks};
+    case GemmScaleMode::kBlock2D:
+      if (gemm_layout) return {CeilDiv(rows, kGemmBlockSize), RoundUp(col_blocks, kBlockScalesGemmAlignment)};
+      return {CeilDiv(rows, kGemmBlockSize), col_blocks};
+  }
+  return {1};
 }
 
 absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, const Context& ctx) {
@@ -114,14 +151,24 @@ absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, co
                         "one of FLOAT32, BFLOAT16, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2", DTypeName(dtype));
   }
   const std::string scale = absl::StrCat(name, ".scale_inv");
+  const bool block = operand.scale_mode != GemmScaleMode::kPerTensor;
   if (!IsFloat8(dtype)) {
     if (operand.scale_inv.defined()) {
       return InvalidField(scale, absl::StrCat("no scale_inv for a ", DTypeName(dtype), " operand"),
                           "a tensor");
     }
+    if (block) {
+      return InvalidField(absl::StrCat(name, ".scale_mode"),
+                          absl::StrCat("kPerTensor for a ", DTypeName(dtype), " operand"),
+                          ScaleModeName(operand.scale_mode));
+    }
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(CheckTensorOfShape(scale, operand.scale_inv, DType::kFloat32, {1}, ctx));
+  if (!block && operand.scale_layout != GemmScaleLayout::kQuantizer) {
+    return InvalidField(absl::StrCat(name, ".scale_layout"), "kQuantizer for a per-tensor scale_inv", "kGemm");
+  }
+  RETURN_IF_ERROR(CheckTensorOfShape(scale, operand.scale_inv, DType::kFloat32,
+                                     ExpectedScaleShape(operand), ctx));
   if (operand.data.dim(1) % kFloat8LeadingMultiple != 0) {
     return InvalidField(absl::StrCat(data, ".shape[1]"),
                         absl::StrCat("a multiple of ", kFloat8LeadingMultiple,
@@ -139,6 +186,18 @@ absl::Status CheckOperandPair(const GemmOperand& a, const GemmOperand& b) {
                         DTypeName(tb));
   }
   if (!IsFloat8(ta)) return absl::OkStatus();
+  const bool a_block = a.scale_mode != GemmScaleMode::kPerTensor;
+  const bool b_block = b.scale_mode != GemmScaleMode::kPerTensor;
+  if (a_block != b_block) {
+    return InvalidField("b.scale_mode",
+                        a_block ? "kBlock1D or kBlock2D to pair with a block-scaled a (no per-tensor mix)"
+                                : "kPerTensor to pair with a per-tensor a (no block-scaled mix)",
+                        ScaleModeName(b.scale_mode));
+  }
+  if (a.scale_mode == GemmScaleMode::kBlock2D && b.scale_mode == GemmScaleMode::kBlock2D) {
+    return InvalidField("b.scale_mode", "kBlock1D when a is kBlock2D (2D x 2D block scaling has no kernel)",
+                        "kBlock2D");
+  }
   if (ta == DType::kFloat8E5M2 && tb == DType::kFloat8E5M2) {
     return InvalidField("b.data.dtype", "FLOAT8_E4M3 when a.data is FLOAT8_E5M2 (E5M2 x E5M2 has no kernel)",
                         DTypeName(tb));
@@ -239,15 +298,65 @@ absl::Status CheckEpilogue(const GemmOperand& a, const Tensor& d, const GemmOpti
   return absl::OkStatus();
 }
 
+// What block-scaled FP8 operands add to the general checks (kernels/gemm.h): cuBLASLt's
+// VEC128 / BLK128x128 kernels, enforced on every backend so that a call valid on the
+// CPU reference is valid on a GPU too.
+absl::Status CheckBlockScaling(const GemmOperand& a, const Tensor& d, const GemmOptions& options) {
+  if (a.scale_mode == GemmScaleMode::kPerTensor) return absl::OkStatus();
+  if (d.dtype() != DType::kFloat32 && d.dtype() != DType::kBFloat16) {
+    return InvalidField("d.dtype", "FLOAT32 or BFLOAT16 for block-scaled operands", DTypeName(d.dtype()));
+  }
+  const int64_t m = d.dim(0);
+  const int64_t n = d.dim(1);
+  if (n % kBlockScaledOuterMultiple != 0) {
+    return InvalidField("d.shape[1]",
+                        absl::StrCat("n a multiple of ", kBlockScaledOuterMultiple,
+                                     " for block-scaled operands (the rows of b and of d)"),
+                        n);
+  }
+  if (a.scale_mode == GemmScaleMode::kBlock1D && m % kBlockScaledOuterMultiple != 0) {
+    return InvalidField("d.shape[0]",
+                        absl::StrCat("m a multiple of ", kBlockScaledOuterMultiple,
+                                     " when a is kBlock1D (the rows of a and d; a 2D a takes any m)"),
+                        m);
+  }
+  if (options.accumulation != GemmAccumulation::kSplit) {
+    return InvalidField("options.accumulation",
+                        "kSplit for block-scaled operands (their kernels always promote per 128-deep k block)",
+                        "kFast");
+  }
+  if (options.epilogue != GemmEpilogue::kNone && options.epilogue != GemmEpilogue::kBias) {
+    const char* got = options.epilogue == GemmEpilogue::kGeluAuxBias  ? "kGeluAuxBias"
+                      : options.epilogue == GemmEpilogue::kDGeluBGrad ? "kDGeluBGrad"
+                                                                      : "kBGradB";
+    return InvalidField("options.epilogue", "kNone or kBias for block-scaled operands", got);
+  }
+  if (options.d_amax != nullptr) {
+    return InvalidField("options.d_amax", "nullptr for block-scaled operands", "a tensor");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
-                  const GemmOptions& options) {
+absl::Status BlockScaledGemmSupport(const Context& ctx) {
+  return Dispatch("BlockScaledGemm", ctx, [&] { return absl::OkStatus(); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::BlockScaledGemmSupport(ctx.device.index); }));
+}
+
+absl::Status CheckGemmArguments(const Context& ctx, const GemmOperand& a, const GemmOperand& b, const Tensor* d,
+                                const GemmOptions& options) {
   RETURN_IF_ERROR(CheckOperand("a", a, ctx));
   RETURN_IF_ERROR(CheckOperand("b", b, ctx));
   RETURN_IF_ERROR(CheckOperandPair(a, b));
   RETURN_IF_ERROR(CheckGemmOutput(a, b, d, options, ctx));
   RETURN_IF_ERROR(CheckEpilogue(a, *d, options, ctx));
+  return CheckBlockScaling(a, *d, options);
+}
+
+absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
+                  const GemmOptions& options) {
+  RETURN_IF_ERROR(CheckGemmArguments(ctx, a, b, d, options));
   ScopedKernelTimer timer(ctx, KernelOp::kGemm);
   return Dispatch("Gemm", ctx, [&] { return cpu::Gemm(ctx, a, b, d, options); },
                   TESERVE_CUDA_KERNEL([&] { return cuda::Gemm(ctx, a, b, d, options); }));

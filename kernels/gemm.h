@@ -14,7 +14,10 @@
 #ifndef TESERVE_KERNELS_GEMM_H_
 #define TESERVE_KERNELS_GEMM_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -53,6 +56,34 @@ namespace kernels {
 // sgemm and the epilogue applied in FP32: the numerical reference of the CUDA path.
 // On CUDA it runs through cuBLASLt with a 32 MiB workspace per (device, stream) and the
 // algorithm chosen by its heuristic once per problem.
+//
+// FP8 block scaling (TE's Float8BlockScaling, DeepSeek-V3 style), GemmOperand::scale_mode:
+//   kBlock1D   one FP32 scale_inv per 1x128 block of a stored row (along k)
+//   kBlock2D   one FP32 scale_inv per 128x128 tile of the stored matrix
+// An operand [R, C] (C = k, contiguous: the TN layout above) decodes as
+// code[r][c] * s(r, c), one FP32 product, exactly kernels::DequantizeBlock's value, with
+// s(r, c) = scale_inv[r][c / 128] (1D) or scale_inv[r / 128][c / 128] (2D). Tails are
+// partial blocks (R and C need not be multiples of 128). scale_inv is given either
+//   kQuantizer: as QuantizeBlockScaling produced that copy, FP32 [R, ceil(C/128)] (1D)
+//               or [ceil(R/128), ceil(C/128)] (2D); the CUDA path converts it with
+//               BlockScalesGemmLayout into stream-ordered scratch on every call, or
+//   kGemm:      already in that layout (kernels/block_quantize.h), FP32
+//               [ceil(C/128), roundup(R, 4)] (1D, R contiguous) or
+//               [ceil(R/128), roundup(ceil(C/128), 4)] (2D), for callers that keep
+//               scales in GEMM layout (no conversion; the benchmark's pure GEMM).
+// On CUDA these are cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F and _BLK128x128_32F
+// scale modes (cuBLASLt >= 12.9, Hopper only: sm_90; BlockScaledGemmSupport says why
+// not elsewhere, as UNIMPLEMENTED). What cuBLASLt runs, and so what both backends
+// accept (INVALID_ARGUMENT naming the field otherwise):
+//   - both operands block-scaled FP8 (no mixing with per-tensor), 1D x 1D, 1D x 2D or
+//     2D x 1D (2D x 2D has no kernel); the recipe's pairs are x (1D) x W (2D) for fprop,
+//     dy (1D) x W^T (2D, W's columnwise copy) for dgrad, dy^T (1D) x x^T (1D) for wgrad;
+//   - TN layout as for per-tensor FP8 (a not transposed, b transposed), k % 16 == 0;
+//   - n % 8 == 0 (D's row, 16-byte aligned for BF16), and m % 8 == 0 when a is 1D;
+//   - D FLOAT32 or BFLOAT16; no d_amax; epilogue kNone or kBias; beta allowed;
+//   - accumulation kSplit: block-scaled kernels always promote partial sums to FP32
+//     after each 128-deep k block (there is no fast-accumulation variant; cuBLASLt
+//     refuses FAST_ACCUM with these scale modes), so kFast is rejected.
 enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 
 // Fast accumulation lets FP8 tensor cores keep partial sums in reduced precision over
@@ -61,10 +92,20 @@ enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 // operands are affected.
 enum class GemmAccumulation { kSplit, kFast };
 
+// How an FP8 operand's scale_inv applies (see above). kPerTensor: FP32 [1].
+enum class GemmScaleMode { kPerTensor, kBlock1D, kBlock2D };
+// Which layout a block scale_inv is given in (ignored for kPerTensor, which must leave
+// it kQuantizer).
+enum class GemmScaleLayout { kQuantizer, kGemm };
+
+inline constexpr int64_t kGemmBlockSize = 128;  // FP8 block scaling: 1x128 / 128x128
+
 struct GemmOperand {
   Tensor data;       // rank 2, row-major as stored
   bool transpose = false;
-  Tensor scale_inv;  // FP8 only: FP32 [1] on data's device, the dequantization factor
+  Tensor scale_inv;  // FP8 only, FP32 on data's device: the dequantization factors
+  GemmScaleMode scale_mode = GemmScaleMode::kPerTensor;
+  GemmScaleLayout scale_layout = GemmScaleLayout::kQuantizer;
 };
 
 struct GemmOptions {
@@ -81,6 +122,38 @@ struct GemmOptions {
 
 absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
                   const GemmOptions& options = GemmOptions());
+
+// The metadata checks Gemm starts with, alone: OK exactly when Gemm would accept the
+// call's shapes, dtypes, layouts and options (the same INVALID_ARGUMENT otherwise).
+// Callers with a fallback (Linear's block-scaled GEMMs) ask before choosing a path.
+absl::Status CheckGemmArguments(const Context& ctx, const GemmOperand& a, const GemmOperand& b, const Tensor* d,
+                                const GemmOptions& options = GemmOptions());
+
+// Whether block-scaled FP8 GEMMs can run on ctx's device: OK on the CPU (the reference)
+// and on a CUDA device of compute capability 9.x with a cuBLASLt of at least 12.9 both
+// at build time (the scale modes' header) and at run time; UNIMPLEMENTED saying which
+// fact is missing otherwise (callers such as Linear then dequantize instead).
+absl::Status BlockScaledGemmSupport(const Context& ctx);
+
+// The rule behind it, from facts: compute capability and cuBLASLt's version number
+// (major * 10000 + minor * 100 + patch, as cublasLtGetVersion returns it). Hopper only:
+// cuBLASLt offers VEC128_32F / BLK128x128_32F on sm_90; Blackwell's block-scaled tensor
+// cores take MXFP8's E8M0 scales instead (TE emulates this recipe there).
+inline constexpr int64_t kBlockScaledGemmMinCublasLt = 120900;
+inline absl::Status BlockScaledGemmSupportFor(int cc_major, int cc_minor, int64_t cublaslt_version) {
+  if (cc_major != 9) {
+    return absl::UnimplementedError(absl::StrCat(
+        "FP8 block-scaled GEMMs (cuBLASLt VEC128_32F / BLK128x128_32F scale modes) run only on "
+        "compute capability 9.x (Hopper); this device is sm_",
+        cc_major, cc_minor));
+  }
+  if (cublaslt_version < kBlockScaledGemmMinCublasLt) {
+    return absl::UnimplementedError(absl::StrCat("FP8 block-scaled GEMMs need cuBLASLt >= 12.9 (version ",
+                                                 kBlockScaledGemmMinCublasLt, "); the loaded one is version ",
+                                                 cublaslt_version));
+  }
+  return absl::OkStatus();
+}
 
 // ---------------------------------------------------------------------------------------
 // The FP32 GEMM of the CPU layers (the general one with FP32 operands and D).

@@ -30,18 +30,33 @@ struct SavedOperand {
 
   // Per-tensor FP8 codes that a GEMM can read directly, with their scale_inv.
   bool IsPerTensor() const { return is_quantized && quantized.mode == ScalingMode::kPerTensor; }
+  // FP8 block scaling (1x128 or 128x128 FP32 scales): also read directly, with the
+  // copy's scale_inv as the quantizer made it.
+  bool IsBlockScaled() const {
+    return is_quantized && (quantized.mode == ScalingMode::kBlock1D || quantized.mode == ScalingMode::kBlock2D);
+  }
   kernels::GemmOperand Codes(Copy copy, bool transpose) const {
     const kernels::QuantizedCopy c = kernels::SelectCopy(quantized, copy);
-    return kernels::GemmOperand{c.data, transpose, c.scale_inv};
+    kernels::GemmOperand operand{c.data, transpose, c.scale_inv};
+    if (quantized.mode == ScalingMode::kBlock1D) operand.scale_mode = kernels::GemmScaleMode::kBlock1D;
+    if (quantized.mode == ScalingMode::kBlock2D) operand.scale_mode = kernels::GemmScaleMode::kBlock2D;
+    return operand;
   }
 };
 
-// One GEMM of Linear, d = op(a) op(b) (+ beta d). When both operands are per-tensor FP8
-// (delayed / current scaling) and the reduced dimension suits the FP8 tensor cores (a
-// multiple of 16), the GEMM reads the quantized codes and their scale_inv directly:
-// natively on a GPU, and on the CPU reference as the decoded values, which equal the
-// dequantized copies bit for bit. Otherwise both operands are read as FP32 (the block
-// recipes' emulation, calibration, or awkward shapes).
+// One GEMM of Linear, d = op(a) op(b) (+ beta d). The GEMM reads the quantized codes
+// and their scales directly when
+//   - both operands are per-tensor FP8 (delayed / current scaling) and the reduced
+//     dimension suits the FP8 tensor cores (a multiple of 16), or
+//   - both are block-scaled FP8 (the block recipe: x and dy 1D, W 2D), the GEMM accepts
+//     the shapes and mode pair (kernels/gemm.h: k % 16, n % 8, m % 8 for a 1D a, not
+//     2D x 2D) and the device runs block-scaled GEMMs (BlockScaledGemmSupport: the CPU
+//     reference, Hopper with cuBLASLt >= 12.9). These run split accumulation, the fprop
+//     included: block-scaled kernels have no fast mode.
+// Natively on a GPU, and on the CPU reference as the decoded values, which equal the
+// dequantized copies bit for bit (so CPU sessions compute exactly what the FP32 path
+// below does). Otherwise both operands are read as FP32 (calibration, MXFP8 / NVFP4
+// emulation, block scaling where the device or shapes do not suit).
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
                         float beta, Tensor* d) {
@@ -52,6 +67,14 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
     if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) return kernels::Gemm(ctx, ga, gb, d, options);
+  }
+  if (a.IsBlockScaled() && b.IsBlockScaled()) {
+    const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
+    const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
+    options.accumulation = kernels::GemmAccumulation::kSplit;
+    if (kernels::CheckGemmArguments(ctx, ga, gb, d, options).ok() && kernels::BlockScaledGemmSupport(ctx).ok()) {
+      return kernels::Gemm(ctx, ga, gb, d, options);
+    }
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));

@@ -67,13 +67,22 @@ GemmPlan MicroBlockScaled(const char* recipe, const char* what, const Gpu& gpu) 
                             gpu.sm));
 }
 
-// FP8 block scaling: cuBLASLt 12.9 added the VEC128 / BLK128x128 scale modes.
+// FP8 block scaling: cuBLASLt 12.9 added the VEC128 / BLK128x128 scale modes, for
+// Hopper (sm_90) only. This is the rule of kernels::BlockScaledGemmSupportFor, which
+// decides at run time whether Linear's block-scaled GEMMs read the codes (native) or
+// dequantize them on the device (emulated), so the claim is what a session runs.
 GemmPlan Fp8Block(const Gpu& gpu, const std::string& cublaslt_version) {
   const std::string cublaslt = cublaslt_version.empty() ? "unknown" : cublaslt_version;
   if (gpu.cc < 90) {
     return Entry("block", GemmExecution::kUnavailable,
                  absl::StrCat("FP8 block scaling needs compute capability 9.0+; this device is ",
                               gpu.sm));
+  }
+  if (!gpu.hopper()) {
+    return Entry("block", GemmExecution::kEmulated,
+                 absl::StrCat("cuBLASLt's FP8 block scale modes (VEC128_32F / BLK128x128_32F) exist only on "
+                              "sm_90; on ",
+                              gpu.sm, " the operands are dequantized and multiplied in FP32"));
   }
   if (VersionAtLeast(cublaslt_version, 12, 9)) {
     return Entry("block", GemmExecution::kNative,

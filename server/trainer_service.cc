@@ -109,9 +109,10 @@ int64_t NamedTensorsWireBytes(const std::vector<train::TensorLayout>& layouts, i
 }
 
 // What a session created now would run. On a GPU, per-tensor FP8 recipes (delayed,
-// current) run there for models whose layers all have a GPU path (train/session.cc
-// names them); the block recipes and other models run on the CPU reference, and the
-// reason says what the GPU itself offers.
+// current) and FP8 block scaling (where the GPU runs it at all: compute capability 9.0+)
+// run there for models whose layers all have a GPU path (train/session.cc names them);
+// MXFP8, NVFP4 and other models run on the CPU reference, and the reason says what the
+// GPU itself offers.
 std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& config) {
   std::vector<v1::RecipeAvailability> cpu = RecipeAvailabilities(DeviceFacts{});
   if (!config.gpu_selected) return cpu;
@@ -125,7 +126,9 @@ std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& 
   std::vector<v1::RecipeAvailability> out;
   for (size_t i = 0; i < cpu.size() && i < gpu.size(); ++i) {
     const std::string& recipe = gpu[i].recipe();
-    if (recipe == "delayed" || recipe == "current") {
+    const bool on_gpu = recipe == "delayed" || recipe == "current" ||
+                        (recipe == "block" && gpu[i].availability() != v1::UNAVAILABLE);
+    if (on_gpu) {
       v1::RecipeAvailability a = gpu[i];
       a.set_reason(absl::StrCat(gpu[i].reason(), "; on ", config.selected_device,
                                 " for Linear / LayerNorm / RMSNorm models, other models run on the CPU reference (",

@@ -168,6 +168,15 @@ struct Session::State {
             " layers (use --device=cpu for this model)"));
       }
     }
+    // A recipe whose GEMMs this GPU cannot run at all (FP8 before compute capability
+    // 8.9, block recipes before 9.0) keeps the session on the CPU.
+    if (recipe.has_quantizers()) {
+      const recipes::GemmPlan plan = recipes::PlanGemm(recipe.name(), DeviceFacts());
+      if (plan.execution == recipes::GemmExecution::kUnavailable) {
+        return absl::UnimplementedError(absl::StrCat("recipe: '", recipe.name(), "' has no ", ctx.device.ToString(),
+                                                     " path: ", plan.reason, " (use --device=cpu for this recipe)"));
+      }
+    }
     return absl::OkStatus();
   }
 

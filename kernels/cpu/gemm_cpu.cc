@@ -58,12 +58,35 @@ absl::Status WriteBiasGrad(const Context& ctx, const Tensor& sums, Tensor* bias_
   return absl::OkStatus();
 }
 
-// An operand as the FP32 matrix it stands for: FP8 codes times their scale_inv.
+// The scale_inv of element (r, c) of a block-scaled operand, in either layout
+// (kernels/gemm.h; the checks have fixed the shapes).
+float BlockScale(const GemmOperand& operand, int64_t r, int64_t c) {
+  const float* s = operand.scale_inv.data<float>();
+  const int64_t ld = operand.scale_inv.dim(1);
+  const int64_t cb = c / kGemmBlockSize;
+  const bool gemm_layout = operand.scale_layout == GemmScaleLayout::kGemm;
+  if (operand.scale_mode == GemmScaleMode::kBlock1D) {
+    return gemm_layout ? s[cb * ld + r] : s[r * ld + cb];
+  }
+  return s[(r / kGemmBlockSize) * ld + cb];  // 2D: the same indexing in both layouts
+}
+
+// An operand as the FP32 matrix it stands for: FP8 codes times their scale_inv, one
+// FP32 product per element (per tensor or per block), so a block-scaled operand decodes
+// bit for bit to kernels::DequantizeBlock's copy.
 absl::StatusOr<Tensor> DecodeOperand(const Context& ctx, const GemmOperand& operand) {
   ASSIGN_OR_RETURN(Tensor values, ToFloat32(ctx, operand.data));
-  if (IsFloat8(operand.data.dtype())) {
+  if (!IsFloat8(operand.data.dtype())) return values;
+  if (operand.scale_mode == GemmScaleMode::kPerTensor) {
     const float scale_inv = operand.scale_inv.data<float>()[0];
     for (float& v : values.mutable_floats()) v *= scale_inv;
+    return values;
+  }
+  const int64_t rows = values.dim(0);
+  const int64_t cols = values.dim(1);
+  float* v = values.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] *= BlockScale(operand, r, c);
   }
   return values;
 }

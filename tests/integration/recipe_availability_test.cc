@@ -89,13 +89,15 @@ TEST(RecipeAvailability, UnknownCublasLtVersionIsNotTrusted) {
   EXPECT_THAT(got[3].reason(), HasSubstr("got unknown"));
 }
 
-// The claim follows the GEMM that runs: native MXFP8 / NVFP4 GEMMs are not built yet.
-TEST(RecipeAvailability, BlackwellEmulatesMicroscalingUntilItsNativeGemmsAreBuilt) {
+// The claim follows the GEMM that runs: native MXFP8 / NVFP4 GEMMs are not built yet,
+// and cuBLASLt's VEC128_32F / BLK128x128_32F scale modes are Hopper's (Blackwell's
+// block-scaled tensor cores take E8M0 / E4M3 scales), so FP8 blocks are dequantized.
+TEST(RecipeAvailability, BlackwellEmulatesBlockRecipesUntilTheirNativeGemmsAreBuilt) {
   ExpectAvailabilities(Gpu(10, 0, "12.9.0"),
                        {{"delayed", v1::NATIVE, "sm_100"},
                         {"current", v1::NATIVE, "sm_100"},
                         {"mxfp8", v1::EMULATED, "native MXFP8 block-scaled GEMMs on sm_100 are not built yet"},
-                        {"block", v1::NATIVE, "sm_100"},
+                        {"block", v1::EMULATED, "exist only on sm_90; on sm_100 the operands are dequantized"},
                         {"nvfp4", v1::EMULATED, "native NVFP4 block-scaled GEMMs on sm_100 are not built yet"}});
 }
 

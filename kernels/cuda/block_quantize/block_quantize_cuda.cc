@@ -254,7 +254,8 @@ absl::StatusOr<Tensor> BlockScalesGemmLayout(const Context& ctx, const Tensor& s
   const int64_t cols = scale_inv.dim(1);
   const int64_t out_rows = transpose ? cols : rows;
   const int64_t ld = RoundUp(transpose ? rows : cols, kBlockScalesGemmAlignment);
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, {out_rows, ld}, scale_inv.device()));
+  // Stream-ordered and unfilled: the kernel writes every entry, the padding's zeros too.
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kFloat32, {out_rows, ld}, scale_inv.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchBlockScalesGemmLayout(
       scale_inv.data<float>(), rows, cols, transpose, out.data<float>(), StreamOf(ctx)));
   return out;

@@ -15,8 +15,16 @@
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/cuda/block_quantize/block_quantize_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_entry.h"
+
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F appeared in cuBLAS 12.9.
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120900
+#define TESERVE_CUBLASLT_BLOCK_SCALING 1
+#else
+#define TESERVE_CUBLASLT_BLOCK_SCALING 0
+#endif
 
 // Turns a failed cuBLASLt call into a Status naming the statement, file and line.
 #define TESERVE_CUBLAS_RETURN_IF_ERROR(statement)                                          \
@@ -121,10 +129,12 @@ struct ProblemKey {
   bool transpose_a, transpose_b, fast_accumulation, has_beta, has_amax;
   int epilogue;
   uint32_t align_a, align_b, align_d;
+  int a_scale_mode, b_scale_mode;
 
   auto Tie() const {
     return std::tie(device, m, n, k, a_type, b_type, d_type, bias_type, transpose_a, transpose_b,
-                    fast_accumulation, has_beta, has_amax, epilogue, align_a, align_b, align_d);
+                    fast_accumulation, has_beta, has_amax, epilogue, align_a, align_b, align_d, a_scale_mode,
+                    b_scale_mode);
   }
   bool operator<(const ProblemKey& other) const { return Tie() < other.Tie(); }
 };
@@ -215,10 +225,67 @@ absl::StatusOr<Layout> RowMajorLayout(DType dtype, int64_t rows, int64_t cols) {
   return Layout(layout);
 }
 
+absl::Status QueryBlockScaledGemmSupport(int device) {
+#if TESERVE_CUBLASLT_BLOCK_SCALING
+  int major = 0;
+  int minor = 0;
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return BlockScaledGemmSupportFor(major, minor, static_cast<int64_t>(cublasLtGetVersion()));
+#else
+  return absl::UnimplementedError(absl::StrCat(
+      "FP8 block-scaled GEMMs need cuBLASLt >= 12.9; teserve was built against cuBLAS headers ",
+#if defined(CUBLAS_VERSION)
+      CUBLAS_VERSION,
+#else
+      "of unknown version",
+#endif
+      ", which lack the VEC128_32F / BLK128x128_32F scale modes"));
+#endif
+}
+
+// cuBLASLt's name for a block scale mode (int32_t, as the descriptor attribute takes it).
+int32_t LtScaleMode(GemmScaleMode mode) {
+#if TESERVE_CUBLASLT_BLOCK_SCALING
+  switch (mode) {
+    case GemmScaleMode::kBlock1D: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case GemmScaleMode::kBlock2D: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    case GemmScaleMode::kPerTensor: break;
+  }
+#endif
+  return 0;  // CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+}
+
+// A block-scaled operand's scales in cuBLASLt's layout: the tensor itself (kGemm) or a
+// stream-ordered scratch conversion of the quantizer's layout, which `keep` holds until
+// the matmul has been enqueued (the pool frees it in stream order after).
+absl::StatusOr<const void*> GemmLayoutScales(const Context& ctx, const GemmOperand& operand, const char* name,
+                                             Tensor* keep) {
+  if (operand.scale_layout == GemmScaleLayout::kGemm) {
+    if (AlignmentOf(operand.scale_inv.raw_data()) < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Gemm: ", name, ".scale_inv: expected a 16-byte aligned address for kGemm block scales, got one aligned to ",
+          AlignmentOf(operand.scale_inv.raw_data()), " bytes"));
+    }
+    return operand.scale_inv.raw_data();
+  }
+  const bool two_d = operand.scale_mode == GemmScaleMode::kBlock2D;
+  const int64_t rows = operand.scale_inv.dim(0);
+  const int64_t cols = operand.scale_inv.dim(1);
+  const int64_t out_rows = two_d ? rows : cols;
+  const int64_t ld = ((two_d ? cols : rows) + 3) / 4 * 4;  // kernels/block_quantize.h's padding to 4
+  // The kernel writes every entry, padding included: no fill needed.
+  ASSIGN_OR_RETURN(*keep, Tensor::Empty(DType::kFloat32, {out_rows, ld}, operand.scale_inv.device(), ctx.stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchBlockScalesGemmLayout(operand.scale_inv.data<float>(), rows, cols,
+                                                           /*transpose=*/!two_d, keep->data<float>(), StreamOf(ctx)));
+  return static_cast<const void*>(keep->raw_data());
+}
+
 std::string Describe(const ProblemKey& key) {
   return absl::StrCat("m=", key.m, " n=", key.n, " k=", key.k, " a=", DTypeName(static_cast<DType>(key.a_type)),
                       " b=", DTypeName(static_cast<DType>(key.b_type)),
-                      " d=", DTypeName(static_cast<DType>(key.d_type)), " epilogue=", key.epilogue);
+                      " d=", DTypeName(static_cast<DType>(key.d_type)), " epilogue=", key.epilogue,
+                      " scale_modes=", key.a_scale_mode, "/", key.b_scale_mode);
 }
 
 }  // namespace
@@ -230,6 +297,8 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   const int64_t k = a.transpose ? a.data.dim(0) : a.data.dim(1);
   if (m == 0 || n == 0) return absl::OkStatus();
   const int device = d->device().index;
+  const bool block = a.scale_mode != GemmScaleMode::kPerTensor;
+  if (block) RETURN_IF_ERROR(BlockScaledGemmSupport(device));
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device));
   const cudaStream_t stream = StreamOf(ctx);
   const bool fp8 = IsFloat8(a.data.dtype());
@@ -256,11 +325,21 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   const cublasOperation_t op_lt_b = a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, op_lt_a));
   RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, op_lt_b));
-  const bool fast = fp8 && options.accumulation == GemmAccumulation::kFast;
+  // Block-scaled operands always run split (the checks refused kFast for them).
+  const bool fast = fp8 && !block && options.accumulation == GemmAccumulation::kFast;
+  Tensor a_scales_scratch, b_scales_scratch;  // converted block scales, alive until enqueued
   if (fp8) {
     RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast)));
     const void* lt_a_scale = b.scale_inv.raw_data();
     const void* lt_b_scale = a.scale_inv.raw_data();
+    if (block) {
+      ASSIGN_OR_RETURN(lt_a_scale, GemmLayoutScales(ctx, b, "b", &b_scales_scratch));
+      ASSIGN_OR_RETURN(lt_b_scale, GemmLayoutScales(ctx, a, "a", &a_scales_scratch));
+      const int32_t lt_a_mode = LtScaleMode(b.scale_mode);
+      const int32_t lt_b_mode = LtScaleMode(a.scale_mode);
+      RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_a_mode));
+      RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_b_mode));
+    }
     RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, lt_a_scale));
     RETURN_IF_ERROR(SetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lt_b_scale));
     if (IsFloat8(d->dtype())) {
@@ -319,7 +398,9 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
                        static_cast<int>(options.epilogue),
                        AlignmentOf(a.data.raw_data()),
                        AlignmentOf(b.data.raw_data()),
-                       AlignmentOf(d->raw_data())};
+                       AlignmentOf(d->raw_data()),
+                       static_cast<int>(a.scale_mode),
+                       static_cast<int>(b.scale_mode)};
   cublasLtMatmulAlgo_t algo;
   if (!state.FindAlgo(key, &algo)) {
     cublasLtMatmulPreference_t raw_pref = nullptr;
@@ -357,6 +438,18 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
                                                 d->raw_data(), lt_d.get(), &algo, workspace,
                                                 kGemmWorkspaceBytes, stream));
   return absl::OkStatus();
+}
+
+absl::Status BlockScaledGemmSupport(int device) {
+  static std::mutex mu;
+  static std::map<int, absl::Status>* answers = new std::map<int, absl::Status>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = answers->find(device);
+  if (it != answers->end()) return it->second;
+  absl::Status status = QueryBlockScaledGemmSupport(device);
+  // A failed CUDA query (not a "no") is not cached: it may be transient.
+  if (status.ok() || absl::IsUnimplemented(status)) (*answers)[device] = status;
+  return status;
 }
 
 void ReleaseGemmWorkspace(int device_index, void* stream) {

@@ -1,6 +1,12 @@
 // CUDA backend of kernels/gemm.h: the general GEMM through cuBLASLt (cublaslt_gemm.cc)
 // and Linear's FP32 bias helpers (bias_cuda.cc, kernels in bias_kernels.cu).
 //
+// Block scaling: cuBLASLt's A_SCALE_MODE / B_SCALE_MODE are our b's / a's, with the scale
+// pointers in the VEC128_32F / BLK128x128_32F layouts that kernels/block_quantize.h's
+// BlockScalesGemmLayout produces: 1D [ceil(K/128), roundup(rows, 4)] with the operand's
+// rows contiguous, 2D [ceil(rows/128), roundup(ceil(K/128), 4)] with the k blocks
+// contiguous. FAST_ACCUM is left 0 (these kernels have no fast-accumulation variant).
+//
 // Row-major to cuBLASLt: a row-major [r, c] matrix is the column-major [c, r] one, so
 // D = op(A) op(B) (row-major [m, n]) is computed as D^T = op(B)^T op(A)^T, i.e. cuBLASLt's
 // "A" is our B and its "B" is our A, with M = n, N = m. Our FP8 layout rule (A not
@@ -36,8 +42,16 @@ inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 // layout). None synchronizes: the work is enqueued on ctx.stream.
 
 // k == 0 leaves beta * D (an epilogue, if any, is not applied: there is no product).
+// Block-scaled operands (kernels/gemm.h) first ask BlockScaledGemmSupport; scales in
+// kQuantizer layout are converted to cuBLASLt's into scratch on ctx.stream (one small
+// kernel per operand), kGemm scales are read where they are (16-byte aligned).
 absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b, Tensor* d,
                   const GemmOptions& options);
+
+// kernels::BlockScaledGemmSupport for CUDA device `device`: the build's cuBLASLt header
+// (CUBLAS_VERSION >= 12.9 defines the scale modes), the loaded library
+// (cublasLtGetVersion) and the device's compute capability, each queried once.
+absl::Status BlockScaledGemmSupport(int device);
 
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y);
 
