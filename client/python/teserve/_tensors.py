@@ -81,7 +81,12 @@ def to_numpy(value: Any, field: str = "tensor") -> np.ndarray:
                 raise TypeError(f"{field}: a torch {name} tensor needs ml_dtypes (pip install ml_dtypes)")
             return t.view(_torch().uint8).numpy().view(getattr(_ml_dtypes, name))
         return t.numpy()
-    return np.ascontiguousarray(np.asarray(value))
+    return _contiguous(np.asarray(value))
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    # np.ascontiguousarray would turn a 0-d array into shape (1,).
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def _torch():
@@ -119,7 +124,7 @@ def to_wire(value: Any, field: str = "tensor", dtype: Optional[str] = None) -> t
             f"{field}: expected dtype one of {', '.join(sorted(_WIRE_OF_NAME))}, got {name}")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
+    array = _contiguous(array)
     return tensor_pb2.Tensor(dtype=wire_dtype, shape=list(array.shape), data=array.tobytes())
 
 
