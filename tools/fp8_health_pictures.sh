@@ -8,7 +8,8 @@
 #
 #   tools/fp8_health_pictures.sh [PYTHON]     PYTHON: an interpreter with the teserve
 #                                             package and matplotlib (default python3)
-# Writes docs/images/fp8_*.png and docs/images/char_lm.png. Takes about 5 minutes.
+# Writes docs/images/fp8_*.png and docs/images/char_lm.png (LM_STEPS=0: no char LM run,
+# only the scenario pictures). Takes 5-15 minutes, depending on the machine's load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${1:-python3}
@@ -52,9 +53,10 @@ for _ in $(seq 60); do
 done
 
 start=$(date +%s)
-"$py" examples/char_lm.py --server "127.0.0.1:$grpc_port" --steps "$lm_steps" --plot "$out/char_lm.png" \
+lm=""
+[ "$lm_steps" -gt 0 ] && "$py" examples/char_lm.py --server "127.0.0.1:$grpc_port" --steps "$lm_steps" --plot "$out/char_lm.png" \
   > "$work/char_lm.out" 2> "$work/char_lm.err" &
-lm=$!
+[ "$lm_steps" -gt 0 ] && lm=$!
 # --keep: the scenario sessions stay (no longer stepping), so their last gauges and the
 # alerts they hold pending are still there for the alerts page below.
 "$py" examples/fp8_health_scenarios.py --server "127.0.0.1:$grpc_port" --steps "$steps" --keep
@@ -63,15 +65,15 @@ scenarios_end=$(date +%s)
 if command -v chromium >/dev/null; then
   chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
     --virtual-time-budget=20000 --screenshot="$out/fp8_prometheus_alerts.png" \
-    "http://127.0.0.1:$prom_port/alerts" >/dev/null 2>&1 || echo "chromium: no alerts screenshot" >&2
+    "http://127.0.0.1:$prom_port/classic/alerts" >/dev/null 2>&1 || echo "chromium: no alerts screenshot" >&2
 fi
-wait "$lm"
-cat "$work/char_lm.out"
+if [ -n "$lm" ]; then wait "$lm"; cat "$work/char_lm.out"; fi
 sleep 3  # a last scrape
 end=$(date +%s)
 
 "$py" tools/plot_prometheus.py --prometheus "http://127.0.0.1:$prom_port" --start "$start" \
-  --scenarios-end "$scenarios_end" --end "$end" --out "$out"
+  --scenarios-end "$scenarios_end" --end "$end" --out "$out" \
+  $([ "$lm_steps" -gt 0 ] || echo --no-char-lm)
 
 if command -v chromium >/dev/null; then
   shot() {  # shot FILE URL
@@ -80,7 +82,9 @@ if command -v chromium >/dev/null; then
   }
   range=$(( (scenarios_end - start) / 60 + 1 ))m
   enc() { "$py" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$1"; }
+  when=$(date -u -d @"$scenarios_end" +%Y-%m-%d%%20%H:%M)
+  scen='layer=~"steady|spike|alternating.*"'
   shot "$out/fp8_prometheus_graph.png" \
-    "http://127.0.0.1:$prom_port/graph?g0.expr=$(enc 'teserve_fp8_underflow_ratio{tensor="input"}')&g0.tab=0&g0.range_input=$range&g0.end_input=$(date -u -d @"$scenarios_end" +%Y-%m-%d%%20%H:%M:%S)&g0.moment_input=$(date -u -d @"$scenarios_end" +%Y-%m-%d%%20%H:%M:%S)&g1.expr=$(enc 'teserve_fp8_overflow_ratio{tensor="input"}')&g1.tab=0&g1.range_input=$range&g1.end_input=$(date -u -d @"$scenarios_end" +%Y-%m-%d%%20%H:%M:%S)&g1.moment_input=$(date -u -d @"$scenarios_end" +%Y-%m-%d%%20%H:%M:%S)"
+    "http://127.0.0.1:$prom_port/classic/graph?g0.expr=$(enc "teserve_fp8_underflow_ratio{tensor=\"input\",$scen}")&g0.tab=0&g0.range_input=$range&g0.end_input=$when&g0.stacked=0"
 fi
 ls -l "$out"

@@ -46,6 +46,7 @@ def main():
     p.add_argument("--scenarios-end", type=float, required=True)
     p.add_argument("--end", type=float, required=True)
     p.add_argument("--out", default="docs/images")
+    p.add_argument("--no-char-lm", action="store_true", help="only the scenario picture")
     a = p.parse_args()
     base, start, step = a.prometheus.rstrip("/"), a.start, 1
     end = a.scenarios_end
@@ -58,11 +59,11 @@ def main():
     panel(axes[0][1], base, f'teserve_fp8_scale{{tensor="input",layer=~"{scen}"}}', start, end, step,
           by_layer, 'teserve_fp8_scale{tensor="input"}', log=True)
     panel(axes[1][0], base, f'teserve_fp8_underflow_ratio{{tensor="input",layer=~"{scen}"}}', start, end, step,
-          by_layer, 'teserve_fp8_underflow_ratio{tensor="input"}  (alert FP8UnderflowHigh: > 0.1 for 15m)')
+          by_layer, 'teserve_fp8_underflow_ratio{tensor="input"}\n(alert FP8UnderflowHigh: > 0.1 for 15m)')
     axes[1][0].axhline(0.1, color="red", ls="--", lw=0.8)
     panel(axes[1][1], base, f'max_over_time(teserve_fp8_overflow_ratio{{tensor="input",layer=~"{scen}"}}[5s])',
           start, end, step, by_layer,
-          'max_over_time(teserve_fp8_overflow_ratio{tensor="input"}[5s])  (alert FP8OverflowHigh: > 0.01 for 5m)')
+          'max_over_time(teserve_fp8_overflow_ratio{tensor="input"}[5s])\n(alert FP8OverflowHigh: > 0.01 for 5m)')
     axes[1][1].axhline(0.01, color="red", ls="--", lw=0.8)
     fig.suptitle("FP8 delayed scaling scenarios (examples/fp8_health_scenarios.py), scraped by Prometheus every 1 s")
     fig.tight_layout()
@@ -70,6 +71,8 @@ def main():
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
 
+    if a.no_char_lm:
+        return
     end, step = a.end, 2
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     by_tensor = lambda m: f'{m.get("layer", "?").replace("self_attention.", "")} {m.get("tensor", "?")}'  # noqa: E731
