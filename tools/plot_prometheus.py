@@ -74,14 +74,17 @@ def main():
     if a.no_char_lm:
         return
     end, step = a.end, 2
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(2, 2, figsize=(14, 8.5))
     by_tensor = lambda m: f'{m.get("layer", "?").replace("self_attention.", "")} {m.get("tensor", "?")}'  # noqa: E731
-    panel(axes[0], base, 'teserve_fp8_amax{layer=~"block1.*",tensor!="grad_output"}', start, end, step,
-          by_tensor, "teserve_fp8_amax, char LM block1 (forward tensors)", log=True)
-    panel(axes[1], base, 'teserve_fp8_amax{layer=~"block1.*",tensor="grad_output"}', start, end, step,
-          by_tensor, "teserve_fp8_amax, char LM block1 (grad_output)", log=True)
-    panel(axes[2], base, 'teserve_fp8_underflow_ratio{layer=~"block.*",tensor="grad_output"}', start, end, step,
-          by_tensor, "teserve_fp8_underflow_ratio, char LM grad_output")
+    panel(axes[0][0], base, 'teserve_fp8_amax{layer=~"block1.*",tensor!="grad_output"}', start, end, step,
+          by_tensor, "teserve_fp8_amax, block1 forward tensors", log=True)
+    panel(axes[0][1], base, 'teserve_fp8_amax{layer=~"block1.*",tensor="grad_output"}', start, end, step,
+          by_tensor, "teserve_fp8_amax, block1 grad_output", log=True)
+    by_kind = lambda m: m.get("tensor", "?")  # noqa: E731
+    panel(axes[1][0], base, 'max by (tensor) (teserve_fp8_underflow_ratio{layer=~"block.*"})', start, end, step,
+          by_kind, "max by (tensor) (teserve_fp8_underflow_ratio), both blocks", log=True)
+    panel(axes[1][1], base, 'max by (tensor) (teserve_fp8_overflow_ratio{layer=~"block.*"})', start, end, step,
+          by_kind, "max by (tensor) (teserve_fp8_overflow_ratio), both blocks (zeros not drawn)", log=True)
     fig.suptitle("char-level LM (examples/char_lm.py) under DelayedScaling(amax_history_len=16), from Prometheus")
     fig.tight_layout()
     path = os.path.join(a.out, "fp8_char_lm.png")

@@ -5,7 +5,7 @@ torch tensors of every dtype below are accepted when torch is installed.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from teserve.v1 import tensor_pb2
 try:  # optional: numpy dtypes for bfloat16 / FP8
     import ml_dtypes as _ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
-    _ml_dtypes = None
+    _ml_dtypes = None  # type: ignore[assignment]
 
 __all__ = ["to_wire", "from_wire", "is_torch_tensor", "to_numpy"]
 
@@ -35,7 +35,7 @@ _WIRE_OF_NAME = {
 
 
 def _numpy_dtype_of_wire(dtype: int) -> Optional[np.dtype]:
-    plain = {
+    plain: Dict[int, np.dtype] = {
         DType.FLOAT32: np.dtype("<f4"),
         DType.FLOAT16: np.dtype("<f2"),
         DType.INT32: np.dtype("<i4"),

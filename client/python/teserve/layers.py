@@ -17,8 +17,8 @@ instead of taking ``rotary_pos_emb`` at forward time. ``name`` sets the layer's 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -118,7 +118,7 @@ class LayerSpecBase:
             set_scalar(layer, "name", self.name, cls)
         spec = getattr(layer, self._oneof)
         spec.SetInParent()
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if f.name == "name" or value is None:
                 continue

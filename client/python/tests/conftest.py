@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Iterator, List, Optional
 

@@ -1,11 +1,9 @@
 """python -m teserve."""
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import teserve
 

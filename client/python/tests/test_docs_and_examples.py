@@ -1,7 +1,6 @@
 """The generated RPC reference is current, and the examples run against the real server."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
