@@ -174,8 +174,10 @@ class Future(concurrent.futures.Future):
         self._rpc: Optional[grpc.Future] = None
 
     def cancel(self) -> bool:
+        """Cancels the RPC; the future then raises teserve.Cancelled (True when the RPC
+        was still in flight)."""
         if self._rpc is not None:
-            self._rpc.cancel()
+            return bool(self._rpc.cancel())
         return super().cancel()
 
 

@@ -66,3 +66,17 @@ def test_callbacks_run_with_the_converted_result(client):
         f.result(timeout=30)
         concurrent.futures.wait([f])
         assert seen == [(1, 2)]
+
+
+def test_cancelled_future_raises_cancelled(client):
+    with client.create_session([teserve.LayerNormMLP(256, 1024)]) as session:
+        x = np.ones((512, 256), np.float32)
+        futures = [session.forward_async(x, no_grad=True) for _ in range(8)]
+        last = futures[-1]
+        if last.cancel():  # still in flight: the RPC is cancelled
+            with pytest.raises(teserve.Cancelled):
+                last.result(timeout=60)
+        else:  # it finished first: its result stands
+            assert last.result().output.shape == (512, 256)
+        for f in futures[:-1]:
+            f.result(timeout=60)
