@@ -10,7 +10,7 @@
 set -euo pipefail
 
 packages=(
-  bazel-bootstrap g++ python3 python3-pip
+  bazel-bootstrap g++ python3 python3-pip python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   prometheus
@@ -23,6 +23,8 @@ for pkg in "${packages[@]}"; do
     case "$pkg" in
       python3) command -v python3 >/dev/null && continue ;;
       python3-pip) python3 -m pip --version >/dev/null 2>&1 && continue ;;
+      # .ci/run makes a venv for the Python client's tests: needs venv and ensurepip.
+      python3-venv) python3 -c 'import venv, ensurepip' >/dev/null 2>&1 && continue ;;
     esac
     missing+=("$pkg")
   fi

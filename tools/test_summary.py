@@ -1,23 +1,39 @@
 #!/usr/bin/env python3
-"""Sums the GoogleTest results Bazel left in bazel-testlogs/**/test.xml and prints one
-closing line: 'N passed, N failed, N skipped'. Used by .ci/run after `bazel test //...`."""
+"""Sums the GoogleTest results Bazel left in bazel-testlogs/**/test.xml, and the JUnit XML
+reports named on the command line (pytest --junitxml), and prints one closing line:
+'N passed, N failed, N skipped'. Used by .ci/run after `bazel test //...` and pytest.
+
+A report named on the command line that is missing or unreadable counts as one failure
+(its runner crashed or never ran)."""
 import glob
 import sys
 import xml.etree.ElementTree as ET
 
-passed = failed = skipped = 0
-for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
+
+def count(path, totals):
     try:
         root = ET.parse(path).getroot()
-    except ET.ParseError:
-        failed += 1  # a crashed test binary leaves a broken or missing report
-        continue
+    except (ET.ParseError, OSError):
+        totals["failed"] += 1  # a crashed test binary leaves a broken or missing report
+        return
     for case in root.iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
+            totals["failed"] += 1
         elif case.get("result") == "skipped" or case.find("skipped") is not None:
-            skipped += 1
+            totals["skipped"] += 1
         else:
-            passed += 1
-print(f"{passed} passed, {failed} failed, {skipped} skipped")
-sys.exit(1 if failed else 0)
+            totals["passed"] += 1
+
+
+def main(argv):
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    for path in glob.glob("bazel-testlogs/**/test.xml", recursive=True):
+        count(path, totals)
+    for path in argv[1:]:
+        count(path, totals)
+    print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+    return 1 if totals["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
