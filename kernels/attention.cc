@@ -1,6 +1,8 @@
 // Checked entry points of kernels/attention.h: validate the configuration, every
 // tensor's metadata and the cu_seqlens values (errors name the argument and say expected
-// vs got), then run the CPU reference. CUDA contexts get UNIMPLEMENTED naming the op.
+// vs got), then run the CPU reference or, for tensors on a CUDA device, the unfused
+// kernels of kernels/cuda/attention. Device cu_seqlens ([B + 1] INT32) are copied to the
+// host for the value checks: the one host synchronization of a CUDA call.
 #include "kernels/attention.h"
 
 #include <cmath>
@@ -13,8 +15,13 @@
 #include "core/status.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
+
+#if TESERVE_WITH_CUDA
+#include "kernels/cuda/attention/attention_cuda.h"
+#endif
 
 namespace teserve {
 namespace kernels {
@@ -149,7 +156,9 @@ absl::StatusOr<Dims> CheckQkvShapes(const AttentionConfig& config, const Shape& 
   return dims;
 }
 
-// cu_seqlens: INT32 [batch + 1], starting at 0, non-decreasing. Returns the values.
+// cu_seqlens: INT32 [batch + 1], starting at 0, non-decreasing. Returns the values; a
+// tensor on a device is first copied to the host (ordered on ctx.stream, complete when
+// CopyTo returns).
 absl::StatusOr<std::vector<int64_t>> CheckCuSeqlens(const Context& ctx, absl::string_view name, const Tensor& t,
                                                     int64_t batch, bool starts_at_zero) {
   RETURN_IF_ERROR(CheckTensor(name, t, DType::kInt32, 1, ctx));
@@ -158,8 +167,9 @@ absl::StatusOr<std::vector<int64_t>> CheckCuSeqlens(const Context& ctx, absl::st
                         ShapeToString(t.shape()));
   }
   if (t.dim(0) < 1) return InvalidField(absl::StrCat(name, ".shape"), "[batch size + 1]", ShapeToString(t.shape()));
-  const int32_t* data = t.data<int32_t>();
-  std::vector<int64_t> values(data, data + t.numel());
+  ASSIGN_OR_RETURN(const Tensor host, CopyTo(ctx, t, Device::Cpu()));
+  const int32_t* data = host.data<int32_t>();
+  std::vector<int64_t> values(data, data + host.numel());
   if (starts_at_zero ? values[0] != 0 : values[0] < 0) {
     return InvalidField(absl::StrCat(name, "[0]"), starts_at_zero ? "0" : ">= 0", values[0]);
   }
@@ -361,7 +371,7 @@ absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, con
   RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionForward);
   return Dispatch("AttentionForward", ctx, [&] { return cpu::AttentionForward(ctx, config, q, k, v, side); },
-                  kNoCudaKernel);
+                  TESERVE_CUDA_KERNEL([&] { return cuda::AttentionForward(ctx, config, q, k, v, side); }));
 }
 
 absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, const AttentionConfig& config,
@@ -376,7 +386,8 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionBackward);
   return Dispatch("AttentionBackward", ctx,
                   [&] { return cpu::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); },
-                  kNoCudaKernel);
+                  TESERVE_CUDA_KERNEL(
+                      [&] { return cuda::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); }));
 }
 
 }  // namespace kernels

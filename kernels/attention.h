@@ -74,12 +74,20 @@
 //           (pre_scale_bias), shaped like bias.
 // max_logit has no gradient.
 //
-// Precision: inputs and outputs FP32; scores, softmax and every sum are computed in
-// FP64 and rounded once. Results do not depend on thread count or call order.
+// Precision: inputs and outputs FP32. The CPU implementation (kernels/cpu/attention_cpu.h)
+// computes scores, softmax and every sum in FP64 and rounds once; it is the unfused
+// reference and the oracle for the CUDA kernels and future fused CUDA/cuDNN ones.
 //
-// The CPU implementation (kernels/cpu/attention_cpu.h) is the unfused reference and
-// the oracle for future fused CUDA/cuDNN kernels; CUDA contexts get UNIMPLEMENTED. No
-// FP8 attention here: inputs are FP32.
+// CUDA contexts run kernels/cuda/attention: unfused as well (scores recomputed row by
+// row, never materialized), FP32 arithmetic throughout, so results agree with the CPU's
+// within FP32 rounding of the sums involved; dropout masks are the same bits. Every
+// output element is written by one warp summing in a fixed order (no atomics), so
+// results are deterministic. Device cu_seqlens are copied to the host for the value
+// checks (the only host synchronization); everything else stays on ctx.stream. Head
+// sizes D_qk and D_v above 256 are UNIMPLEMENTED on CUDA.
+//
+// Results do not depend on thread count or call order. No FP8 attention here: inputs
+// are FP32.
 #ifndef TESERVE_KERNELS_ATTENTION_H_
 #define TESERVE_KERNELS_ATTENTION_H_
 
