@@ -141,8 +141,8 @@ struct Session::State {
     return stats;
   }
 
-  // Whether this model and recipe can run on ctx's device: UNIMPLEMENTED naming the
-  // first layer (or the recipe) without a device path. PlaceOnDevice then gives the
+  // Whether this recipe can run on ctx's device (every layer can): UNIMPLEMENTED with
+  // the reason when the GPU cannot run the recipe's GEMMs. PlaceOnDevice then gives the
   // session its own stream and moves the parameters and gradients (initialized on the
   // host when the stack was built) to the device, where they stay.
   recipes::DeviceFacts DeviceFacts() const {
@@ -157,17 +157,6 @@ struct Session::State {
   }
 
   absl::Status DevicePath() const {
-    static constexpr absl::string_view kDeviceLayers[] = {"Linear",          "LayerNorm",    "RMSNorm",
-                                                          "LayerNormLinear", "LayerNormMLP", "GroupedLinear"};
-    for (const auto& module : stack->modules()) {
-      const std::string kind = module->kind();
-      if (std::find(std::begin(kDeviceLayers), std::end(kDeviceLayers), kind) == std::end(kDeviceLayers)) {
-        return absl::UnimplementedError(absl::StrCat(
-            "model: layer ", Quoted(module->name()), " (", kind, ") has no ", ctx.device.ToString(),
-            " path yet; on a GPU, sessions take ", absl::StrJoin(kDeviceLayers, ", "),
-            " layers (use --device=cpu for this model)"));
-      }
-    }
     // A recipe whose GEMMs this GPU cannot run at all (FP8 before compute capability
     // 8.9, block recipes before 9.0) keeps the session on the CPU.
     if (recipe.has_quantizers()) {
