@@ -265,7 +265,12 @@ absl::Status DotProductAttention::ValidateSide(const SideInputs& side, const std
   names.bias = "side_inputs.core_attention_bias";
   names.alibi_slopes = "side_inputs.alibi_slopes";
   names.softmax_offset = softmax_offset_.name;
-  // Side inputs arrive decoded on the CPU.
+  // Side inputs arrive decoded on the CPU. The learnable softmax offset is a parameter
+  // that lives on the session's device; the check reads only its shape, so a host
+  // stand-in of that shape takes its place.
+  if (tensors.softmax_offset.defined() && !tensors.softmax_offset.device().is_cpu()) {
+    ASSIGN_OR_RETURN(tensors.softmax_offset, Tensor::Zeros(DType::kFloat32, tensors.softmax_offset.shape()));
+  }
   return kernels::CheckAttentionCall(Context::Cpu(), config_, input_shapes[0], input_shapes[1], input_shapes[2],
                                      tensors, names);
 }

@@ -221,7 +221,7 @@ TEST(BlockGemmGpu, SupportFollowsTheDeviceAndLibrary) {
   const absl::Status support = BlockScaledGemmSupport(testing::GpuContext());
   const QuantizedTensor x = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 21), false);
   const QuantizedTensor w = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 22), true);
-  Tensor d = Tensor::Zeros(kF32, {16, 16}, Device::Cuda(0)).value();
+  Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {16, 16}).value());
   const absl::Status run =
       Gemm(testing::GpuContext(), ToGpu(HostOperand(x, Copy::kRowwise, false, kQuantizerLayout)),
            ToGpu(HostOperand(w, Copy::kRowwise, true, kQuantizerLayout)), &d);
@@ -240,7 +240,7 @@ TEST(BlockGemmGpuErrors, NamedFieldsAsOnTheCpu) {
   const QuantizedTensor x2 = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 31), true);
   const QuantizedTensor w2 = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 32), true);
   const QuantizedTensor x1 = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 33), false);
-  Tensor d = Tensor::Zeros(kF32, {16, 16}, Device::Cuda(0)).value();
+  Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {16, 16}).value());
   EXPECT_THAT(Gemm(testing::GpuContext(), ToGpu(HostOperand(x2, Copy::kRowwise, false, kQuantizerLayout)),
                    ToGpu(HostOperand(w2, Copy::kRowwise, true, kQuantizerLayout)), &d),
               HasError(absl::StatusCode::kInvalidArgument, "b.scale_mode: expected kBlock1D when a is kBlock2D"));

@@ -10,6 +10,7 @@
 // following steps stay close. Also: where the session lives and which GEMM runs.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -197,31 +198,47 @@ std::vector<double> Doubles(const Tensor& t) { return std::vector<double>(t.floa
   return AllClose(got.floats(), Doubles(want), DType::kBFloat16, magnitude);
 }
 
-// Quantized recipes: a value whose FP32 sum lands on the other side of a rounding
-// boundary takes the neighbouring code (one E4M3 step is 12.5%, one E5M2 step 25%, one
-// E2M1 step up to 50%), and the next layers carry that element's difference on. So one
-// forward and backward from the same state agree by the format's row for all but a
-// small share of the values. FP8: TE's FP8 row (1e-2), 1% of the values may be off.
-// NVFP4 values carry 2-3 significant bits, so a flip moves a whole row of the next
-// GEMM: 10% tolerance, 5% of the values may be off.
-struct FirstStep {
-  double tol;
-  double max_flipped_share;
-};
-
-FirstStep FirstStepFor(const std::string& recipe) {
-  if (recipe == "nvfp4") return {0.1, 0.05};
-  return {testing_kernels::ToleranceFor(DType::kFloat8E4M3).rtol, 0.01};
-}
-
-::testing::AssertionResult MostlyClose(const Tensor& got, const Tensor& want, const FirstStep& first) {
+// After a few AdamW steps, a gradient element that is ~0 on both backends can take
+// opposite signs, and AdamW's first update is lr * sign(g) whatever |g| is: that
+// parameter then differs by up to 2 lr, and so do the gradients reading it. The
+// weights and gradients after training agree within Close but for such elements: at
+// most 1e-4 of the values (and at least one) may be off.
+::testing::AssertionResult CloseAfterTraining(const Tensor& got, const Tensor& want) {
+  const auto tol = testing_kernels::ToleranceFor(DType::kBFloat16);
   int64_t off = 0;
   for (int64_t i = 0; i < want.numel(); ++i) {
     const double w = want.floats()[i];
-    if (std::fabs(got.floats()[i] - w) > first.tol + first.tol * (std::fabs(w) + 1e-2)) ++off;
+    if (!(std::fabs(got.floats()[i] - w) <= tol.atol + tol.rtol * (std::fabs(w) + 1e-2))) ++off;
   }
-  if (off <= first.max_flipped_share * want.numel()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << off << " of " << want.numel() << " values off by more than " << first.tol;
+  const int64_t allowed = std::max<int64_t>(1, want.numel() / 10000);
+  if (off <= allowed) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << off << " of " << want.numel() << " values out of the BF16 row (allowed "
+                                       << allowed << ")";
+}
+
+// Quantized recipes: a value whose FP32 sum lands on the other side of a rounding
+// boundary takes the neighbouring code (one E4M3 step is 12.5%, one E5M2 step 25%, one
+// E2M1 step up to 50%), and every output of the next GEMM that reads it moves with it;
+// native FP8 GEMMs also sum in another order (fast accumulation for fprop) than the
+// CPU's decode + sgemm. So one forward and backward from the same state is judged as a
+// whole: the relative L2 error ||got - want|| / ||want|| stays below the recipe's bound
+// (FP8 5e-2, NVFP4 0.2), far below what a wrong scale, layout or operand gives (O(1)).
+// The amax and scale of each quantizer (amax of gradients moves with the outputs)
+// agree within the same bound.
+double FirstStepBound(const std::string& recipe) { return recipe == "nvfp4" ? 0.2 : 5e-2; }
+
+::testing::AssertionResult RelativelyClose(const Tensor& got, const Tensor& want, double bound,
+                                           const std::string& what) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.floats()[i];
+    diff += (got.floats()[i] - w) * (got.floats()[i] - w);
+    norm += w * w;
+  }
+  const double relative = norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  std::printf("first-step relative error %s: %.3g\n", what.c_str(), relative);
+  if (relative <= bound) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": relative L2 error " << relative << " > " << bound;
 }
 
 // Quantized training on two backends then diverges chaotically (AdamW turns small
@@ -236,7 +253,7 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
   const ModelCase& m = std::get<0>(GetParam());
   const RecipeCase& c = std::get<1>(GetParam());
   const bool quantized = c.name != "none";
-  const FirstStep first = FirstStepFor(c.name);
+  const double bound = FirstStepBound(c.name);
   auto cpu = Session::Create(m.spec, c.recipe, AdamW(), Context::Cpu());
   auto gpu = Session::Create(m.spec, c.recipe, AdamW(), GpuContext());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -263,22 +280,22 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
       EXPECT_TRUE(Close(got->grad_inputs[0], want->grad_inputs[0]));
     } else if (step == 0) {
       // The same state on both sides: one forward and backward.
-      EXPECT_NEAR(got->loss, want->loss, first.tol * want->loss);
-      EXPECT_TRUE(MostlyClose(got->outputs[0], want->outputs[0], first));
-      EXPECT_TRUE(MostlyClose(got->grad_inputs[0], want->grad_inputs[0], first));
+      EXPECT_NEAR(got->loss, want->loss, bound * want->loss);
+      EXPECT_TRUE(RelativelyClose(got->outputs[0], want->outputs[0], bound, "output"));
+      EXPECT_TRUE(RelativelyClose(got->grad_inputs[0], want->grad_inputs[0], bound, "grad_input"));
       auto want_grads = (*cpu)->GetGradients({});
       auto got_grads = (*gpu)->GetGradients({});
       ASSERT_TRUE(want_grads.ok() && got_grads.ok());
       for (size_t i = 0; i < got_grads->size(); ++i) {
-        EXPECT_TRUE(MostlyClose((*got_grads)[i].tensor, (*want_grads)[i].tensor, first)) << (*want_grads)[i].name;
+        EXPECT_TRUE(RelativelyClose((*got_grads)[i].tensor, (*want_grads)[i].tensor, bound, (*want_grads)[i].name));
       }
       const std::vector<QuantizerReport> want_q = (*cpu)->QuantizationState();
       const std::vector<QuantizerReport> got_q = (*gpu)->QuantizationState();
       ASSERT_EQ(got_q.size(), want_q.size());
       for (size_t i = 0; i < got_q.size(); ++i) {
         SCOPED_TRACE(got_q[i].layer + " " + got_q[i].tensor);
-        EXPECT_NEAR(got_q[i].amax, want_q[i].amax, first.tol * want_q[i].amax);
-        EXPECT_NEAR(got_q[i].scale, want_q[i].scale, first.tol * want_q[i].scale);
+        EXPECT_NEAR(got_q[i].amax, want_q[i].amax, bound * want_q[i].amax);
+        EXPECT_NEAR(got_q[i].scale, want_q[i].scale, bound * want_q[i].scale);
         EXPECT_EQ(got_q[i].execution, c.execution);
         EXPECT_EQ(want_q[i].execution, "emulated");
       }
@@ -304,14 +321,14 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
   ASSERT_TRUE(want_fwd.ok()) << want_fwd.status();
   ASSERT_TRUE(got_fwd.ok()) << got_fwd.status();
   if (!quantized) {
-    EXPECT_TRUE(Close(got_fwd->outputs[0], want_fwd->outputs[0]));
+    EXPECT_TRUE(CloseAfterTraining(got_fwd->outputs[0], want_fwd->outputs[0]));
   }
   auto want_dx = (*cpu)->Backward(want_fwd->handle, {dy});
   auto got_dx = (*gpu)->Backward(got_fwd->handle, {dy});
   ASSERT_TRUE(want_dx.ok()) << want_dx.status();
   ASSERT_TRUE(got_dx.ok()) << got_dx.status();
   if (!quantized) {
-    EXPECT_TRUE(Close((*got_dx)[0], (*want_dx)[0]));
+    EXPECT_TRUE(CloseAfterTraining((*got_dx)[0], (*want_dx)[0]));
   }
 
   auto want_params = (*cpu)->GetParameters({});
@@ -321,13 +338,17 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
   for (size_t i = 0; i < got_params->size(); ++i) {
     EXPECT_EQ((*got_params)[i].name, (*want_params)[i].name);
     EXPECT_TRUE((*got_params)[i].tensor.device().is_cpu());
-    if (!quantized) EXPECT_TRUE(Close((*got_params)[i].tensor, (*want_params)[i].tensor)) << (*want_params)[i].name;
+    if (!quantized) {
+      EXPECT_TRUE(CloseAfterTraining((*got_params)[i].tensor, (*want_params)[i].tensor)) << (*want_params)[i].name;
+    }
   }
   auto want_grads = (*cpu)->GetGradients({});
   auto got_grads = (*gpu)->GetGradients({});
   ASSERT_TRUE(want_grads.ok() && got_grads.ok());
   for (size_t i = 0; i < got_grads->size(); ++i) {
-    if (!quantized) EXPECT_TRUE(Close((*got_grads)[i].tensor, (*want_grads)[i].tensor)) << (*want_grads)[i].name;
+    if (!quantized) {
+      EXPECT_TRUE(CloseAfterTraining((*got_grads)[i].tensor, (*want_grads)[i].tensor)) << (*want_grads)[i].name;
+    }
   }
   // After training the optimizer state lives on the device too.
   EXPECT_EQ((*gpu)->Summary().state_bytes, (*cpu)->Summary().state_bytes);
