@@ -342,6 +342,29 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
   return std::vector<Tensor>{std::move(grads.dq), std::move(grads.dk), std::move(grads.dv)};
 }
 
+void DotProductAttention::DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {
+  // The CUDA kernels' register tiles hold head sizes up to this (kernels/cuda/attention).
+  constexpr int64_t kCudaMaxHeadSize = 256;
+  AttentionPathInfo info;
+  info.layer = name();
+  const int64_t d_qk = options_.kv_channels;
+  const int64_t d_v = options_.kv_channels_v > 0 ? options_.kv_channels_v : options_.kv_channels;
+  if (device.is_cpu()) {
+    info.path = "cpu_reference";
+    info.reason = "the CPU backend's reference (scores, softmax and sums in FP64)";
+  } else if (d_qk > kCudaMaxHeadSize || d_v > kCudaMaxHeadSize) {
+    info.path = "unavailable";
+    info.reason = absl::StrCat("the CUDA attention kernels take head sizes up to ", kCudaMaxHeadSize, "; this layer has D_qk ",
+                               d_qk, ", D_v ", d_v, " (its Forward answers UNIMPLEMENTED)");
+  } else {
+    info.path = "cuda_unfused";
+    info.reason =
+        "unfused FP32 CUDA kernels (kernels/cuda/attention: every mask, bias, softmax and dropout variant); the "
+        "cuDNN fused BF16 path is not built yet";
+  }
+  out->push_back(std::move(info));
+}
+
 std::vector<Parameter*> DotProductAttention::Parameters() {
   if (options_.softmax_type == SoftmaxType::kLearnable) return {&softmax_offset_};
   return {};

@@ -107,6 +107,7 @@ class DotProductAttention : public Module {
                                                const std::vector<Tensor>& grad_outputs,
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
+  void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
 
  private:
   DotProductAttention(std::string name, const DotProductAttentionOptions& options)

@@ -67,6 +67,10 @@ std::vector<Parameter*> LayerStack::Parameters() {
   return params;
 }
 
+void LayerStack::DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {
+  for (const auto& module : modules_) module->DescribeAttention(device, out);
+}
+
 std::vector<NamedQuantizer> LayerStack::Quantizers() {
   std::vector<NamedQuantizer> quantizers;
   for (const auto& module : modules_) {

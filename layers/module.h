@@ -51,6 +51,13 @@ Parameter RowBlock(Parameter& whole, std::string name, int64_t begin, int64_t ro
 // moved tensors. On failure the parameters are as they were (nothing half moved).
 absl::Status PlaceParameters(const Context& ctx, const std::vector<Parameter*>& params);
 
+// How one attention core computes on a device (SessionInfo.attention).
+struct AttentionPathInfo {
+  std::string layer;
+  std::string path;  // "cpu_reference", "cuda_unfused", "unavailable"
+  std::string reason;
+};
+
 // What one forward kept for its backward; each module defines its own.
 class SavedActivations {
  public:
@@ -143,6 +150,10 @@ class Module {
 
   virtual std::vector<Parameter*> Parameters() { return {}; }
   virtual std::vector<NamedQuantizer> Quantizers() { return {}; }
+
+  // How each attention core in this module computes on `device` (appended in order);
+  // modules holding attention layers forward the question to them.
+  virtual void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {}
 
  private:
   std::string name_;

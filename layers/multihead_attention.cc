@@ -619,6 +619,10 @@ absl::StatusOr<std::vector<Tensor>> MultiheadAttention::Backward(const Context& 
   return std::vector<Tensor>{std::move(dx_full)};
 }
 
+void MultiheadAttention::DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {
+  core_attention_->DescribeAttention(device, out);
+}
+
 std::vector<Parameter*> MultiheadAttention::Parameters() {
   std::vector<Parameter*> params;
   auto add = [&](Module* module, std::vector<Parameter>& split) {

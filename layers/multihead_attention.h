@@ -154,6 +154,7 @@ class MultiheadAttention : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
+  void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
 
  private:
   struct Saved;

@@ -347,6 +347,11 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
   return std::vector<Tensor>{std::move(da[0])};
 }
 
+void TransformerLayer::DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {
+  self_attention_->DescribeAttention(device, out);
+  if (inter_attention_ != nullptr) inter_attention_->DescribeAttention(device, out);
+}
+
 std::vector<Parameter*> TransformerLayer::Parameters() {
   std::vector<Parameter*> params;
   std::vector<Module*> modules{self_attention_.get(), inter_attention_.get(), layernorm_mlp_.get(), layernorm_.get()};

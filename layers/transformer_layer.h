@@ -98,6 +98,7 @@ class TransformerLayer : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
+  void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
 
  private:
   struct Saved;

@@ -103,9 +103,8 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   if (gpu_selected) {
     server->device_note_ = absl::StrCat(
         "device ", device->description,
-        " detected; sessions of Linear / LayerNorm / RMSNorm models under no recipe, delayed or "
-        "current scaling compute on it, other models on the CPU reference backend "
-        "(SessionInfo.device_note says why)");
+        " detected; sessions compute on it (a recipe this GPU cannot run keeps its sessions on the "
+        "CPU reference backend; SessionInfo.device_note says why)");
   }
 
   absl::StatusOr<MetricsOptions> metrics_options = MetricsOptionsOf(options);

@@ -38,6 +38,12 @@ void FillSessionInfo(const std::string& id, const train::Session& session,
   info->set_state_bytes(summary.state_bytes);
   info->set_live_handles(summary.live_handles);
   info->set_recipe_name(summary.recipe_name);
+  for (const layers::AttentionPathInfo& a : summary.attention) {
+    v1::AttentionPath* path = info->add_attention();
+    path->set_layer(a.layer);
+    path->set_path(a.path);
+    path->set_reason(a.reason);
+  }
   for (const train::LayerSummary& layer : summary.layers) {
     v1::LayerInfo* out = info->add_layers();
     out->set_name(layer.name);
@@ -108,11 +114,9 @@ int64_t NamedTensorsWireBytes(const std::vector<train::TensorLayout>& layouts, i
   return total;
 }
 
-// What a session created now would run. On a GPU, per-tensor FP8 recipes (delayed,
-// current) and FP8 block scaling (where the GPU runs it at all: compute capability 9.0+)
-// run there for models whose layers all have a GPU path (train/session.cc names them);
-// MXFP8, NVFP4 and other models run on the CPU reference, and the reason says what the
-// GPU itself offers.
+// What a session created now would run. On a GPU, every recipe the GPU can run at all
+// (native or emulated) runs there, for every model (train/session.cc); a recipe it
+// cannot run keeps its sessions on the CPU reference, and the reason says why.
 std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& config) {
   std::vector<v1::RecipeAvailability> cpu = RecipeAvailabilities(DeviceFacts{});
   if (!config.gpu_selected) return cpu;
@@ -125,20 +129,14 @@ std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& 
   const std::vector<v1::RecipeAvailability> gpu = RecipeAvailabilities(gpu_facts);
   std::vector<v1::RecipeAvailability> out;
   for (size_t i = 0; i < cpu.size() && i < gpu.size(); ++i) {
-    const std::string& recipe = gpu[i].recipe();
-    const bool on_gpu = recipe == "delayed" || recipe == "current" ||
-                        (recipe == "block" && gpu[i].availability() != v1::UNAVAILABLE);
-    if (on_gpu) {
+    if (gpu[i].availability() != v1::UNAVAILABLE) {
       v1::RecipeAvailability a = gpu[i];
-      a.set_reason(absl::StrCat(gpu[i].reason(), "; on ", config.selected_device,
-                                " for Linear / LayerNorm / RMSNorm models, other models run on the CPU reference (",
-                                cpu[i].reason(), ")"));
+      a.set_reason(absl::StrCat(gpu[i].reason(), "; sessions run on ", config.selected_device));
       out.push_back(std::move(a));
     } else {
       v1::RecipeAvailability a = cpu[i];
-      a.set_reason(absl::StrCat(cpu[i].reason(), "; sessions under this recipe run on the CPU reference until its ",
-                                config.selected_device, " path lands, where it will be ",
-                                v1::Availability_Name(gpu[i].availability()), " (", gpu[i].reason(), ")"));
+      a.set_reason(absl::StrCat(cpu[i].reason(), "; sessions under this recipe run on the CPU reference: ",
+                                config.selected_device, " cannot run it (", gpu[i].reason(), ")"));
       out.push_back(std::move(a));
     }
   }

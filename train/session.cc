@@ -535,6 +535,7 @@ SessionSummary Session::Summary() const {
     for (const layers::Parameter* p : module->Parameters()) layer.parameters.push_back(p->name);
     summary.layers.push_back(std::move(layer));
   }
+  state_->stack->DescribeAttention(state_->ctx.device, &summary.attention);
   return summary;
 }
 

@@ -93,8 +93,9 @@ struct SessionSummary {
   int64_t live_handles = 0;
   std::string device;       // where the session computes
   std::string device_note;  // why that is the CPU when a GPU was asked for, else empty
-  std::string recipe_name;  // "none", "delayed", "current"
+  std::string recipe_name;  // "none" or the recipe's name ("delayed", "mxfp8", ...)
   std::vector<LayerSummary> layers;
+  std::vector<layers::AttentionPathInfo> attention;  // per attention core, in stack order
 };
 
 class Session {

@@ -88,6 +88,31 @@ TEST(Session, TrainsARegressionTarget) {
   EXPECT_EQ(session->Summary().step, 100);
 }
 
+// SessionInfo.attention: one entry per attention core, nested ones included (a
+// decoder TransformerLayer has two), in stack order, with the path its device runs.
+TEST(Session, SummaryNamesEachAttentionCoreAndItsPath) {
+  v1::ModelSpec spec;
+  auto* decoder = spec.add_layers();
+  decoder->set_name("dec");
+  decoder->mutable_transformer_layer()->set_hidden_size(32);
+  decoder->mutable_transformer_layer()->set_ffn_hidden_size(64);
+  decoder->mutable_transformer_layer()->set_num_attention_heads(4);
+  decoder->mutable_transformer_layer()->set_layer_type("decoder");
+  auto session = Session::Create(spec, v1::RecipeSpec(), Sgd(), Context());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const SessionSummary summary = (*session)->Summary();
+  ASSERT_EQ(summary.attention.size(), 2u);
+  EXPECT_EQ(summary.attention[0].layer, "dec.self_attention.core_attention");
+  EXPECT_EQ(summary.attention[1].layer, "dec.inter_attention.core_attention");
+  for (const layers::AttentionPathInfo& a : summary.attention) {
+    EXPECT_EQ(a.path, "cpu_reference") << a.layer;
+    EXPECT_THAT(a.reason, ::testing::HasSubstr("FP64")) << a.layer;
+  }
+  auto linear_only = Session::Create(Model(), v1::RecipeSpec(), Sgd(), Context());
+  ASSERT_TRUE(linear_only.ok());
+  EXPECT_TRUE((*linear_only)->Summary().attention.empty());
+}
+
 TEST(Session, HandlesAreSingleUseAndUnknownOnesAreNotFound) {
   auto session = MakeSession();
   auto fwd = session->Forward({Random({2, 8}, 1)}, true).value();

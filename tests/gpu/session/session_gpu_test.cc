@@ -277,6 +277,10 @@ TEST_P(SessionGpu, TrainsLikeTheCpuReference) {
   EXPECT_EQ((*gpu)->Summary().device, "cuda:0");
   EXPECT_EQ((*gpu)->Summary().device_note, "");
   EXPECT_EQ((*gpu)->Summary().state_bytes, (*cpu)->Summary().state_bytes);
+  // Each attention core says which path it runs on the GPU.
+  const SessionSummary gpu_summary = (*gpu)->Summary();
+  EXPECT_EQ(gpu_summary.attention.size(), m.name == "transformer" ? 2u : 0u);
+  for (const layers::AttentionPathInfo& a : gpu_summary.attention) EXPECT_EQ(a.path, "cuda_unfused") << a.layer;
 
   LossOptions mse;
   mse.kind = LossOptions::Kind::kMse;

@@ -12,6 +12,16 @@ EMULATED: Availability
 NATIVE: Availability
 UNAVAILABLE: Availability
 
+class AttentionPath(_message.Message):
+    __slots__ = ["layer", "path", "reason"]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    layer: str
+    path: str
+    reason: str
+    def __init__(self, layer: _Optional[str] = ..., path: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class BackwardRequest(_message.Message):
     __slots__ = ["grad_outputs", "handle", "session_id"]
     GRAD_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -289,7 +299,8 @@ class ServerInfo(_message.Message):
     def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_capability: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., cublaslt_version: _Optional[str] = ..., cudnn_version: _Optional[str] = ..., nccl_version: _Optional[str] = ..., recipes: _Optional[_Iterable[_Union[RecipeAvailability, _Mapping]]] = ..., default_recipe: _Optional[str] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., cuda_compiled: bool = ..., gpu_count: _Optional[int] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ["device", "device_note", "layers", "live_handles", "model", "num_parameters", "optimizer", "recipe", "recipe_name", "session_id", "state_bytes", "step"]
+    __slots__ = ["attention", "device", "device_note", "layers", "live_handles", "model", "num_parameters", "optimizer", "recipe", "recipe_name", "session_id", "state_bytes", "step"]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NOTE_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +313,7 @@ class SessionInfo(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    attention: _containers.RepeatedCompositeFieldContainer[AttentionPath]
     device: str
     device_note: str
     layers: _containers.RepeatedCompositeFieldContainer[LayerInfo]
@@ -314,7 +326,7 @@ class SessionInfo(_message.Message):
     session_id: str
     state_bytes: int
     step: int
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., recipe: _Optional[_Union[_model_pb2.RecipeSpec, _Mapping]] = ..., optimizer: _Optional[_Union[_model_pb2.OptimizerSpec, _Mapping]] = ..., step: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., live_handles: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerInfo, _Mapping]]] = ..., recipe_name: _Optional[str] = ..., device_note: _Optional[str] = ..., state_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., recipe: _Optional[_Union[_model_pb2.RecipeSpec, _Mapping]] = ..., optimizer: _Optional[_Union[_model_pb2.OptimizerSpec, _Mapping]] = ..., step: _Optional[int] = ..., num_parameters: _Optional[int] = ..., device: _Optional[str] = ..., live_handles: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerInfo, _Mapping]]] = ..., recipe_name: _Optional[str] = ..., device_note: _Optional[str] = ..., state_bytes: _Optional[int] = ..., attention: _Optional[_Iterable[_Union[AttentionPath, _Mapping]]] = ...) -> None: ...
 
 class SetParametersRequest(_message.Message):
     __slots__ = ["parameters", "session_id"]
