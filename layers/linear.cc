@@ -57,28 +57,47 @@ struct SavedOperand {
 // dequantized copies bit for bit (so CPU sessions compute exactly what the FP32 path
 // below does). Otherwise both operands are read as FP32 (calibration, MXFP8 / NVFP4
 // emulation, block scaling where the device or shapes do not suit).
+//
+// With `bias` (the fprop of a Linear that adds its bias), d = op(a) op(b) + bias: the
+// per-tensor FP8 GEMM's BIAS epilogue adds it to the FP32 result on the way out (the
+// same FP32 sum as a separate add, without another pass over d); the other paths add
+// it with AddBias after the GEMM.
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
-                        float beta, Tensor* d) {
+                        float beta, Tensor* d, const Tensor* bias = nullptr) {
   kernels::GemmOptions options;
   options.beta = beta;
   options.accumulation = accumulation;
   if (a.IsPerTensor() && b.IsPerTensor()) {
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
-    if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) return kernels::Gemm(ctx, ga, gb, d, options);
+    if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) {
+      // An empty product takes no epilogue (kernels/gemm.h); its bias add is AddBias's.
+      const bool epilogue = bias != nullptr && ga.data.numel() > 0 && gb.data.numel() > 0;
+      if (epilogue) {
+        options.epilogue = kernels::GemmEpilogue::kBias;
+        options.bias = bias;
+      }
+      RETURN_IF_ERROR(kernels::Gemm(ctx, ga, gb, d, options));
+      if (bias != nullptr && !epilogue) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
+      return absl::OkStatus();
+    }
   }
   if (a.IsBlockScaled() && b.IsBlockScaled()) {
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
     options.accumulation = kernels::GemmAccumulation::kSplit;
     if (kernels::CheckGemmArguments(ctx, ga, gb, d, options).ok() && kernels::BlockScaledGemmSupport(ctx).ok()) {
-      return kernels::Gemm(ctx, ga, gb, d, options);
+      RETURN_IF_ERROR(kernels::Gemm(ctx, ga, gb, d, options));
+      if (bias != nullptr) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
+      return absl::OkStatus();
     }
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));
-  return kernels::Gemm(ctx, fa, transpose_a, fb, transpose_b, 1.0f, beta, d);
+  RETURN_IF_ERROR(kernels::Gemm(ctx, fa, transpose_a, fb, transpose_b, 1.0f, beta, d));
+  if (bias != nullptr) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
+  return absl::OkStatus();
 }
 
 struct LinearSaved : public SavedActivations {
@@ -163,8 +182,9 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   // Every output lives on the Context's device, ordered on its stream; the GEMM (beta 0)
   // writes every element, so no zero fill. fprop: y = x W^T, fast accumulation.
   ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
+  const bool add_bias = options_.bias && !options_.return_bias;
   RETURN_IF_ERROR(LinearGemm(ctx, x_operand, Copy::kRowwise, false, w_operand, Copy::kRowwise, true,
-                             kernels::GemmAccumulation::kFast, 0.0f, &y));
+                             kernels::GemmAccumulation::kFast, 0.0f, &y, add_bias ? &bias_.value : nullptr));
   if (saved) {
     // The backward reads the columnwise copies (and the FP32 tensors when unquantized).
     x_operand.quantized.rowwise_data = Tensor();
@@ -176,7 +196,6 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   }
 
   ForwardOutput out;
-  if (options_.bias && !options_.return_bias) RETURN_IF_ERROR(kernels::AddBias(ctx, bias_.value, &y));
   Shape y_shape = inputs[0].shape();
   y_shape.back() = options_.out_features;
   ASSIGN_OR_RETURN(Tensor y_full, y.Reshape(y_shape));

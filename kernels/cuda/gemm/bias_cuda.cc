@@ -20,8 +20,12 @@ absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y) {
 
 absl::Status ColumnSum(const Context& ctx, const Tensor& x, bool accumulate, Tensor* out) {
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(out->device().index));
+  // Double partials, one row per chunk of rows, in stream-ordered scratch.
+  ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty(DType::kInt64, {ColumnSumScratch(x.dim(0), x.dim(1))}, out->device(),
+                                                 ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchColumnSum(x.data<float>(), x.dim(0), x.dim(1), accumulate,
-                                               out->data<float>(), StreamOf(ctx)));
+                                               static_cast<double*>(scratch.raw_data()), out->data<float>(),
+                                               StreamOf(ctx)));
   return absl::OkStatus();
 }
 

@@ -18,22 +18,35 @@ __global__ void __launch_bounds__(kAddBiasThreads)
   }
 }
 
+// Block (column tile, row chunk): partials[chunk, col] = the chunk's column sum.
 __global__ void __launch_bounds__(kColumnTile* kRowWarps)
-    ColumnSumKernel(const float* __restrict__ x, int64_t rows, int64_t cols, bool accumulate,
-                    float* __restrict__ out) {
+    ColumnSumChunkKernel(const float* __restrict__ x, int64_t rows, int64_t cols, double* __restrict__ partials) {
   __shared__ double partial[kRowWarps][kColumnTile];
   const int lane = threadIdx.x;
   const int warp = threadIdx.y;
   const int64_t col = blockIdx.x * static_cast<int64_t>(kColumnTile) + lane;
+  const int64_t begin = blockIdx.y * kColumnSumChunkRows;
+  const int64_t end = begin + kColumnSumChunkRows < rows ? begin + kColumnSumChunkRows : rows;
   double sum = 0.0;
   if (col < cols) {
-    for (int64_t r = warp; r < rows; r += kRowWarps) sum += x[r * cols + col];
+    for (int64_t r = begin + warp; r < end; r += kRowWarps) sum += x[r * cols + col];
   }
   partial[warp][lane] = sum;
   __syncthreads();
   if (warp != 0 || col >= cols) return;
   double total = 0.0;
   for (int w = 0; w < kRowWarps; ++w) total += partial[w][lane];
+  partials[blockIdx.y * cols + col] = total;
+}
+
+// out[col] (+)= sum over chunks of partials[chunk, col], in chunk order.
+__global__ void __launch_bounds__(kAddBiasThreads)
+    ColumnSumFinishKernel(const double* __restrict__ partials, int64_t chunks, int64_t cols, bool accumulate,
+                          float* __restrict__ out) {
+  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (col >= cols) return;
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) total += partials[c * cols + col];
   out[col] = accumulate ? static_cast<float>(out[col] + total) : static_cast<float>(total);
 }
 
@@ -48,12 +61,22 @@ cudaError_t LaunchAddBias(const float* bias, int64_t rows, int64_t cols, float* 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchColumnSum(const float* x, int64_t rows, int64_t cols, bool accumulate, float* out,
-                            cudaStream_t stream) {
+int64_t ColumnSumScratch(int64_t rows, int64_t cols) {
+  const int64_t chunks = rows > 0 ? (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows : 1;
+  return chunks * cols;
+}
+
+cudaError_t LaunchColumnSum(const float* x, int64_t rows, int64_t cols, bool accumulate, double* partials,
+                            float* out, cudaStream_t stream) {
   if (cols == 0) return cudaSuccess;
+  const int64_t chunks = rows > 0 ? (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows : 1;
   const dim3 block(kColumnTile, kRowWarps);
-  const int64_t grid = (cols + kColumnTile - 1) / kColumnTile;
-  ColumnSumKernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(x, rows, cols, accumulate, out);
+  const dim3 grid(static_cast<unsigned>((cols + kColumnTile - 1) / kColumnTile), static_cast<unsigned>(chunks));
+  ColumnSumChunkKernel<<<grid, block, 0, stream>>>(x, rows, cols, partials);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  const unsigned finish_grid = static_cast<unsigned>((cols + kAddBiasThreads - 1) / kAddBiasThreads);
+  ColumnSumFinishKernel<<<finish_grid, kAddBiasThreads, 0, stream>>>(partials, chunks, cols, accumulate, out);
   return cudaGetLastError();
 }
 
