@@ -92,7 +92,7 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   p.rows = rows;
   p.cols = k;
   if (options.write_y) {
-    ASSIGN_OR_RETURN(out.y, Tensor::Zeros(y_dtype, {rows, k}, device));
+    ASSIGN_OR_RETURN(out.y, Tensor::ZerosOn(y_dtype, {rows, k}, device, ctx.stream));
     p.y = out.y.raw_data();
     p.y_type = y_type;
   }
@@ -100,7 +100,7 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   if (options.quantize) {
     const PerTensorQuantizeOptions& q = options.quantize_options;
     ASSIGN_OR_RETURN(p.format, Fp8FormatOf("options.quantize_options.format", q.format));
-    RETURN_IF_ERROR(AllocatePerTensorFp8(rows, k, q, device, &out.fp8, &amax_bits, &p));
+    RETURN_IF_ERROR(AllocatePerTensorFp8(rows, k, q, device, ctx.stream, &out.fp8, &amax_bits, &p));
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchActivationForward(p, stream));
@@ -130,14 +130,14 @@ absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& 
   p.type = type;
   p.rows = rows;
   p.cols = IsGated(kind) ? cols / 2 : cols;
-  ASSIGN_OR_RETURN(out.dx, Tensor::Zeros(x.dtype(), {rows, cols}, device));
+  ASSIGN_OR_RETURN(out.dx, Tensor::ZerosOn(x.dtype(), {rows, cols}, device, ctx.stream));
   p.dx = out.dx.raw_data();
   Tensor workspace;
   if (options.compute_dbias) {
-    ASSIGN_OR_RETURN(out.dbias, Tensor::Zeros(DType::kFloat32, {cols}, device));
+    ASSIGN_OR_RETURN(out.dbias, Tensor::ZerosOn(DType::kFloat32, {cols}, device, ctx.stream));
     p.dbias = out.dbias.data<float>();
     ASSIGN_OR_RETURN(workspace,
-                     Tensor::Zeros(DType::kFloat32, {ActivationBackwardWorkspaceFloats(p)}, device));
+                     Tensor::ZerosOn(DType::kFloat32, {ActivationBackwardWorkspaceFloats(p)}, device, ctx.stream));
     p.workspace = workspace.data<float>();
   }
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchActivationBackward(p, StreamOf(ctx)));

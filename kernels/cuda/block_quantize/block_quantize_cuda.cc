@@ -31,24 +31,24 @@ struct CopyShapes {
   Shape columnwise_scale;
 };
 
-// Allocates the requested copies (data and scale_inv) on x's device and points the
-// launch parameters at them.
-absl::Status AllocateCopies(const Tensor& x, DType format, DType scale_dtype,
+// Allocates the requested copies (data and scale_inv) on x's device, zero-filled on
+// ctx's stream, and points the launch parameters at them.
+absl::Status AllocateCopies(const Context& ctx, const Tensor& x, DType format, DType scale_dtype,
                             const CopyShapes& shapes, bool rowwise, bool columnwise,
                             QuantizedTensor& q, BlockQuantizeLaunchParams& p) {
   const int64_t rows = x.dim(0);
   const int64_t cols = x.dim(1);
   if (rowwise) {
-    ASSIGN_OR_RETURN(q.rowwise_data, Tensor::Zeros(format, {rows, cols}, x.device()));
+    ASSIGN_OR_RETURN(q.rowwise_data, Tensor::ZerosOn(format, {rows, cols}, x.device(), ctx.stream));
     ASSIGN_OR_RETURN(q.rowwise_scale_inv,
-                     Tensor::Zeros(scale_dtype, shapes.rowwise_scale, x.device()));
+                     Tensor::ZerosOn(scale_dtype, shapes.rowwise_scale, x.device(), ctx.stream));
     p.rowwise = q.rowwise_data.data<uint8_t>();
     p.rowwise_scale_inv = q.rowwise_scale_inv.raw_data();
   }
   if (columnwise) {
-    ASSIGN_OR_RETURN(q.columnwise_data, Tensor::Zeros(format, {cols, rows}, x.device()));
+    ASSIGN_OR_RETURN(q.columnwise_data, Tensor::ZerosOn(format, {cols, rows}, x.device(), ctx.stream));
     ASSIGN_OR_RETURN(q.columnwise_scale_inv,
-                     Tensor::Zeros(scale_dtype, shapes.columnwise_scale, x.device()));
+                     Tensor::ZerosOn(scale_dtype, shapes.columnwise_scale, x.device(), ctx.stream));
     p.columnwise = q.columnwise_data.data<uint8_t>();
     p.columnwise_scale_inv = q.columnwise_scale_inv.raw_data();
   }
@@ -73,14 +73,14 @@ absl::Status CheckDbias(const Tensor* dbias, const Tensor& x) {
 // Runs the launch (with the dbias workspace when dbias is asked for) and fills q.amax.
 absl::StatusOr<QuantizedTensor> Run(const Context& ctx, const Tensor& x, Tensor* dbias,
                                     BlockQuantizeLaunchParams& p, QuantizedTensor q) {
-  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
+  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::ZerosOn(DType::kInt32, {1}, x.device(), ctx.stream));
   p.amax_bits = amax_bits.data<uint32_t>();
   Tensor workspace;
   if (dbias != nullptr) {
     p.dbias = dbias->data<float>();
     const int64_t slabs = BlockQuantizeDbiasSlabs(p);
     if (slabs > 0) {
-      ASSIGN_OR_RETURN(workspace, Tensor::Zeros(DType::kFloat32, {slabs, p.cols}, x.device()));
+      ASSIGN_OR_RETURN(workspace, Tensor::ZerosOn(DType::kFloat32, {slabs, p.cols}, x.device(), ctx.stream));
       p.dbias_workspace = workspace.data<float>();
     }
   }
@@ -128,7 +128,7 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   p.format = format;
   p.encoder = encoder;
   const CopyShapes shapes{{rows, cols / kMxfp8BlockSize}, {cols, rows / kMxfp8BlockSize}};
-  RETURN_IF_ERROR(AllocateCopies(x, options.format, DType::kFloat8E8M0, shapes, options.rowwise,
+  RETURN_IF_ERROR(AllocateCopies(ctx, x, options.format, DType::kFloat8E8M0, shapes, options.rowwise,
                                  options.columnwise, q, p));
   return Run(ctx, x, options.dbias, p, std::move(q));
 }
@@ -166,7 +166,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   const CopyShapes shapes =
       options.two_d ? CopyShapes{{row_blocks, col_blocks}, {col_blocks, row_blocks}}
                     : CopyShapes{{rows, col_blocks}, {cols, row_blocks}};
-  RETURN_IF_ERROR(AllocateCopies(x, options.format, DType::kFloat32, shapes, options.rowwise,
+  RETURN_IF_ERROR(AllocateCopies(ctx, x, options.format, DType::kFloat32, shapes, options.rowwise,
                                  options.columnwise, q, p));
   return Run(ctx, x, options.dbias, p, std::move(q));
 }
@@ -186,7 +186,7 @@ absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor
   }
   const bool mxfp8 = q.mode == ScalingMode::kMxfp8_1D;
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(data.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, data.shape(), data.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, data.shape(), data.device(), ctx.stream));
   BlockDequantizeLaunchParams p;
   p.codes = data.data<uint8_t>();
   p.format = format;
@@ -212,10 +212,9 @@ absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context& ctx, const Tensor& scal
   const int64_t rows = scales.dim(0);
   const int64_t cols = scales.dim(1);
   ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::Zeros(DType::kFloat8E8M0,
+                   Tensor::ZerosOn(DType::kFloat8E8M0,
                                  {RoundUp(rows, kMxfp8SwizzleTileRows),
-                                  RoundUp(cols, kMxfp8SwizzleTileCols)},
-                                 scales.device()));
+                                  RoundUp(cols, kMxfp8SwizzleTileCols)}, scales.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchSwizzleMxfp8Scales(
       scales.data<uint8_t>(), rows, cols, out.data<uint8_t>(), StreamOf(ctx)));
   return out;
@@ -234,7 +233,7 @@ absl::StatusOr<Tensor> UnswizzleMxfp8Scales(const Context& ctx, const Tensor& sw
                                      ShapeToString(swizzled.shape())));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(swizzled.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat8E8M0, {rows, cols}, swizzled.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat8E8M0, {rows, cols}, swizzled.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchUnswizzleMxfp8Scales(
       swizzled.data<uint8_t>(), rows, cols, out.data<uint8_t>(), StreamOf(ctx)));
   return out;

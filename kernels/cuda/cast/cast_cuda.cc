@@ -38,7 +38,7 @@ absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const SourceType type, SourceTypeOf(x));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {1}, x.device()));
+  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::ZerosOn(DType::kInt32, {1}, x.device(), ctx.stream));
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchAmax(x.raw_data(), type, x.numel(),
                                           amax_bits.data<uint32_t>(), stream));
@@ -75,13 +75,12 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   params.format = format;
   Tensor amax_bits;
   RETURN_IF_ERROR(
-      AllocatePerTensorFp8(params.rows, params.cols, options, x.device(), &q, &amax_bits, &params));
+      AllocatePerTensorFp8(params.rows, params.cols, options, x.device(), ctx.stream, &q, &amax_bits, &params));
   Tensor dbias_workspace;  // freed after ReadAmaxBits has synchronized the stream
   if (options.dbias != nullptr) {
     params.dbias = options.dbias->data<float>();
     ASSIGN_OR_RETURN(dbias_workspace,
-                     Tensor::Zeros(DType::kFloat32, {QuantizeDbiasWorkspaceFloats(params)},
-                                   x.device()));
+                     Tensor::ZerosOn(DType::kFloat32, {QuantizeDbiasWorkspaceFloats(params)}, x.device(), ctx.stream));
     params.dbias_workspace = dbias_workspace.data<float>();
   }
   const cudaStream_t stream = StreamOf(ctx);
@@ -106,7 +105,7 @@ absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, 
                                      ShapeToString(scale_inv.shape())));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(data.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, data.shape(), data.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, data.shape(), data.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchDequantize(data.data<uint8_t>(), format, data.numel(),
                                                 scale_inv.data<float>(), out.data<float>(),
                                                 StreamOf(ctx)));
@@ -129,7 +128,7 @@ absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("x.dtype", x.dtype()));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape(), x.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, x.shape(), x.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchToFloat32(x.raw_data(), type, x.numel(), out.data<float>(), StreamOf(ctx)));
   return out;
@@ -140,7 +139,7 @@ absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DTyp
   if (x.dtype() != DType::kFloat32) return InvalidField("x.dtype", "FLOAT32", DTypeName(x.dtype()));
   ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("dtype", dtype));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(dtype, x.shape(), x.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(dtype, x.shape(), x.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchFromFloat32(x.data<float>(), x.numel(), type, out.raw_data(), StreamOf(ctx)));
   return out;
@@ -155,7 +154,7 @@ absl::StatusOr<Tensor> CopyToDevice(const Context& ctx, const Tensor& host, Devi
     return InvalidField("device", "a CUDA device", device.ToString());
   }
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(host.dtype(), host.shape(), device));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(host.dtype(), host.shape(), device, ctx.stream));
   if (host.nbytes() > 0) {
     const cudaStream_t stream = StreamOf(ctx);
     TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw_data(), host.raw_data(), host.nbytes(),

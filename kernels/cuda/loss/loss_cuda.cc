@@ -23,7 +23,7 @@ namespace {
 absl::StatusOr<Tensor> LabelsOnDevice(const Context& ctx, const Tensor& labels) {
   std::vector<int64_t> host(labels.numel());
   for (int64_t r = 0; r < labels.numel(); ++r) host[r] = loss_math::LabelAt(labels, r);
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kInt64, {labels.numel()}, ctx.device));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kInt64, {labels.numel()}, ctx.device, ctx.stream));
   if (!host.empty()) {
     TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw_data(), host.data(), host.size() * sizeof(int64_t),
                                                  cudaMemcpyHostToDevice, StreamOf(ctx)));
@@ -52,8 +52,8 @@ absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Context& ctx
   ASSIGN_OR_RETURN(Tensor labels_device, LabelsOnDevice(ctx, labels));
   const CrossEntropyLaunchParams p = ParamsOf(logits, labels_device, options);
   CrossEntropyForwardOutput out;
-  ASSIGN_OR_RETURN(out.per_token_loss, Tensor::Zeros(DType::kFloat32, labels.shape(), ctx.device));
-  ASSIGN_OR_RETURN(out.lse, Tensor::Zeros(DType::kFloat32, {p.n}, ctx.device));
+  ASSIGN_OR_RETURN(out.per_token_loss, Tensor::ZerosOn(DType::kFloat32, labels.shape(), ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(out.lse, Tensor::ZerosOn(DType::kFloat32, {p.n}, ctx.device, ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchCrossEntropyForward(p, out.lse.data<float>(), out.per_token_loss.data<float>(), StreamOf(ctx)));
   std::vector<float> losses(p.n);
@@ -77,7 +77,7 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Context& ctx, const Tensor& lo
                                             const Tensor& lse, int64_t num_valid,
                                             const CrossEntropyOptions& options, float grad_loss) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(Tensor dx, Tensor::Zeros(DType::kFloat32, logits.shape(), ctx.device));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::ZerosOn(DType::kFloat32, logits.shape(), ctx.device, ctx.stream));
   if (num_valid == 0) return dx;  // Zeros on the device are already zero-filled
   ASSIGN_OR_RETURN(Tensor labels_device, LabelsOnDevice(ctx, labels));
   const CrossEntropyLaunchParams p = ParamsOf(logits, labels_device, options);

@@ -60,11 +60,11 @@ absl::Status CheckOptions(const Tensor& x, const Nvfp4QuantizeOptions& options) 
   return absl::OkStatus();
 }
 
-// Data [rows, cols] packed FP4 and E4M3 scales, on `device`.
-absl::Status AllocateCopy(int64_t rows, int64_t cols, const Shape& scale_shape, Device device,
+// Data [rows, cols] packed FP4 and E4M3 scales, on `device`, zero-filled on `stream`.
+absl::Status AllocateCopy(int64_t rows, int64_t cols, const Shape& scale_shape, Device device, void* stream,
                           Tensor* data, Tensor* scales) {
-  ASSIGN_OR_RETURN(*data, Tensor::Zeros(DType::kFloat4E2M1, {rows, cols}, device));
-  ASSIGN_OR_RETURN(*scales, Tensor::Zeros(DType::kFloat8E4M3, scale_shape, device));
+  ASSIGN_OR_RETURN(*data, Tensor::ZerosOn(DType::kFloat4E2M1, {rows, cols}, device, stream));
+  ASSIGN_OR_RETURN(*scales, Tensor::ZerosOn(DType::kFloat8E4M3, scale_shape, device, stream));
   return absl::OkStatus();
 }
 
@@ -90,7 +90,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
   const HadamardSigns signs = Signs();
 
   // Pass 1: amax of x, and of RHT(x^T) when the columnwise copy is transformed.
-  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Zeros(DType::kInt32, {2}, x.device()));
+  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::ZerosOn(DType::kInt32, {2}, x.device(), ctx.stream));
   uint32_t* bits = amax_bits.data<uint32_t>();
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchNvfp4Amax(x.raw_data(), type, rows, cols, signs, bits,
                                                rht ? bits + 1 : nullptr, stream));
@@ -126,7 +126,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
   if (options.rowwise) {
     const Shape scale_shape = options.two_d ? Shape{rows / kBlock, cols / kBlock}
                                             : Shape{rows, cols / kBlock};
-    RETURN_IF_ERROR(AllocateCopy(rows, cols, scale_shape, x.device(), &q.rowwise_data,
+    RETURN_IF_ERROR(AllocateCopy(rows, cols, scale_shape, x.device(), ctx.stream, &q.rowwise_data,
                                  &q.rowwise_scale_inv));
     p.rowwise = q.rowwise_data.data<uint8_t>();
     p.rowwise_scales = q.rowwise_scale_inv.data<uint8_t>();
@@ -134,7 +134,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
   if (options.columnwise) {
     const Shape scale_shape = options.two_d ? Shape{cols / kBlock, rows / kBlock}
                                             : Shape{cols, rows / kBlock};
-    RETURN_IF_ERROR(AllocateCopy(cols, rows, scale_shape, x.device(), &q.columnwise_data,
+    RETURN_IF_ERROR(AllocateCopy(cols, rows, scale_shape, x.device(), ctx.stream, &q.columnwise_data,
                                  &q.columnwise_scale_inv));
     p.columnwise = q.columnwise_data.data<uint8_t>();
     p.columnwise_scales = q.columnwise_scale_inv.data<uint8_t>();
@@ -155,7 +155,7 @@ absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor
                         absl::StrCat(DTypeName(data.dtype()), " ", ShapeToString(data.shape())));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(data.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, data.shape(), data.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, data.shape(), data.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchNvfp4Dequantize(
       data.data<uint8_t>(), data.dim(0), data.dim(1), scales.data<uint8_t>(),
       q.mode == ScalingMode::kNvfp4_2D, 1.0f / q.global_encode_scale, out.data<float>(),
@@ -166,7 +166,7 @@ absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor
 absl::StatusOr<Tensor> CastToFloat4E2M1(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckFp32OnCuda("x", x));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat4E2M1, x.shape(), x.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat4E2M1, x.shape(), x.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchCastToE2M1(x.data<float>(), x.numel(), out.data<uint8_t>(), StreamOf(ctx)));
   return out;
@@ -178,7 +178,7 @@ absl::StatusOr<Tensor> Float4E2M1ToFloat32(const Context& ctx, const Tensor& pac
     return InvalidField("packed.dtype", "FLOAT4_E2M1", DTypeName(packed.dtype()));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(packed.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, packed.shape(), packed.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, packed.shape(), packed.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchE2M1ToFloat(packed.data<uint8_t>(), packed.numel(), out.data<float>(), StreamOf(ctx)));
   return out;
@@ -190,7 +190,7 @@ absl::StatusOr<Tensor> ApplyHadamard16(const Context& ctx, const Tensor& x, bool
     return InvalidField("x.shape", "[rows, cols] with cols % 16 == 0", ShapeToString(x.shape()));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, x.shape(), x.device()));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, x.shape(), x.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchHadamard16(x.data<float>(), x.numel(), Signs(), inverse,
                                                 out.data<float>(), StreamOf(ctx)));
   return out;

@@ -30,7 +30,7 @@ RopeLayout LayoutOf(RopeFormat format) {
 absl::StatusOr<Tensor> Apply(const Context& ctx, const Tensor& in, const Tensor& freqs, RopeFormat format,
                              bool interleaved, const Tensor* cu_seqlens, bool transpose) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(DType::kFloat32, in.shape(), ctx.device));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, in.shape(), ctx.device, ctx.stream));
   RopeLaunchParams p;
   p.in = in.data<float>();
   p.out = out.data<float>();
@@ -51,7 +51,7 @@ absl::StatusOr<Tensor> Apply(const Context& ctx, const Tensor& in, const Tensor&
     case RopeFormat::kThd: {
       p.tokens = in.dim(0);
       p.batch = cu_seqlens->dim(0) - 1;
-      ASSIGN_OR_RETURN(cu_device, Tensor::Zeros(DType::kInt32, {cu_seqlens->dim(0)}, ctx.device));
+      ASSIGN_OR_RETURN(cu_device, Tensor::ZerosOn(DType::kInt32, {cu_seqlens->dim(0)}, ctx.device, ctx.stream));
       TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(cu_device.raw_data(), cu_seqlens->data<int32_t>(),
                                                    cu_seqlens->dim(0) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                                    StreamOf(ctx)));
