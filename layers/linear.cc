@@ -58,10 +58,10 @@ struct SavedOperand {
 // below does). Otherwise both operands are read as FP32 (calibration, MXFP8 / NVFP4
 // emulation, block scaling where the device or shapes do not suit).
 //
-// With `bias` (the fprop of a Linear that adds its bias), d = op(a) op(b) + bias: the
-// per-tensor FP8 GEMM's BIAS epilogue adds it to the FP32 result on the way out (the
-// same FP32 sum as a separate add, without another pass over d); the other paths add
-// it with AddBias after the GEMM.
+// With `bias` (the fprop of a Linear that adds its bias), d = op(a) op(b) + bias, added
+// by AddBias after the GEMM: cuBLASLt has no FP8 kernel with an FP32 D and an FP32 BIAS
+// epilogue (it wants a BF16 bias there, which would round the bias), so the epilogue
+// waits for 16-bit activations.
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
                         float beta, Tensor* d, const Tensor* bias = nullptr) {
@@ -72,14 +72,8 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
     if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) {
-      // An empty product takes no epilogue (kernels/gemm.h); its bias add is AddBias's.
-      const bool epilogue = bias != nullptr && ga.data.numel() > 0 && gb.data.numel() > 0;
-      if (epilogue) {
-        options.epilogue = kernels::GemmEpilogue::kBias;
-        options.bias = bias;
-      }
       RETURN_IF_ERROR(kernels::Gemm(ctx, ga, gb, d, options));
-      if (bias != nullptr && !epilogue) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
+      if (bias != nullptr) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
       return absl::OkStatus();
     }
   }

@@ -430,8 +430,16 @@ TEST(BlockQuantizeGpu, CheckedEntryPointsDispatchToCuda) {
 
 TEST(BlockQuantizeGpu, RunsOnANonDefaultStream) {
   TESERVE_SKIP_WITHOUT_GPU();
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  // Tensors allocated on a stream are freed in its order, so the stream must outlive
+  // them: its owner is declared first and destroys it last.
+  struct StreamOwner {
+    cudaStream_t stream = nullptr;
+    ~StreamOwner() {
+      if (stream != nullptr) EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    }
+  } owner;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&owner.stream, cudaStreamNonBlocking), cudaSuccess);
+  const cudaStream_t stream = owner.stream;
   Context ctx = GpuContext();
   ctx.stream = stream;
   const std::vector<float> values = QuantizeTestValues(256 * 384, 21u, /*specials=*/false);
@@ -454,7 +462,6 @@ TEST(BlockQuantizeGpu, RunsOnANonDefaultStream) {
   ASSERT_OK_AND_ASSIGN(const Tensor expected_swizzled,
                        kernels::cpu::SwizzleMxfp8Scales(Context::Cpu(), cpu.columnwise_scale_inv));
   ExpectSameBytes(swizzled, expected_swizzled, "swizzled columnwise scales on a stream");
-  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 Tensor RandomE8M0(int64_t rows, int64_t cols, uint32_t seed) {

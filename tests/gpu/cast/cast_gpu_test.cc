@@ -426,8 +426,16 @@ TEST(CastGpu, AmaxOfBFloat16MatchesHostLoop) {
 
 TEST(CastGpu, RunsOnANonDefaultStream) {
   TESERVE_SKIP_WITHOUT_GPU();
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  // Tensors allocated on a stream are freed in its order, so the stream must outlive
+  // them: its owner is declared first and destroys it last.
+  struct StreamOwner {
+    cudaStream_t stream = nullptr;
+    ~StreamOwner() {
+      if (stream != nullptr) EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    }
+  } owner;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&owner.stream, cudaStreamNonBlocking), cudaSuccess);
+  const cudaStream_t stream = owner.stream;
   Context ctx = GpuContext();
   ctx.stream = stream;
   const std::vector<float> values = WideRangeValues(300 * 64, 3u);
@@ -449,7 +457,6 @@ TEST(CastGpu, RunsOnANonDefaultStream) {
                        kernels::cpu::Dequantize(Context::Cpu(), cpu, Copy::kColumnwise));
   EXPECT_TRUE(BitwiseEqual(*back, expected));
   ExpectBitwiseEqual(gpu->rowwise_data, cpu.rowwise_data, "rowwise_data on a stream");
-  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // Launches back to back on one stream into the same amax word, each followed by a
