@@ -36,6 +36,26 @@ inline bool GpuAvailable(std::string* reason) {
 #endif
 }
 
+#if TESERVE_WITH_CUDA
+// A non-blocking stream for a test's context. Tensors allocated on a stream are freed in
+// its order, so the stream must outlive them: declare this before them.
+class ScopedStream {
+ public:
+  ScopedStream() { ok_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess; }
+  ~ScopedStream() {
+    if (ok_) cudaStreamDestroy(stream_);
+  }
+  ScopedStream(const ScopedStream&) = delete;
+  ScopedStream& operator=(const ScopedStream&) = delete;
+  bool ok() const { return ok_; }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  bool ok_ = false;
+};
+#endif
+
 }  // namespace testing
 }  // namespace teserve
 

@@ -426,16 +426,9 @@ TEST(CastGpu, AmaxOfBFloat16MatchesHostLoop) {
 
 TEST(CastGpu, RunsOnANonDefaultStream) {
   TESERVE_SKIP_WITHOUT_GPU();
-  // Tensors allocated on a stream are freed in its order, so the stream must outlive
-  // them: its owner is declared first and destroys it last.
-  struct StreamOwner {
-    cudaStream_t stream = nullptr;
-    ~StreamOwner() {
-      if (stream != nullptr) EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-    }
-  } owner;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&owner.stream, cudaStreamNonBlocking), cudaSuccess);
-  const cudaStream_t stream = owner.stream;
+  const testing::ScopedStream owned;  // declared first: outlives the tensors below
+  ASSERT_TRUE(owned.ok());
+  const cudaStream_t stream = owned.get();
   Context ctx = GpuContext();
   ctx.stream = stream;
   const std::vector<float> values = WideRangeValues(300 * 64, 3u);
