@@ -224,15 +224,16 @@ TEST(Deadlines, AnAbandonedForwardLeavesNoHandle) {
 
 TEST(IdleExpiry, IdleSessionsExpireAndBusyOnesStay) {
   server::ServerOptions options = Options();
-  options.session_idle_timeout = absl::Milliseconds(400);
+  options.session_idle_timeout = absl::Seconds(1);
   testing::LoopbackServer s = testing::StartLoopbackServer(options);
   ASSERT_NE(s.server, nullptr);
   absl::StatusOr<v1::CreateSessionResponse> idle = s.client->CreateSession(LinearSession(8, 8));
   absl::StatusOr<v1::CreateSessionResponse> busy = s.client->CreateSession(LinearSession(8, 8));
   ASSERT_TRUE(idle.ok() && busy.ok());
-  for (int i = 0; i < 12; ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-    ASSERT_TRUE(s.client->GetSession(busy->session_id()).ok()) << "after " << (i + 1) * 100 << " ms";
+  // 3 s: the idle one expires within 1.25 s; the busy one, used every 200 ms, stays.
+  for (int i = 0; i < 15; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(s.client->GetSession(busy->session_id()).ok()) << "after " << (i + 1) * 200 << " ms";
   }
   EXPECT_EQ(s.client->GetSession(idle->session_id()).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<v1::ListSessionsResponse> listed = s.client->ListSessions();

@@ -66,6 +66,10 @@ bool ServerProcess::Start(const std::vector<std::string>& flags, const std::stri
   const std::string binary = Runfile("server/teserve");
   std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0", "--device=cpu"};
   args.insert(args.end(), flags.begin(), flags.end());
+  // The default metrics port (9464) would collide between tests running in parallel.
+  bool metrics_port_given = false;
+  for (const std::string& flag : flags) metrics_port_given |= flag.rfind("--metrics_port", 0) == 0;
+  if (!metrics_port_given) args.push_back("--metrics_port=-1");
   pid_ = fork();
   if (pid_ == 0) {
     FILE* log = std::freopen(log_path.c_str(), "w", stderr);

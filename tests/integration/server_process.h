@@ -35,7 +35,8 @@ class ServerProcess {
   ServerProcess& operator=(const ServerProcess&) = delete;
   ~ServerProcess();  // SIGKILL if still running
 
-  // Starts teserve with --host=127.0.0.1 --port=0 --device=cpu plus `flags`, its stderr
+  // Starts teserve with --host=127.0.0.1 --port=0 --device=cpu plus `flags` (and
+  // --metrics_port=-1 unless `flags` set it), its stderr
   // in `log_path`, and waits (up to 30 s) for the "gRPC listening on" line; false if it
   // exited or never said so. port() and metrics_port() come from the log.
   bool Start(const std::vector<std::string>& flags, const std::string& log_path);
