@@ -30,6 +30,10 @@
 #include "client/transformer_demo.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "teserve address, host:port");
+ABSL_FLAG(std::string, token, "", "bearer token for servers with --auth_tokens_file");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that signed the server's certificate; set: TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mTLS); set: TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::optional<int>, steps, std::nullopt,
           "demo: training steps (default 200 for mlp, 400 for transformer)");
 ABSL_FLAG(uint64_t, seed, 1, "demo: seed for parameters and data");
@@ -184,7 +188,12 @@ int main(int argc, char** argv) {
   const std::string command = args[1];
   const size_t operands = args.size() - 2;
 
-  teserve::client::Client client(absl::GetFlag(FLAGS_server));
+  teserve::client::ClientOptions options;
+  options.token = absl::GetFlag(FLAGS_token);
+  const absl::Status tls = teserve::client::LoadTlsFiles(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                                                        absl::GetFlag(FLAGS_tls_key), &options);
+  if (!tls.ok()) return Usage(std::string(tls.message()));
+  teserve::client::Client client(absl::GetFlag(FLAGS_server), options);
   if (command == "health" && operands == 0) return Health(client);
   if (command == "demo" && operands == 0) return Demo(client);
   if (command == "server-info" && operands == 0) return ServerInfo(client);

@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +103,28 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_path,
+                          const std::string& key_path, ClientOptions* options) {
+  const auto read = [](const std::string& path, absl::string_view flag, std::string* out) -> absl::Status {
+    if (path.empty()) return absl::OkStatus();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
+    std::stringstream text;
+    text << in.rdbuf();
+    *out = text.str();
+    return absl::OkStatus();
+  };
+  if (cert_path.empty() != key_path.empty()) {
+    return absl::InvalidArgumentError("--tls_cert, --tls_key: expected both or neither, got one");
+  }
+  absl::Status status = read(ca_path, "--tls_ca", &options->tls_root_certs);
+  if (status.ok()) status = read(cert_path, "--tls_cert", &options->tls_cert_chain);
+  if (status.ok()) status = read(key_path, "--tls_key", &options->tls_private_key);
+  if (!status.ok()) return status;
+  options->tls = !ca_path.empty() || !cert_path.empty();
+  return absl::OkStatus();
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -122,7 +146,18 @@ Client::Client(const std::string& address, ClientOptions options) : options_(opt
   const int limit = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    ssl.pem_cert_chain = options.tls_cert_chain;
+    ssl.pem_private_key = options.tls_private_key;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  channel_ = grpc::CreateCustomChannel(address, credentials, args);
   stub_ = v1::Trainer::NewStub(channel_);
 }
 
@@ -140,11 +175,12 @@ using TrainerMethod = grpc::Status (v1::Trainer::Stub::*)(grpc::ClientContext*, 
 
 // The unary Trainer calls all look alike: fresh context with the deadline, call, convert.
 template <typename Request, typename Response>
-absl::StatusOr<Response> CallUnary(v1::Trainer::Stub& stub, absl::Duration rpc_timeout,
+absl::StatusOr<Response> CallUnary(v1::Trainer::Stub& stub, const ClientOptions& options,
                                    TrainerMethod<Request, Response> method,
                                    const Request& request) {
   grpc::ClientContext context;
-  SetDeadline(rpc_timeout, &context);
+  SetDeadline(options.rpc_timeout, &context);
+  if (!options.token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", options.token));
   Response response;
   const grpc::Status status = (stub.*method)(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -163,6 +199,7 @@ Request ForSession(const std::string& session_id) {
 
 void Client::Prepare(grpc::ClientContext* context) const {
   SetDeadline(options_.rpc_timeout, context);
+  if (!options_.token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
 }
 
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
@@ -189,67 +226,67 @@ absl::StatusOr<std::string> Client::Health(const std::string& service) {
 
 absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
     const v1::CreateSessionRequest& request) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::CreateSession, request);
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::CreateSession, request);
 }
 
 absl::StatusOr<v1::SessionInfo> Client::GetSession(const std::string& session_id) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetSession,
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::GetSession,
                    ForSession<v1::GetSessionRequest>(session_id));
 }
 
 absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions() {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::ListSessions,
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::ListSessions,
                    v1::ListSessionsRequest());
 }
 
 absl::Status Client::DeleteSession(const std::string& session_id) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::DeleteSession,
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::DeleteSession,
                    ForSession<v1::DeleteSessionRequest>(session_id))
       .status();
 }
 
 absl::StatusOr<v1::ForwardResponse> Client::Forward(const v1::ForwardRequest& request) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Forward, request);
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::Forward, request);
 }
 
 absl::StatusOr<v1::BackwardResponse> Client::Backward(const v1::BackwardRequest& request) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Backward, request);
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::Backward, request);
 }
 
 absl::StatusOr<v1::ForwardBackwardResponse> Client::ForwardBackward(
     const v1::ForwardBackwardRequest& request) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::ForwardBackward, request);
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::ForwardBackward, request);
 }
 
 absl::StatusOr<v1::StepResponse> Client::Step(const std::string& session_id, bool zero_grad) {
   v1::StepRequest request = ForSession<v1::StepRequest>(session_id);
   request.set_zero_grad(zero_grad);
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::Step, request);
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::Step, request);
 }
 
 absl::Status Client::ZeroGrad(const std::string& session_id) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::ZeroGrad,
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::ZeroGrad,
                    ForSession<v1::ZeroGradRequest>(session_id))
       .status();
 }
 
 absl::StatusOr<v1::GetParametersResponse> Client::GetParameters(
     const v1::GetParametersRequest& request) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetParameters, request);
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::GetParameters, request);
 }
 
 absl::Status Client::SetParameters(const v1::SetParametersRequest& request) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::SetParameters, request)
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::SetParameters, request)
       .status();
 }
 
 absl::StatusOr<v1::QuantizationState> Client::GetQuantizationState(const std::string& session_id) {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetQuantizationState,
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::GetQuantizationState,
                    ForSession<v1::GetQuantizationStateRequest>(session_id));
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
-  return CallUnary(*stub_, options_.rpc_timeout, &v1::Trainer::Stub::GetServerInfo,
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::GetServerInfo,
                    v1::GetServerInfoRequest());
 }
 

@@ -25,14 +25,29 @@ namespace client {
 struct ClientOptions {
   int64_t max_message_bytes = int64_t{1} << 30;  // both directions; as the server default
   absl::Duration rpc_timeout = absl::Minutes(5);  // per call; InfiniteDuration = none
+  // Bearer token sent as "authorization: Bearer <token>" on every call (servers with
+  // --auth_tokens_file); empty: none.
+  std::string token;
+  // TLS: on when `tls`; PEM texts (LoadTlsFiles reads them from files). Empty root
+  // certs: the system's roots. Cert chain and key: the client certificate for mTLS.
+  bool tls = false;
+  std::string tls_root_certs;
+  std::string tls_cert_chain;
+  std::string tls_private_key;
+  std::string tls_server_name;  // overrides the name checked against the server's certificate
 };
+
+// Reads the PEM files named by --tls_ca / --tls_cert / --tls_key (empty paths are
+// skipped) into `options` and turns TLS on when a CA or a certificate is given.
+absl::Status LoadTlsFiles(const std::string& ca_path, const std::string& cert_path,
+                          const std::string& key_path, ClientOptions* options);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 class Client {
  public:
-  // Creates an insecure channel to `address` ("host:port"); connects lazily, so a
+  // Creates a channel to `address` (TLS when options.tls, else plaintext) ("host:port"); connects lazily, so a
   // server that is down shows up as UNAVAILABLE on the first call.
   explicit Client(const std::string& address, ClientOptions options = {});
 

@@ -1,24 +1,54 @@
 // teserve: the gRPC training server. Flags are defined below (README.md describes them).
 //
-// Signals: SIGTERM and SIGINT are blocked in every thread (the mask is set before gRPC
-// starts any) and received synchronously by main with sigwait, so shutdown work runs in
-// ordinary code, never inside a signal handler.
+// Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread (the mask is set before gRPC
+// starts any) and received synchronously by main with sigwait, so shutdown work and the
+// credential reload (SIGHUP) run in ordinary code, never inside a signal handler.
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
+
+#include <cstdlib>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/server.h"
 #include "server/trainer_service.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on (gRPC and metrics)");
+ABSL_FLAG(std::string, host, "0.0.0.0", "address the gRPC server listens on");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "numeric address the /metrics endpoint listens on; loopback by default, so only "
+          "local scrapers reach it (use 0.0.0.0 with --metrics_basic_auth_file for remote ones)");
+ABSL_FLAG(bool, metrics_session_ids, false,
+          "put session ids in the metrics' session label (default: a 16-hex-digit digest of the id)");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "file of \"user:password\" lines; set: /metrics needs HTTP basic auth with one of them");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the server; with --tls_key: gRPC over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle; set: clients must present a certificate it signed (mTLS)");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "file of \"<token> <tenant>\" lines; set: every Trainer RPC needs 'authorization: Bearer "
+          "<token>' and sees only its tenant's sessions; re-read on SIGHUP");
+ABSL_FLAG(int64_t, max_sessions_per_tenant, 0, "most live sessions per tenant; 0 = --max_sessions");
+ABSL_FLAG(int64_t, max_tokens_per_request, 65536,
+          "most tokens (inputs[0] elements but the feature dims) in one Forward/ForwardBackward");
+ABSL_FLAG(int64_t, max_attention_scores, int64_t{1} << 27,
+          "most attention scores (batch x heads x seq_q x seq_kv) per attention layer and request");
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "memory all sessions' admission estimates may add up to; 0 = the cgroup limit or MemTotal, "
+          "-1 = no budget (the host's MemAvailable still applies)");
+ABSL_FLAG(int64_t, admission_tokens, 8192,
+          "tokens per request the CreateSession memory estimate assumes for activations");
+ABSL_FLAG(absl::Duration, session_idle_timeout, absl::ZeroDuration(),
+          "delete sessions no RPC has named for this long (e.g. 30m); 0 = never");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one, -1 = off");
 ABSL_FLAG(std::string, metrics_detail, "tensor",
@@ -52,6 +82,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);  // reload credentials
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   teserve::server::ServerOptions options;
@@ -64,6 +95,19 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.metrics_session_ids = absl::GetFlag(FLAGS_metrics_session_ids);
+  options.metrics_basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  options.max_tokens_per_request = absl::GetFlag(FLAGS_max_tokens_per_request);
+  options.max_attention_scores = absl::GetFlag(FLAGS_max_attention_scores);
+  options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  options.admission_tokens = absl::GetFlag(FLAGS_admission_tokens);
+  options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
 
   Log(absl::StrFormat("teserve %s starting", teserve::server::kTeserveVersion));
   auto server = teserve::server::TeserveServer::Start(options);
@@ -73,10 +117,22 @@ int main(int argc, char** argv) {
   }
   Log(absl::StrFormat("device %s", (*server)->device().description));
   if (!(*server)->device_note().empty()) Log((*server)->device_note());
-  Log(absl::StrFormat("gRPC listening on %s:%d", options.host, (*server)->port()));
+  Log(absl::StrFormat("gRPC listening on %s:%d (%s)", options.host, (*server)->port(),
+                      (*server)->mtls_enabled() ? "TLS, client certificates required"
+                      : (*server)->tls_enabled() ? "TLS" : "plaintext"));
+  if ((*server)->auth_enabled()) {
+    Log(absl::StrFormat("bearer tokens required (--auth_tokens_file %s; SIGHUP reloads it)",
+                        options.auth_tokens_file));
+    if (!(*server)->tls_enabled()) {
+      Log("warning: bearer tokens without --tls_cert travel in plaintext; use TLS off loopback");
+    }
+  } else {
+    Log("no --auth_tokens_file: every caller can use every session");
+  }
   if ((*server)->metrics_port() >= 0) {
-    Log(absl::StrFormat("metrics on http://%s:%d/metrics", options.host,
-                        (*server)->metrics_port()));
+    Log(absl::StrFormat("metrics on http://%s:%d/metrics%s", options.metrics_host,
+                        (*server)->metrics_port(),
+                        options.metrics_basic_auth_file.empty() ? "" : " (basic auth)"));
     Log(absl::StrFormat("metrics detail %s, FP8 health every %d steps, kernel timing every %d calls",
                         options.metrics_detail, options.fp8_stats_interval,
                         options.kernel_timing_interval));
@@ -85,8 +141,24 @@ int main(int argc, char** argv) {
   }
 
   int signal_number = 0;
-  if (sigwait(&stop_signals, &signal_number) != 0) signal_number = SIGTERM;
+  for (;;) {
+    if (sigwait(&stop_signals, &signal_number) != 0) signal_number = SIGTERM;
+    if (signal_number != SIGHUP) break;
+    const absl::Status reloaded = (*server)->ReloadCredentials();
+    Log(reloaded.ok() ? std::string("SIGHUP: credentials reloaded")
+                      : absl::StrFormat("SIGHUP: reload failed, keeping the credentials loaded before: %s",
+                                        reloaded.ToString()));
+  }
   const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  // The CPU backend computes on gRPC's threads and can't be interrupted inside a layer;
+  // past the grace period (plus a margin for cancelled calls to unwind) the process
+  // exits anyway, so a stop never hangs on one long request. Sessions are in memory
+  // only, so nothing is lost that a graceful exit would have kept.
+  std::thread([grace] {
+    absl::SleepFor(absl::Seconds(grace) + absl::Seconds(2));
+    Log("in-flight work outlived the grace period; exiting now");
+    std::_Exit(0);
+  }).detach();
   Log(absl::StrFormat("received %s; shutting down (in-flight RPCs get %ds)",
                       signal_number == SIGINT ? "SIGINT" : "SIGTERM", grace));
   (*server)->Shutdown(absl::Seconds(grace));

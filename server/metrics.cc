@@ -1,5 +1,8 @@
 #include "server/metrics.h"
 
+#include "absl/strings/escaping.h"
+#include "server/auth.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -228,7 +231,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   }
   Metrics* raw = metrics.get();
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
-      MetricsHttpServer::Start(options.host, options.port, [raw] { return raw->Render(); });
+      MetricsHttpServer::Start(options.host, options.port, [raw] { return raw->Render(); },
+                               options.authorize);
   if (!http.ok()) return http.status();
   metrics->http_ = std::move(*http);
   return metrics;
@@ -250,6 +254,13 @@ void Metrics::RecordRpc(absl::string_view method, grpc::StatusCode code, double 
   rpc_duration_->Add(by_method, duration_buckets_).Observe(seconds);
   rpc_received_bytes_->Add(by_method).Increment(static_cast<double>(received_bytes));
   rpc_sent_bytes_->Add(by_method).Increment(static_cast<double>(sent_bytes));
+}
+
+std::string SessionMetricsLabel(const std::string& id, bool session_ids_in_labels) {
+  if (session_ids_in_labels) return id;
+  // 64 bits of SHA-256: stable for the session's life, distinct in practice, and no
+  // use to anyone who wants to address the session.
+  return absl::BytesToHexString(absl::string_view(Sha256(absl::StrCat("teserve-metrics-label:", id))).substr(0, 8));
 }
 
 void Metrics::SetSessions(int64_t live) { sessions_->Set(static_cast<double>(live)); }
@@ -276,7 +287,7 @@ void Metrics::AddRows(const std::string& id,
       series.row_of_quantizer.push_back(series.rows.size());
     }
     TensorSeries row;
-    row.labels = {{"session", id},
+    row.labels = {{"session", SessionMetricsLabel(id, options_.session_ids_in_labels)},
                   {"layer", layer},
                   {"tensor", options_.detail == MetricsDetail::kLayer ? "all" : tensor}};
     row.amax = &fp8_amax_->Add(row.labels);
@@ -294,8 +305,8 @@ bool Metrics::AddSession(const std::string& id,
   absl::MutexLock lock(&mu_);
   if (sessions_series_.count(id) != 0) return false;
   SessionSeries& series = sessions_series_[id];
-  series.steps = &train_steps_->Add({{"session", id}});
-  series.skipped = &steps_skipped_->Add({{"session", id}});
+  series.steps = &train_steps_->Add({{"session", SessionMetricsLabel(id, options_.session_ids_in_labels)}});
+  series.skipped = &steps_skipped_->Add({{"session", SessionMetricsLabel(id, options_.session_ids_in_labels)}});
   if (fp8_series()) AddRows(id, quantizers, series);
   return true;
 }
@@ -336,11 +347,11 @@ std::optional<bool> Metrics::UpdateSession(const std::string& id,
       series.skipped->Increment(skipped - series.skipped->Value());
     }
     if (stats.has_loss) {
-      if (series.loss == nullptr) series.loss = &loss_->Add({{"session", id}});
+      if (series.loss == nullptr) series.loss = &loss_->Add({{"session", SessionMetricsLabel(id, options_.session_ids_in_labels)}});
       series.loss->Set(stats.loss);
     }
     if (stats.has_grad_norm) {
-      if (series.grad_norm == nullptr) series.grad_norm = &grad_norm_->Add({{"session", id}});
+      if (series.grad_norm == nullptr) series.grad_norm = &grad_norm_->Add({{"session", SessionMetricsLabel(id, options_.session_ids_in_labels)}});
       series.grad_norm->Set(stats.grad_norm);
     }
     if (!snapshot.quantizers.empty() &&

@@ -2,7 +2,8 @@
 // dashboards"): prometheus-cpp's metric types and text format, served by
 // MetricsHttpServer (metrics_http.h says why not prometheus-cpp's Exposer).
 //
-// Catalogue (labels: session = session id, layer = quantizer layer name, tensor =
+// Catalogue (labels: session = SessionMetricsLabel(id): a digest of the session id, or
+// the id with --metrics_session_ids; layer = quantizer layer name, tensor =
 // "input" | "weight" | "grad_output", or "all" at --metrics_detail=layer):
 //   teserve_rpc_requests_total{method,code}         counter
 //   teserve_rpc_duration_seconds{method}            histogram
@@ -91,7 +92,17 @@ struct MetricsOptions {
   int64_t fp8_stats_interval = 10;      // steps; 0: no health sampling
   int64_t kernel_timing_interval = 16;  // calls per op; 0: no kernel timing
   int gpu_index = -1;                   // the selected GPU, -1 for none
+  // Whether the session label carries the session id (--metrics_session_ids). Off by
+  // default: the label is then SessionMetricsLabel's digest, so /metrics never shows an
+  // id that could address a session.
+  bool session_ids_in_labels = false;
+  // Scrape authorization (--metrics_basic_auth_file); null: open.
+  MetricsHttpServer::Authorize authorize;
 };
+
+// The value of the `session` label for session `id`: the id itself when
+// `session_ids_in_labels`, else 16 hex digits of SHA-256("teserve-metrics-label:" + id).
+std::string SessionMetricsLabel(const std::string& id, bool session_ids_in_labels);
 
 // INVALID_ARGUMENT naming the flag (--metrics_port, --fp8_stats_interval,
 // --kernel_timing_interval) for values out of range.

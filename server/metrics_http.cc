@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -46,10 +47,27 @@ std::string Response(absl::string_view status, absl::string_view content_type,
                       "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
 }
 
+// The value of header `name` (lowercase) in the request head, or "".
+std::string HeaderValue(absl::string_view head, absl::string_view name) {
+  head = head.substr(0, head.find("\r\n\r\n"));
+  size_t start = head.find("\r\n");
+  while (start != absl::string_view::npos) {
+    start += 2;
+    const size_t end = head.find("\r\n", start);
+    const absl::string_view line = head.substr(start, end == absl::string_view::npos ? absl::string_view::npos : end - start);
+    const size_t colon = line.find(':');
+    if (colon != absl::string_view::npos && absl::EqualsIgnoreCase(line.substr(0, colon), name)) {
+      return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    }
+    start = end;
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, Render render) {
+    const std::string& host, int port, Render render, Authorize authorize) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -87,7 +105,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return status;
   }
   std::unique_ptr<MetricsHttpServer> server(
-      new MetricsHttpServer(fd, wake[0], wake[1], bound_port, std::move(render)));
+      new MetricsHttpServer(fd, wake[0], wake[1], bound_port, std::move(render),
+                            std::move(authorize)));
   try {
     server->thread_ = std::thread([raw = server.get()] { raw->Serve(); });
   } catch (const std::system_error& e) {  // startup only; no thread means no endpoint
@@ -97,12 +116,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 }
 
 MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_read_fd, int wake_write_fd,
-                                     int port, Render render)
+                                     int port, Render render, Authorize authorize)
     : listen_fd_(listen_fd),
       wake_read_fd_(wake_read_fd),
       wake_write_fd_(wake_write_fd),
       port_(port),
-      render_(std::move(render)) {}
+      render_(std::move(render)),
+      authorize_(std::move(authorize)) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
   if (thread_.joinable()) {
@@ -152,6 +172,12 @@ void MetricsHttpServer::HandleConnection(int fd) {
   target = target.substr(0, target.find('?'));
   if (target != "/metrics") {
     WriteAll(fd, Response("404 Not Found", "text/plain", "metrics are at /metrics\n"));
+    return;
+  }
+  if (authorize_ != nullptr && !authorize_(HeaderValue(request, "authorization"))) {
+    WriteAll(fd, absl::StrCat("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"teserve metrics\"\r\n"
+                              "Content-Type: text/plain\r\nContent-Length: 23\r\nConnection: close\r\n\r\n"
+                              "authentication needed\r\n"));
     return;
   }
   WriteAll(fd, Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_()));

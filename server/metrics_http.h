@@ -22,18 +22,22 @@ class MetricsHttpServer {
  public:
   // Returns the exposition text for one scrape; called on the server's thread.
   using Render = std::function<std::string()>;
+  // Given the value of the request's Authorization header (empty when absent), whether
+  // the scrape may proceed; a refused scrape gets 401 with a Basic challenge. Null: open.
+  using Authorize = std::function<bool(const std::string&)>;
 
   // Listens on host:port (numeric host; port 0 = any free port) and serves until
   // destroyed.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const std::string& host,
-                                                                  int port, Render render);
+                                                                  int port, Render render,
+                                                                  Authorize authorize = nullptr);
   ~MetricsHttpServer();  // stops accepting and joins the thread
 
   int port() const { return port_; }
 
  private:
   MetricsHttpServer(int listen_fd, int wake_read_fd, int wake_write_fd, int port,
-                    Render render);
+                    Render render, Authorize authorize);
   void Serve();
   void HandleConnection(int fd);
 
@@ -42,6 +46,7 @@ class MetricsHttpServer {
   const int wake_write_fd_;
   const int port_;
   const Render render_;
+  const Authorize authorize_;
   std::thread thread_;
 };
 

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <climits>
 #include <utility>
 
@@ -7,6 +8,8 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "server/limits.h"
 
 namespace teserve {
 namespace server {
@@ -20,7 +23,8 @@ std::string HostPort(const std::string& host, int port) {
 
 absl::StatusOr<MetricsOptions> MetricsOptionsOf(const ServerOptions& options) {
   MetricsOptions metrics;
-  metrics.host = options.host;
+  metrics.host = options.metrics_host;
+  metrics.session_ids_in_labels = options.metrics_session_ids;
   metrics.port = options.metrics_port;
   absl::StatusOr<MetricsDetail> detail = ParseMetricsDetail(options.metrics_detail);
   if (!detail.ok()) return detail.status();
@@ -42,6 +46,37 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.max_sessions < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_sessions: expected at least 1, got ", options.max_sessions));
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert, --tls_key: expected both or neither, got one");
+  }
+  if (!options.tls_ca.empty() && options.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_ca: expected --tls_cert and --tls_key too (client certificates need TLS)");
+  }
+  if (options.max_sessions_per_tenant < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_sessions_per_tenant: expected >= 0 (0 = --max_sessions), got ",
+                                                   options.max_sessions_per_tenant));
+  }
+  if (options.max_tokens_per_request < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_tokens_per_request: expected at least 1, got ", options.max_tokens_per_request));
+  }
+  if (options.max_attention_scores < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_attention_scores: expected at least 1, got ", options.max_attention_scores));
+  }
+  if (options.memory_budget_bytes < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory_budget_bytes: expected bytes, 0 (auto) or -1 (no budget), got ", options.memory_budget_bytes));
+  }
+  if (options.admission_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--admission_tokens: expected at least 1, got ", options.admission_tokens));
+  }
+  if (options.session_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--session_idle_timeout: expected >= 0 (0 = never), got ",
+                                                   absl::FormatDuration(options.session_idle_timeout)));
   }
   // gRPC takes the limit as an int.
   if (options.max_message_bytes < 1 || options.max_message_bytes > INT_MAX) {
@@ -107,8 +142,21 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
         "CPU reference backend; SessionInfo.device_note says why)");
   }
 
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth = TokenAuthenticator::Load(options.auth_tokens_file);
+    if (!auth.ok()) return auth.status();
+    server->auth_ = std::move(*auth);
+  }
   absl::StatusOr<MetricsOptions> metrics_options = MetricsOptionsOf(options);
   if (!metrics_options.ok()) return metrics_options.status();
+  if (!options.metrics_basic_auth_file.empty()) {
+    absl::StatusOr<std::unique_ptr<BasicAuthenticator>> basic =
+        BasicAuthenticator::Load(options.metrics_basic_auth_file);
+    if (!basic.ok()) return basic.status();
+    server->metrics_auth_ = std::move(*basic);
+    const BasicAuthenticator* raw = server->metrics_auth_.get();
+    metrics_options->authorize = [raw](const std::string& header) { return raw->Check(header); };
+  }
   metrics_options->gpu_index = gpu_selected ? device->device.index : -1;
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(*metrics_options);
   if (!metrics.ok()) return metrics.status();
@@ -120,6 +168,14 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   config.device_info = info;
   config.max_sessions = options.max_sessions;
   config.max_message_bytes = options.max_message_bytes;
+  config.auth = server->auth_.get();
+  config.max_sessions_per_tenant = options.max_sessions_per_tenant;
+  config.request_limits.max_tokens_per_request = options.max_tokens_per_request;
+  config.request_limits.max_attention_scores = options.max_attention_scores;
+  config.request_limits.max_message_bytes = options.max_message_bytes;
+  config.memory_budget_bytes =
+      options.memory_budget_bytes == 0 ? DefaultMemoryBudgetBytes() : options.memory_budget_bytes;
+  config.admission_tokens = options.admission_tokens;
   server->service_ = std::make_unique<TrainerService>(std::move(config), server->metrics_.get());
 
   // Both are process-wide switches read by ServerBuilder; setting them again for a
@@ -129,16 +185,62 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
 
   const std::string address = HostPort(options.host, options.port);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadSecretFile(options.tls_cert, "--tls_cert");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadSecretFile(options.tls_key, "--tls_key");
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!options.tls_ca.empty()) {
+      absl::StatusOr<std::string> ca = ReadSecretFile(options.tls_ca, "--tls_ca");
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      server->mtls_ = true;
+    }
+    credentials = grpc::SslServerCredentials(ssl);
+    server->tls_ = true;
+  }
+  builder.AddListeningPort(address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("gRPC: cannot listen on ", address, " (port in use or bad host?)"));
+        absl::StrCat("gRPC: cannot listen on ", address,
+                     server->tls_ ? " (port in use, bad host, or a bad TLS certificate/key?)"
+                                  : " (port in use or bad host?)"));
+  }
+  if (options.session_idle_timeout > absl::ZeroDuration()) {
+    TeserveServer* raw = server.get();
+    const absl::Duration idle = options.session_idle_timeout;
+    server->reaper_ = std::thread([raw, idle] { raw->ReapIdleSessions(idle); });
   }
   return server;
+}
+
+void TeserveServer::ReapIdleSessions(absl::Duration idle) {
+  // Checks a few times per timeout (at most every 30 s, at least every 10 ms), so a
+  // session expires between `idle` and about 1.25 x `idle` after its last call.
+  const absl::Duration period = std::min(std::max(idle / 4, absl::Milliseconds(10)), absl::Seconds(30));
+  absl::MutexLock lock(&shutdown_mu_);
+  while (!shut_down_) {
+    shutdown_mu_.AwaitWithTimeout(absl::Condition(&shut_down_), period);
+    if (shut_down_) break;
+    shutdown_mu_.Unlock();
+    service_->ExpireIdleSessions(idle);
+    shutdown_mu_.Lock();
+  }
+}
+
+absl::Status TeserveServer::ReloadCredentials() {
+  absl::Status status;
+  if (auth_ != nullptr) status.Update(auth_->Reload());
+  if (metrics_auth_ != nullptr) status.Update(metrics_auth_->Reload());
+  return status;
 }
 
 void TeserveServer::Shutdown(absl::Duration grace) {
@@ -147,6 +249,7 @@ void TeserveServer::Shutdown(absl::Duration grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  if (reaper_.joinable()) reaper_.join();
   // Also flips the health service to NOT_SERVING, so load balancers stop routing here.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -18,6 +19,7 @@
 #include "core/tensor.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/device_info.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "server/trainer_service.h"
 
@@ -37,6 +39,23 @@ struct ServerOptions {
   std::string metrics_detail = "tensor";
   int64_t fp8_stats_interval = 10;
   int64_t kernel_timing_interval = 16;
+
+  // Security (docs/operations.md, "Security"). Empty paths: off.
+  std::string metrics_host = "127.0.0.1";  // numeric; the metrics endpoint's bind address
+  bool metrics_session_ids = false;        // session ids in metric labels (else a digest)
+  std::string metrics_basic_auth_file;     // "user:password" lines; scrapes need one
+  std::string tls_cert;                    // PEM certificate chain; with tls_key: TLS
+  std::string tls_key;                     // PEM private key
+  std::string tls_ca;                      // PEM CA bundle; set: clients need a cert it signed (mTLS)
+  std::string auth_tokens_file;            // "<token> <tenant>" lines; set: bearer tokens required
+
+  // Limits (server/limits.h).
+  int64_t max_sessions_per_tenant = 0;                // 0: max_sessions
+  int64_t max_tokens_per_request = 65536;
+  int64_t max_attention_scores = int64_t{1} << 27;    // per attention layer and request
+  int64_t memory_budget_bytes = 0;                    // 0: cgroup memory.max or MemTotal; -1: none
+  int64_t admission_tokens = 8192;                    // tokens per request assumed at admission
+  absl::Duration session_idle_timeout = absl::ZeroDuration();  // 0: sessions never expire
 };
 
 struct DeviceSelection {
@@ -63,6 +82,13 @@ class TeserveServer {
   const std::string& device_note() const { return device_note_; }
 
   void Shutdown(absl::Duration grace);
+  // Re-reads --auth_tokens_file and --metrics_basic_auth_file (SIGHUP). On error the
+  // credentials already loaded stay in force; the error names the file and line.
+  absl::Status ReloadCredentials();
+  // Whether bearer tokens / TLS are on (for the startup log).
+  bool auth_enabled() const { return auth_ != nullptr; }
+  bool tls_enabled() const { return tls_; }
+  bool mtls_enabled() const { return mtls_; }
   // Returns once the server has stopped; then deletes the sessions left (and their
   // metric series).
   void Wait();
@@ -70,7 +96,13 @@ class TeserveServer {
  private:
   TeserveServer() = default;
 
+  void ReapIdleSessions(absl::Duration idle);
+
   DeviceSelection device_;
+  std::unique_ptr<TokenAuthenticator> auth_;
+  std::unique_ptr<BasicAuthenticator> metrics_auth_;
+  bool tls_ = false;
+  bool mtls_ = false;
   std::string device_note_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<TrainerService> service_;
@@ -78,6 +110,7 @@ class TeserveServer {
   int port_ = 0;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  std::thread reaper_;  // idle-session expiry; joinable only with --session_idle_timeout
 };
 
 }  // namespace server

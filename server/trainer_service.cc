@@ -1,6 +1,8 @@
 #include "server/trainer_service.h"
 
+#include <chrono>
 #include <exception>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
@@ -143,6 +145,19 @@ std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& 
   return out;
 }
 
+// CANCELLED when the client cancelled the call (or went away), DEADLINE_EXCEEDED when
+// its deadline has passed; `when` says at which point the server noticed.
+absl::Status CallAbandoned(const grpc::CallbackServerContext& context, absl::string_view method,
+                           absl::string_view when) {
+  if (const_cast<grpc::CallbackServerContext&>(context).IsCancelled()) {
+    return absl::CancelledError(absl::StrCat(method, ": the call was cancelled ", when));
+  }
+  if (context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(absl::StrCat(method, ": the client's deadline passed ", when));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -153,7 +168,31 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 TrainerService::TrainerService(TrainerConfig config, Metrics* metrics)
-    : config_(std::move(config)), metrics_(metrics), registry_(config_.max_sessions) {}
+    : config_(std::move(config)),
+      metrics_(metrics),
+      registry_(RegistryLimits{config_.max_sessions, config_.max_sessions_per_tenant}) {}
+
+absl::StatusOr<std::string> TrainerService::TenantOf(const grpc::CallbackServerContext& context) const {
+  if (config_.auth == nullptr) return std::string();
+  const std::multimap<grpc::string_ref, grpc::string_ref>& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return config_.auth->Authenticate(nullptr);
+  const std::string value(it->second.data(), it->second.size());
+  return config_.auth->Authenticate(&value);
+}
+
+absl::StatusOr<std::shared_ptr<train::Session>> TrainerService::Find(const grpc::CallbackServerContext& context,
+                                                                     absl::string_view id) const {
+  ASSIGN_OR_RETURN(std::string tenant, TenantOf(context));
+  return registry_.Get(id, tenant);
+}
+
+int64_t TrainerService::ExpireIdleSessions(absl::Duration idle) {
+  const std::vector<std::string> expired = registry_.RemoveIdle(idle, absl::Now());
+  for (const std::string& id : expired) metrics_->RemoveSession(id);
+  if (!expired.empty()) metrics_->SetSessions(registry_.size());
+  return static_cast<int64_t>(expired.size());
+}
 
 template <typename Handler>
 grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* context,
@@ -162,11 +201,15 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
                                                 const google::protobuf::Message& response,
                                                 Handler&& handler) {
   const absl::Time start = absl::Now();
-  absl::Status status;
+  // Authentication first (health and reflection are other services and stay open),
+  // then the call's own state: a call whose client has gone or whose deadline has
+  // passed does no work.
+  absl::Status status = TenantOf(*context).status();
+  if (status.ok()) status = CallAbandoned(*context, method, "before it started");
   // Our code returns Status; this only catches what a library might still throw (an
   // allocation failure on a huge request), so that it fails one call, not the server.
   try {
-    status = handler();
+    if (status.ok()) status = handler();
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError(absl::StrCat(method, ": out of memory"));
   } catch (const std::exception& e) {
@@ -192,8 +235,8 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
 }
 
 void TrainerService::CloseSessions() {
-  for (const auto& [id, session] : registry_.List()) {
-    if (registry_.Remove(id).ok()) metrics_->RemoveSession(id);
+  for (const std::string& id : registry_.RemoveIdle(absl::ZeroDuration(), absl::InfiniteFuture())) {
+    metrics_->RemoveSession(id);
   }
   metrics_->SetSessions(registry_.size());
 }
@@ -205,7 +248,14 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     RETURN_IF_ERROR(RejectUnknownFields(request->model(), "model"));
     RETURN_IF_ERROR(RejectUnknownFields(request->recipe(), "recipe"));
     RETURN_IF_ERROR(RejectUnknownFields(request->optimizer(), "optimizer"));
-    RETURN_IF_ERROR(registry_.CheckCapacity());
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
+    RETURN_IF_ERROR(registry_.CheckCapacity(tenant));
+    // Admission: refuse a spec that can't fit before allocating any of it.
+    const MemoryEstimate estimate = EstimateSessionMemory(request->model(), request->optimizer(),
+                                                          config_.admission_tokens,
+                                                          config_.request_limits.max_attention_scores);
+    RETURN_IF_ERROR(AdmitSession(estimate, config_.memory_budget_bytes, registry_.committed_bytes(),
+                                 HostAvailableMemoryBytes(), config_.admission_tokens));
     // Sessions live on the server's device; Session::Create gives a GPU session its own
     // stream, or keeps a model without a GPU path on the CPU and says why.
     Context ctx = Context::Cpu();
@@ -217,7 +267,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
                      train::Session::Create(request->model(), request->recipe(),
                                             request->optimizer(), ctx));
     std::shared_ptr<train::Session> shared = std::move(session);
-    ASSIGN_OR_RETURN(std::string id, registry_.Add(shared));
+    ASSIGN_OR_RETURN(std::string id, registry_.Add(shared, tenant, static_cast<int64_t>(estimate.total())));
     AddToMetrics(*metrics_, id, *shared);
     metrics_->SetSessions(registry_.size());
     response->set_session_id(id);
@@ -230,7 +280,7 @@ grpc::ServerUnaryReactor* TrainerService::GetSession(grpc::CallbackServerContext
                                                      const v1::GetSessionRequest* request,
                                                      v1::SessionInfo* response) {
   return Serve(context, "GetSession", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     FillSessionInfo(request->session_id(), *session, response);
     return absl::OkStatus();
   });
@@ -240,7 +290,8 @@ grpc::ServerUnaryReactor* TrainerService::ListSessions(grpc::CallbackServerConte
                                                        const v1::ListSessionsRequest* request,
                                                        v1::ListSessionsResponse* response) {
   return Serve(context, "ListSessions", *request, *response, [&]() -> absl::Status {
-    for (const auto& [id, session] : registry_.List()) {
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
+    for (const auto& [id, session] : registry_.List(tenant)) {
       FillSessionInfo(id, *session, response->add_sessions());
     }
     return absl::OkStatus();
@@ -251,7 +302,8 @@ grpc::ServerUnaryReactor* TrainerService::DeleteSession(grpc::CallbackServerCont
                                                         const v1::DeleteSessionRequest* request,
                                                         v1::DeleteSessionResponse* response) {
   return Serve(context, "DeleteSession", *request, *response, [&]() -> absl::Status {
-    RETURN_IF_ERROR(registry_.Remove(request->session_id()));
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
+    RETURN_IF_ERROR(registry_.Remove(request->session_id(), tenant));
     metrics_->RemoveSession(request->session_id());
     metrics_->SetSessions(registry_.size());
     return absl::OkStatus();
@@ -262,11 +314,20 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
                                                   const v1::ForwardRequest* request,
                                                   v1::ForwardResponse* response) {
   return Serve(context, "Forward", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
+    // Cost bounds, on shapes the decoder has just validated, before any computation.
+    RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
+                                     /*outputs_in_reply=*/true, config_.request_limits));
     ASSIGN_OR_RETURN(train::ForwardResult result,
                      session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
+    // Nobody will Backward a handle whose Forward the client abandoned: drop it.
+    absl::Status abandoned = CallAbandoned(*context, "Forward", "while it ran; its activations were released");
+    if (!abandoned.ok()) {
+      if (result.handle != 0) session->ReleaseHandle(result.handle).IgnoreError();
+      return abandoned;
+    }
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
     response->set_handle(result.handle);
@@ -278,7 +339,7 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
                                                    const v1::BackwardRequest* request,
                                                    v1::BackwardResponse* response) {
   return Serve(context, "Backward", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                      DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
     std::vector<train::NamedTensor> side_grads;
@@ -298,12 +359,14 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
                                                           const v1::ForwardBackwardRequest* request,
                                                           v1::ForwardBackwardResponse* response) {
   return Serve(context, "ForwardBackward", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     ASSIGN_OR_RETURN(train::LossOptions loss, train::LossFromProto(request->loss()));
     if (!request->has_target()) return InvalidField("target", "a tensor", "none");
     ASSIGN_OR_RETURN(Tensor target, DecodeTensor(request->target(), "target"));
+    RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
+                                     request->return_outputs(), config_.request_limits));
     ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
                      session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
                                               request->return_outputs()));
@@ -320,7 +383,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
                                                const v1::StepRequest* request,
                                                v1::StepResponse* response) {
   return Serve(context, "Step", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(train::StepResult result, session->Step());
     if (request->zero_grad()) RETURN_IF_ERROR(session->ZeroGrad());
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/false);
@@ -335,7 +398,7 @@ grpc::ServerUnaryReactor* TrainerService::ZeroGrad(grpc::CallbackServerContext* 
                                                    const v1::ZeroGradRequest* request,
                                                    v1::ZeroGradResponse* response) {
   return Serve(context, "ZeroGrad", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     RETURN_IF_ERROR(session->ZeroGrad());
     return absl::OkStatus();
   });
@@ -345,7 +408,7 @@ grpc::ServerUnaryReactor* TrainerService::GetParameters(grpc::CallbackServerCont
                                                         const v1::GetParametersRequest* request,
                                                         v1::GetParametersResponse* response) {
   return Serve(context, "GetParameters", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     const std::vector<std::string> names(request->names().begin(), request->names().end());
     // Sized before anything is copied: unknown or repeated names are rejected here, and a
     // reply over the message limit is refused instead of built.
@@ -375,7 +438,7 @@ grpc::ServerUnaryReactor* TrainerService::SetParameters(grpc::CallbackServerCont
                                                         const v1::SetParametersRequest* request,
                                                         v1::SetParametersResponse* response) {
   return Serve(context, "SetParameters", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     std::vector<train::NamedTensor> parameters;
     parameters.reserve(request->parameters_size());
     for (int i = 0; i < request->parameters_size(); ++i) {
@@ -393,7 +456,7 @@ grpc::ServerUnaryReactor* TrainerService::GetQuantizationState(
     grpc::CallbackServerContext* context, const v1::GetQuantizationStateRequest* request,
     v1::QuantizationState* response) {
   return Serve(context, "GetQuantizationState", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, registry_.Get(request->session_id()));
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     response->set_session_id(request->session_id());
     response->set_step(session->Summary().step);
     for (const train::QuantizerReport& report : session->QuantizationState()) {

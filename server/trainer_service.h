@@ -14,9 +14,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/device_info.h"
+#include "server/auth.h"
+#include "server/limits.h"
 #include "server/metrics.h"
 #include "server/session_registry.h"
 #include "teserve/v1/service.grpc.pb.h"
@@ -34,6 +37,13 @@ struct TrainerConfig {
   kernels::DeviceInfo device_info;
   int64_t max_sessions = 64;
   int64_t max_message_bytes = int64_t{1} << 30;
+  // Security and limits (server/auth.h, server/limits.h; README lists the flags).
+  // Bearer-token authentication; null: every call is tenant "" (no authentication).
+  const TokenAuthenticator* auth = nullptr;
+  int64_t max_sessions_per_tenant = 0;   // 0: max_sessions
+  RequestLimits request_limits;          // its max_message_bytes is max_message_bytes
+  int64_t memory_budget_bytes = -1;      // admission budget; -1: none (MemAvailable only)
+  int64_t admission_tokens = 8192;       // tokens per request the admission estimate assumes
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
@@ -45,6 +55,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
 
   // Deletes every session and its metric series (server shutdown, once no RPC runs).
   void CloseSessions();
+  // Deletes the sessions idle for `idle` or longer (no RPC named them) and not in use
+  // right now, with their metric series; returns how many.
+  int64_t ExpireIdleSessions(absl::Duration idle);
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
                                           const v1::CreateSessionRequest* request,
@@ -94,6 +107,13 @@ class TrainerService final : public v1::Trainer::CallbackService {
                                   absl::string_view method,
                                   const google::protobuf::Message& request,
                                   const google::protobuf::Message& response, Handler&& handler);
+
+  // The caller's tenant: "" without authentication, else the tenant of its bearer token
+  // (UNAUTHENTICATED otherwise).
+  absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
+  // The session `id` of the caller's tenant (another tenant's reads as NOT_FOUND).
+  absl::StatusOr<std::shared_ptr<train::Session>> Find(const grpc::CallbackServerContext& context,
+                                                       absl::string_view id) const;
 
   const TrainerConfig config_;
   Metrics* const metrics_;

@@ -278,6 +278,14 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
   return result;
 }
 
+absl::Status Session::ReleaseHandle(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  if (state_->pending.erase(handle) == 0) {
+    return absl::NotFoundError(absl::StrCat("handle: no pending activation handle ", handle));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs,
                                                       std::vector<NamedTensor>* side_grads) {
   absl::MutexLock lock(&mu_);

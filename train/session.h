@@ -131,6 +131,9 @@ class Session {
                                                         bool return_outputs);
   absl::StatusOr<StepResult> Step();
   absl::Status ZeroGrad();
+  // Drops the saved activations of `handle` without a Backward (the server does this
+  // when the client abandoned the Forward that made it). NOT_FOUND when not pending.
+  absl::Status ReleaseHandle(uint64_t handle);
 
   // Deep copies (all parameters when `names` is empty). Unknown names: NOT_FOUND naming
   // the parameter; a name given twice: INVALID_ARGUMENT "names[i]: expected each

@@ -25,7 +25,9 @@ sockaddr_in Loopback(int port) {
 
 }  // namespace
 
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path) { return HttpGet(port, path, ""); }
+
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path, const std::string& headers) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError(std::strerror(errno));
   timeval timeout{5, 0};
@@ -37,7 +39,7 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
     return absl::UnavailableError(absl::StrCat("connect to port ", port, ": ", error));
   }
   const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n", headers, "Connection: close\r\n\r\n");
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {
     close(fd);

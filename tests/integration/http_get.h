@@ -12,6 +12,8 @@ namespace testing {
 
 // The whole response (status line, headers and body) of GET `path` on 127.0.0.1:port.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+// The same with extra request header lines, each ending in "\r\n".
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path, const std::string& headers);
 
 // A port that was free a moment ago (bind to 0, read it, close).
 absl::StatusOr<int> FreeLoopbackPort();

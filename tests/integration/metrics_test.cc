@@ -138,6 +138,9 @@ server::ServerOptions MetricsOptions(const std::string& detail, int64_t fp8_inte
                                      int64_t kernel_interval) {
   server::ServerOptions options = testing::LoopbackOptions();
   options.metrics_port = 0;
+  // These tests match series by session id; the default label is a digest of it
+  // (security_test checks that).
+  options.metrics_session_ids = true;
   options.metrics_detail = detail;
   options.fp8_stats_interval = fp8_interval;
   options.kernel_timing_interval = kernel_interval;

@@ -251,6 +251,7 @@ class PrometheusTest : public ::testing::Test {
     if (absl::Status s = CheckExecutable(kPrometheusBinary); !s.ok()) return s;
     server::ServerOptions options = testing::LoopbackOptions();
     options.metrics_port = 0;
+    options.metrics_session_ids = true;  // the dashboard's session variable is matched by id
     options.fp8_stats_interval = kFp8StatsInterval;
     run.server = testing::StartLoopbackServer(options);
     if (run.server.server == nullptr) return absl::InternalError("teserve did not start");

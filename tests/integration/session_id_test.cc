@@ -58,13 +58,13 @@ TEST(SessionId, TenThousandAreDistinctAndUseAll128Bits) {
 TEST(SessionId, RegistryHandsOutDistinctIdsAndQuotesUnknownOnesShort) {
   server::SessionRegistry registry(/*max_sessions=*/4);
   const std::string huge(200000, 'a');
-  auto missing = registry.Get(huge);
+  auto missing = registry.Get(huge, "");
   ASSERT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_LT(missing.status().message().size(), 1024u);
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr("session_id: no session 'aaaa"));
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("...' (200000 bytes)"));
-  EXPECT_EQ(registry.Remove(huge).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Remove(huge, "").code(), absl::StatusCode::kNotFound);
 }
 
 TEST(Quoted, ShortTextIsQuotedWhole) {
