@@ -107,6 +107,7 @@ class DotProductAttention : public Module {
                                                const std::vector<Tensor>& grad_outputs,
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
+  std::vector<RngCounter> RngCounters() override { return {{name() + ".dropout_calls", &dropout_calls_}}; }
 
  private:
   DotProductAttention(std::string name, const DotProductAttentionOptions& options)

@@ -30,6 +30,7 @@ class LayerStack : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
+  std::vector<RngCounter> RngCounters() override;
 
  private:
   std::vector<std::unique_ptr<Module>> modules_;

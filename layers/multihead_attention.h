@@ -154,6 +154,7 @@ class MultiheadAttention : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
+  std::vector<RngCounter> RngCounters() override { return core_attention_->RngCounters(); }
 
  private:
   struct Saved;

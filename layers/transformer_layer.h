@@ -98,6 +98,7 @@ class TransformerLayer : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
+  std::vector<RngCounter> RngCounters() override;
 
  private:
   struct Saved;
