@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, max_sessions, 64, "most sessions alive at once");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "largest gRPC message sent or received, in bytes");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "directory of the checkpoints (SaveCheckpoint, LoadCheckpoint, CreateSession from_checkpoint "
+          "and checkpoint_every_steps); created when missing; empty = checkpoints off");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "on SIGTERM, how long in-flight RPCs may run before they are cancelled");
 
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
 
   Log(absl::StrFormat("teserve %s starting", teserve::server::kTeserveVersion));
   auto server = teserve::server::TeserveServer::Start(options);
@@ -73,6 +77,8 @@ int main(int argc, char** argv) {
   }
   Log(absl::StrFormat("device %s", (*server)->device().description));
   if (!(*server)->device_note().empty()) Log((*server)->device_note());
+  Log(options.checkpoint_dir.empty() ? std::string("checkpoints off (no --checkpoint_dir)")
+                                     : absl::StrFormat("checkpoints in %s", options.checkpoint_dir));
   Log(absl::StrFormat("gRPC listening on %s:%d", options.host, (*server)->port()));
   if ((*server)->metrics_port() >= 0) {
     Log(absl::StrFormat("metrics on http://%s:%d/metrics", options.host,

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "train/checkpoint.h"
 
 namespace teserve {
 namespace server {
@@ -121,6 +122,11 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   config.device_info = info;
   config.max_sessions = options.max_sessions;
   config.max_message_bytes = options.max_message_bytes;
+  if (!options.checkpoint_dir.empty()) {
+    const absl::Status clean = train::CleanCheckpointDir(options.checkpoint_dir);
+    if (!clean.ok()) return clean;
+  }
+  config.checkpoint_dir = options.checkpoint_dir;
   server->service_ = std::make_unique<TrainerService>(std::move(config), server->metrics_.get());
 
   // Both are process-wide switches read by ServerBuilder; setting them again for a

@@ -37,6 +37,9 @@ struct ServerOptions {
   std::string metrics_detail = "tensor";
   int64_t fp8_stats_interval = 10;
   int64_t kernel_timing_interval = 16;
+  // Where checkpoints live (created when missing; leftovers of interrupted writes are
+  // cleaned at startup). Empty: the checkpoint RPCs answer FAILED_PRECONDITION.
+  std::string checkpoint_dir;
 };
 
 struct DeviceSelection {

@@ -418,6 +418,7 @@ absl::StatusOr<std::vector<CheckpointListing>> ListCheckpoints(const std::string
     if (manifest.ok()) {
       listing.step = manifest->step();
       listing.created = manifest->created();
+      listing.bytes = static_cast<int64_t>(text->size());
       for (const v1::CheckpointFile& f : manifest->files()) listing.bytes += f.bytes();
     } else {
       listing.error = std::string(manifest.status().message());
