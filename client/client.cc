@@ -290,6 +290,18 @@ absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
                    v1::GetServerInfoRequest());
 }
 
+absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(const v1::SaveCheckpointRequest& request) {
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::SaveCheckpoint, request);
+}
+
+absl::StatusOr<v1::LoadCheckpointResponse> Client::LoadCheckpoint(const v1::LoadCheckpointRequest& request) {
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::LoadCheckpoint, request);
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints() {
+  return CallUnary(*stub_, options_, &v1::Trainer::Stub::ListCheckpoints, v1::ListCheckpointsRequest());
+}
+
 v1::Tensor MakeFloatTensor(absl::Span<const float> values, std::vector<int64_t> shape) {
   v1::Tensor tensor;
   tensor.set_dtype(v1::FLOAT32);

@@ -69,6 +69,9 @@ class Client {
   absl::Status SetParameters(const v1::SetParametersRequest& request);
   absl::StatusOr<v1::QuantizationState> GetQuantizationState(const std::string& session_id);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(const v1::SaveCheckpointRequest& request);
+  absl::StatusOr<v1::LoadCheckpointResponse> LoadCheckpoint(const v1::LoadCheckpointRequest& request);
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints();
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   v1::Trainer::Stub& stub() { return *stub_; }

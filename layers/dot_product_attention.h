@@ -108,6 +108,7 @@ class DotProductAttention : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
   void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
+  std::vector<RngCounter> RngCounters() override { return {{name() + ".dropout_calls", &dropout_calls_}}; }
 
  private:
   DotProductAttention(std::string name, const DotProductAttentionOptions& options)

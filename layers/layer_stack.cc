@@ -79,5 +79,13 @@ std::vector<NamedQuantizer> LayerStack::Quantizers() {
   return quantizers;
 }
 
+std::vector<RngCounter> LayerStack::RngCounters() {
+  std::vector<RngCounter> counters;
+  for (const auto& module : modules_) {
+    for (const RngCounter& c : module->RngCounters()) counters.push_back(c);
+  }
+  return counters;
+}
+
 }  // namespace layers
 }  // namespace teserve

@@ -31,6 +31,7 @@ class LayerStack : public Module {
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
   void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
+  std::vector<RngCounter> RngCounters() override;
 
  private:
   std::vector<std::unique_ptr<Module>> modules_;

@@ -9,6 +9,7 @@
 #ifndef TESERVE_LAYERS_MODULE_H_
 #define TESERVE_LAYERS_MODULE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,6 +116,15 @@ struct NamedQuantizer {
   recipes::Quantizer* quantizer;
 };
 
+// A count of the random streams a module has drawn (its dropout masks come from its seed
+// and this count): the state besides parameters and quantizers that later results
+// depend on, which a checkpoint saves and restores so that a resumed run draws the same
+// masks.
+struct RngCounter {
+  std::string name;  // "<layer>.dropout_calls", unique in a stack
+  uint64_t* value;   // owned by the module
+};
+
 class Module {
  public:
   explicit Module(std::string name) : name_(std::move(name)) {}
@@ -150,6 +160,8 @@ class Module {
 
   virtual std::vector<Parameter*> Parameters() { return {}; }
   virtual std::vector<NamedQuantizer> Quantizers() { return {}; }
+  // This module's and its sub-modules' random-stream counters.
+  virtual std::vector<RngCounter> RngCounters() { return {}; }
 
   // How each attention core in this module computes on `device` (appended in order);
   // modules holding attention layers forward the question to them.

@@ -155,6 +155,7 @@ class MultiheadAttention : public Module {
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
   void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
+  std::vector<RngCounter> RngCounters() override { return core_attention_->RngCounters(); }
 
  private:
   struct Saved;

@@ -372,5 +372,14 @@ std::vector<NamedQuantizer> TransformerLayer::Quantizers() {
   return quantizers;
 }
 
+std::vector<RngCounter> TransformerLayer::RngCounters() {
+  std::vector<RngCounter> counters{{name() + ".dropout_calls", &dropout_calls_}};
+  for (MultiheadAttention* m : {self_attention_.get(), inter_attention_.get()}) {
+    if (m == nullptr) continue;
+    for (const RngCounter& c : m->RngCounters()) counters.push_back(c);
+  }
+  return counters;
+}
+
 }  // namespace layers
 }  // namespace teserve

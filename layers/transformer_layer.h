@@ -99,6 +99,7 @@ class TransformerLayer : public Module {
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
   void DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const override;
+  std::vector<RngCounter> RngCounters() override;
 
  private:
   struct Saved;

@@ -1,6 +1,7 @@
 #include "recipes/quantizer.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
@@ -39,6 +40,20 @@ class DelayedScalingQuantizer : public Quantizer {
     s->amax_history = state_.history();
   }
   float OverflowLimit() const override { return DTypeMaxFinite(format()) * state_.scale_inv(); }
+  void ExportExtra(QuantizerState* s) const override {
+    s->scale = state_.scale();
+    s->amax_history = state_.history();
+  }
+  absl::Status CheckExtra(const QuantizerState& s, absl::string_view field) const override {
+    if (s.amax_history.size() != state_.history().size()) {
+      return InvalidField(absl::StrCat(field, ".amax_history"),
+                          absl::StrCat(state_.history().size(), " slots (recipe amax_history_len)"),
+                          s.amax_history.size());
+    }
+    if (!(s.scale > 0.0f)) return InvalidField(absl::StrCat(field, ".scale"), "a scale > 0", s.scale);
+    return absl::OkStatus();
+  }
+  void ImportExtra(const QuantizerState& s) override { state_.Restore(s.scale, s.amax_history); }
 
  private:
   ScalingState state_;
@@ -66,6 +81,12 @@ class CurrentScalingQuantizer : public Quantizer {
     s->scale = last_scale_;
     s->scale_inv = 1.0f / last_scale_;
   }
+  void ExportExtra(QuantizerState* s) const override { s->scale = last_scale_; }
+  absl::Status CheckExtra(const QuantizerState& s, absl::string_view field) const override {
+    if (!(s.scale > 0.0f)) return InvalidField(absl::StrCat(field, ".scale"), "a scale > 0", s.scale);
+    return absl::OkStatus();
+  }
+  void ImportExtra(const QuantizerState& s) override { last_scale_ = s.scale; }
 
  private:
   CurrentScalingConfig config_;
@@ -142,6 +163,8 @@ class Nvfp4Quantizer : public Quantizer {
     options.rng_stream = draws_++;
     return kernels::QuantizeNvfp4(ctx, x, options);
   }
+  void ExportExtra(QuantizerState* s) const override { s->rng_draws = static_cast<int64_t>(draws_); }
+  void ImportExtra(const QuantizerState& s) override { draws_ = static_cast<uint64_t>(s.rng_draws); }
 
  private:
   Nvfp4Config config_;
@@ -197,6 +220,28 @@ QuantizerSnapshot Quantizer::Snapshot() const {
   s.health = health_;
   FillSnapshot(&s);
   return s;
+}
+
+QuantizerState Quantizer::ExportState() const {
+  QuantizerState s;
+  s.amax = last_amax_;
+  s.quantize_calls = calls_;
+  ExportExtra(&s);
+  return s;
+}
+
+absl::Status Quantizer::CheckState(const QuantizerState& state, absl::string_view field) const {
+  if (state.quantize_calls < 0) {
+    return InvalidField(absl::StrCat(field, ".quantize_calls"), "a count >= 0", state.quantize_calls);
+  }
+  if (state.rng_draws < 0) return InvalidField(absl::StrCat(field, ".rng_draws"), "a count >= 0", state.rng_draws);
+  return CheckExtra(state, field);
+}
+
+void Quantizer::ImportState(const QuantizerState& state) {
+  last_amax_ = state.amax;
+  calls_ = state.quantize_calls;
+  ImportExtra(state);
 }
 
 absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, TensorRole role) {

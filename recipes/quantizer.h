@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/context.h"
 #include "core/quantized_tensor.h"
 #include "kernels/cast.h"
@@ -39,6 +40,18 @@ struct QuantizerSnapshot {
   HealthStats health;               // when health statistics are enabled
 };
 
+// What a checkpoint keeps of a quantizer: every value that later quantizations depend on
+// (the delayed-scaling scale and amax history, NVFP4's count of random streams drawn)
+// and the counters GetQuantizationState reports. The block-scale summary and the health
+// statistics describe the latest quantization only and are not kept.
+struct QuantizerState {
+  float amax = 0.0f;                // of the latest quantization (or observation)
+  int64_t quantize_calls = 0;
+  float scale = 1.0f;               // delayed: the next scale; current: the latest
+  std::vector<float> amax_history;  // delayed only (amax_history_len slots)
+  int64_t rng_draws = 0;            // nvfp4: random streams used (stochastic rounding, RHT)
+};
+
 class Quantizer {
  public:
   Quantizer(TensorRole role, std::string recipe, DType format, ScalingMode mode)
@@ -54,6 +67,13 @@ class Quantizer {
   // rolls the history and computes the next scale. No-op for other recipes.
   virtual void EndRegion() {}
   QuantizerSnapshot Snapshot() const;
+  QuantizerState ExportState() const;
+  // Whether ImportState may take `state` (what ExportState returned for a quantizer of
+  // the same recipe and config): INVALID_ARGUMENT naming "<field>.<value>" when the amax
+  // history length differs or a count or scale is out of range.
+  absl::Status CheckState(const QuantizerState& state, absl::string_view field) const;
+  // Puts back a state that CheckState accepted.
+  void ImportState(const QuantizerState& state);
 
   void set_health_stats(bool enabled) { health_stats_ = enabled; }
   TensorRole role() const { return role_; }
@@ -69,6 +89,12 @@ class Quantizer {
   // |x| beyond this overflows the format at the scale in use (delayed scaling); 0 when
   // the recipe cannot overflow (its scale comes from the tensor itself).
   virtual float OverflowLimit() const { return 0.0f; }
+  // The recipe's own part of QuantizerState (scale, history, draws).
+  virtual void ExportExtra(QuantizerState* state) const {}
+  virtual absl::Status CheckExtra(const QuantizerState& state, absl::string_view field) const {
+    return absl::OkStatus();
+  }
+  virtual void ImportExtra(const QuantizerState& state) {}
 
  private:
   TensorRole role_;

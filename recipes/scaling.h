@@ -17,6 +17,7 @@
 #ifndef TESERVE_RECIPES_SCALING_H_
 #define TESERVE_RECIPES_SCALING_H_
 
+#include <utility>
 #include <vector>
 
 #include "recipes/recipe.h"
@@ -38,6 +39,13 @@ class ScalingState {
   void RecordAmax(float amax);
   // Ends the region: computes the new scale from the window and rolls it.
   void Update();
+
+  // Checkpoints: the scale and history as history() and scale() returned them (the
+  // caller checks the history length).
+  void Restore(float scale, std::vector<float> history) {
+    scale_ = scale;
+    history_ = std::move(history);
+  }
 
   float scale() const { return scale_; }
   float scale_inv() const { return 1.0f / scale_; }

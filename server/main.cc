@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, max_sessions, 64, "most sessions alive at once");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "largest gRPC message sent or received, in bytes");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "directory of the checkpoints (SaveCheckpoint, LoadCheckpoint, CreateSession from_checkpoint "
+          "and checkpoint_every_steps); created when missing; empty = checkpoints off");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "on SIGTERM, how long in-flight RPCs may run before they are cancelled");
 
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.admission_tokens = absl::GetFlag(FLAGS_admission_tokens);
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
 
   Log(absl::StrFormat("teserve %s starting", teserve::server::kTeserveVersion));
   auto server = teserve::server::TeserveServer::Start(options);
@@ -117,6 +121,8 @@ int main(int argc, char** argv) {
   }
   Log(absl::StrFormat("device %s", (*server)->device().description));
   if (!(*server)->device_note().empty()) Log((*server)->device_note());
+  Log(options.checkpoint_dir.empty() ? std::string("checkpoints off (no --checkpoint_dir)")
+                                     : absl::StrFormat("checkpoints in %s", options.checkpoint_dir));
   Log(absl::StrFormat("gRPC listening on %s:%d (%s)", options.host, (*server)->port(),
                       (*server)->mtls_enabled() ? "TLS, client certificates required"
                       : (*server)->tls_enabled() ? "TLS" : "plaintext"));

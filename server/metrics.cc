@@ -170,6 +170,14 @@ Metrics::Metrics(const MetricsOptions& options)
                            "Optimizer steps that updated the parameters (SessionInfo.step)", r);
   steps_skipped_ = &Register(BuildCounter(), "teserve_steps_skipped_total",
                              "Optimizer steps skipped because the gradients were not finite", r);
+  checkpoint_saves_ = &Register(BuildCounter(), "teserve_checkpoint_saves_total",
+                                "Checkpoint saves, by result (ok, error)", r);
+  checkpoint_duration_ = &Register(BuildHistogram(), "teserve_checkpoint_save_duration_seconds",
+                                   "Time to capture and write a checkpoint (saved ones)", r)
+                              .Add({}, duration_buckets_);
+  checkpoint_bytes_ = &Register(BuildCounter(), "teserve_checkpoint_bytes_total",
+                                "Bytes of the checkpoints saved", r)
+                           .Add({});
   loss_ = &Register(BuildGauge(), "teserve_loss", "Loss of the latest ForwardBackward", r);
   grad_norm_ = &Register(BuildGauge(), "teserve_grad_norm",
                          "Global L2 gradient norm of the latest Step, before clipping", r);
@@ -264,6 +272,13 @@ std::string SessionMetricsLabel(const std::string& id, bool session_ids_in_label
 }
 
 void Metrics::SetSessions(int64_t live) { sessions_->Set(static_cast<double>(live)); }
+
+void Metrics::RecordCheckpointSave(bool ok, double seconds, int64_t bytes) {
+  checkpoint_saves_->Add({{"result", ok ? "ok" : "error"}}).Increment();
+  if (!ok) return;
+  checkpoint_duration_->Observe(seconds);
+  checkpoint_bytes_->Increment(static_cast<double>(bytes));
+}
 
 bool Metrics::fp8_series() const {
   return options_.detail == MetricsDetail::kTensor || options_.detail == MetricsDetail::kLayer;

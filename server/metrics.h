@@ -117,6 +117,10 @@ class Metrics {
   void RecordRpc(absl::string_view method, grpc::StatusCode code, double seconds,
                  int64_t received_bytes, int64_t sent_bytes);
   void SetSessions(int64_t live);
+  // One checkpoint save (SaveCheckpoint or a session's checkpoint_every_steps):
+  // teserve_checkpoint_saves_total{result="ok"|"error"}, and for a saved one
+  // teserve_checkpoint_save_duration_seconds and teserve_checkpoint_bytes_total.
+  void RecordCheckpointSave(bool ok, double seconds, int64_t bytes);
 
   // Whether sessions have series at all (false at --metrics_detail=off: AddSession and
   // UpdateSession then do nothing, and no snapshot need be taken).
@@ -203,6 +207,9 @@ class Metrics {
   prometheus::Gauge* sessions_;
   prometheus::Family<prometheus::Counter>* train_steps_;
   prometheus::Family<prometheus::Counter>* steps_skipped_;
+  prometheus::Family<prometheus::Counter>* checkpoint_saves_;
+  prometheus::Histogram* checkpoint_duration_;
+  prometheus::Counter* checkpoint_bytes_;
   prometheus::Family<prometheus::Gauge>* loss_;
   prometheus::Family<prometheus::Gauge>* grad_norm_;
   prometheus::Family<prometheus::Gauge>* fp8_amax_;

@@ -10,6 +10,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "server/limits.h"
+#include "train/checkpoint.h"
 
 namespace teserve {
 namespace server {
@@ -176,6 +177,11 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   config.memory_budget_bytes =
       options.memory_budget_bytes == 0 ? DefaultMemoryBudgetBytes() : options.memory_budget_bytes;
   config.admission_tokens = options.admission_tokens;
+  if (!options.checkpoint_dir.empty()) {
+    const absl::Status clean = train::CleanCheckpointDir(options.checkpoint_dir);
+    if (!clean.ok()) return clean;
+  }
+  config.checkpoint_dir = options.checkpoint_dir;
   server->service_ = std::make_unique<TrainerService>(std::move(config), server->metrics_.get());
 
   // Both are process-wide switches read by ServerBuilder; setting them again for a

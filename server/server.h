@@ -56,6 +56,9 @@ struct ServerOptions {
   int64_t memory_budget_bytes = 0;                    // 0: cgroup memory.max or MemTotal; -1: none
   int64_t admission_tokens = 8192;                    // tokens per request assumed at admission
   absl::Duration session_idle_timeout = absl::ZeroDuration();  // 0: sessions never expire
+  // Where checkpoints live (created when missing; leftovers of interrupted writes are
+  // cleaned at startup). Empty: the checkpoint RPCs answer FAILED_PRECONDITION.
+  std::string checkpoint_dir;
 };
 
 struct DeviceSelection {

@@ -1,6 +1,8 @@
 #include "server/trainer_service.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
@@ -19,12 +21,58 @@
 #include "server/recipe_availability.h"
 #include "server/tensor_codec.h"
 #include "server/unknown_fields.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "train/checkpoint.h"
 #include "train/loss.h"
 #include "train/session.h"
 
 namespace teserve {
 namespace server {
 namespace {
+
+// Auto-checkpoint names: "<prefix>-step-<9 digits>".
+constexpr char kAutoStepInfix[] = "-step-";
+constexpr size_t kAutoStepDigits = 9;
+
+std::string AutoCheckpointName(absl::string_view prefix, int64_t step) {
+  return absl::StrFormat("%s%s%09d", prefix, kAutoStepInfix, step);
+}
+
+void LogLine(const std::string& line) {
+  absl::FPrintF(stderr, "[teserve] %s\n", line);
+  std::fflush(stderr);
+}
+
+// The checkpoint's specs equal the session's, or FAILED_PRECONDITION naming the first
+// that differs.
+absl::Status CheckSameSpecs(const std::string& name, const train::CheckpointContents& c,
+                            const train::Session& session) {
+  using google::protobuf::util::MessageDifferencer;
+  const struct {
+    const char* file;
+    const char* what;
+    const google::protobuf::Message& saved;
+    const google::protobuf::Message& live;
+  } specs[] = {{"model.json", "model", c.model, session.model_spec()},
+               {"recipe.json", "recipe", c.recipe, session.recipe_spec()},
+               {"optimizer.json", "optimizer", c.optimizer, session.optimizer_spec()}};
+  for (const auto& s : specs) {
+    if (!MessageDifferencer::Equals(s.saved, s.live)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", Quoted(name), ": ", s.file, ": the checkpoint's ", s.what,
+          " differs from this session's (create a session from it with CreateSession.from_checkpoint instead)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InCheckpoint(const absl::Status& status, const std::string& name) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("checkpoint ", Quoted(name), ": ", status.message()));
+}
 
 void FillSessionInfo(const std::string& id, const train::Session& session,
                      v1::SessionInfo* info) {
@@ -249,9 +297,43 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     RETURN_IF_ERROR(RejectUnknownFields(request->recipe(), "recipe"));
     RETURN_IF_ERROR(RejectUnknownFields(request->optimizer(), "optimizer"));
     ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
+    const std::string& from = request->from_checkpoint();
+    if (!from.empty()) {
+      if (request->has_model() || request->has_recipe() || request->has_optimizer()) {
+        return InvalidField("from_checkpoint", "model, recipe and optimizer unset (they come from the checkpoint)",
+                            "a checkpoint and a spec");
+      }
+      RETURN_IF_ERROR(RequireCheckpointDir("from_checkpoint"));
+      RETURN_IF_ERROR(train::ValidateCheckpointName(from, "from_checkpoint"));
+    }
+    AutoCheckpoint policy;
+    policy.every_steps = request->checkpoint_every_steps();
+    policy.keep_last = request->keep_last_checkpoints();
+    policy.prefix = request->checkpoint_prefix();
+    if (policy.every_steps < 0) {
+      return InvalidField("checkpoint_every_steps", "a count >= 0 (0: no periodic checkpoints)", policy.every_steps);
+    }
+    if (policy.keep_last < 0) {
+      return InvalidField("keep_last_checkpoints", "a count >= 0 (0: keep all)", policy.keep_last);
+    }
+    if (!policy.prefix.empty()) {
+      RETURN_IF_ERROR(train::ValidateCheckpointName(policy.prefix, "checkpoint_prefix"));
+      const size_t longest = train::kMaxCheckpointNameLength - strlen(kAutoStepInfix) - kAutoStepDigits;
+      if (policy.prefix.size() > longest) {
+        return InvalidField("checkpoint_prefix", absl::StrCat("at most ", longest, " characters"),
+                            policy.prefix.size());
+      }
+    }
+    if (policy.every_steps > 0) RETURN_IF_ERROR(RequireCheckpointDir("checkpoint_every_steps"));
     RETURN_IF_ERROR(registry_.CheckCapacity(tenant));
+    std::optional<train::CheckpointContents> checkpoint;
+    if (!from.empty()) {
+      ASSIGN_OR_RETURN(checkpoint, train::ReadCheckpoint(config_.checkpoint_dir, from));
+    }
     // Admission: refuse a spec that can't fit before allocating any of it.
-    const MemoryEstimate estimate = EstimateSessionMemory(request->model(), request->optimizer(),
+    const MemoryEstimate estimate = EstimateSessionMemory(checkpoint.has_value() ? checkpoint->model : request->model(),
+                                                          checkpoint.has_value() ? checkpoint->optimizer
+                                                                                 : request->optimizer(),
                                                           config_.admission_tokens,
                                                           config_.request_limits.max_attention_scores);
     RETURN_IF_ERROR(AdmitSession(estimate, config_.memory_budget_bytes, registry_.committed_bytes(),
@@ -263,11 +345,23 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
       ASSIGN_OR_RETURN(ctx.device, ParseDevice(config_.selected_device));
     }
     ctx.kernel_timing = metrics_->kernel_timing();
-    ASSIGN_OR_RETURN(std::unique_ptr<train::Session> session,
-                     train::Session::Create(request->model(), request->recipe(),
-                                            request->optimizer(), ctx));
-    std::shared_ptr<train::Session> shared = std::move(session);
+    absl::StatusOr<std::unique_ptr<train::Session>> session =
+        checkpoint.has_value()
+            ? train::Session::Create(checkpoint->model, checkpoint->recipe, checkpoint->optimizer, ctx)
+            : train::Session::Create(request->model(), request->recipe(), request->optimizer(), ctx);
+    if (checkpoint.has_value()) {
+      RETURN_IF_ERROR(InCheckpoint(session.status(), from));
+      RETURN_IF_ERROR(InCheckpoint((*session)->RestoreState(checkpoint->state), from));
+      checkpoint.reset();  // the host copy of the state is no longer needed
+    }
+    RETURN_IF_ERROR(session.status());
+    std::shared_ptr<train::Session> shared = std::move(*session);
     ASSIGN_OR_RETURN(std::string id, registry_.Add(shared, tenant, static_cast<int64_t>(estimate.total())));
+    if (policy.every_steps > 0) {
+      if (policy.prefix.empty()) policy.prefix = id;
+      absl::MutexLock lock(&auto_mu_);
+      auto_checkpoints_[id] = policy;
+    }
     AddToMetrics(*metrics_, id, *shared);
     metrics_->SetSessions(registry_.size());
     response->set_session_id(id);
@@ -304,6 +398,10 @@ grpc::ServerUnaryReactor* TrainerService::DeleteSession(grpc::CallbackServerCont
   return Serve(context, "DeleteSession", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(registry_.Remove(request->session_id(), tenant));
+    {
+      absl::MutexLock lock(&auto_mu_);
+      auto_checkpoints_.erase(request->session_id());
+    }
     metrics_->RemoveSession(request->session_id());
     metrics_->SetSessions(registry_.size());
     return absl::OkStatus();
@@ -390,6 +488,7 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
     response->set_skipped(result.skipped);
+    if (!result.skipped) AutoSave(request->session_id(), *session, result.step, response);
     return absl::OkStatus();
   });
 }
@@ -514,6 +613,137 @@ grpc::ServerUnaryReactor* TrainerService::GetServerInfo(grpc::CallbackServerCont
     response->set_max_message_bytes(config_.max_message_bytes);
     response->set_cuda_compiled(info.cuda_compiled);
     response->set_gpu_count(info.gpu_count);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status TrainerService::RequireCheckpointDir(absl::string_view field) const {
+  if (config_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": this server keeps no checkpoints (start it with --checkpoint_dir)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> TrainerService::Save(const train::Session& session,
+                                                                 const std::string& name, bool overwrite) {
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  int64_t step = 0, bytes = 0;
+  {
+    train::CheckpointContents contents;
+    contents.model = session.model_spec();
+    contents.recipe = session.recipe_spec();
+    contents.optimizer = session.optimizer_spec();
+    absl::StatusOr<train::SessionState> state = session.CaptureState();
+    status = state.status();
+    if (status.ok()) {
+      contents.state = std::move(*state);
+      step = contents.state.step;
+      absl::MutexLock lock(&checkpoint_mu_);
+      absl::StatusOr<train::CheckpointWriteResult> written =
+          train::WriteCheckpoint(config_.checkpoint_dir, name, contents, overwrite, kTeserveVersion);
+      status = written.status();
+      if (written.ok()) bytes = written->bytes;
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  metrics_->RecordCheckpointSave(status.ok(), seconds, bytes);
+  if (!status.ok()) {
+    LogLine(absl::StrFormat("checkpoint '%s' not saved: %s", name, status.ToString()));
+    return status;
+  }
+  LogLine(absl::StrFormat("checkpoint '%s' saved: step %d, %d bytes in %.3f s", name, step, bytes, seconds));
+  return std::make_pair(step, bytes);
+}
+
+void TrainerService::AutoSave(const std::string& id, const train::Session& session, int64_t step,
+                              v1::StepResponse* response) {
+  AutoCheckpoint policy;
+  {
+    absl::MutexLock lock(&auto_mu_);
+    auto it = auto_checkpoints_.find(id);
+    if (it == auto_checkpoints_.end()) return;
+    policy = it->second;
+  }
+  if (step % policy.every_steps != 0) return;
+  const std::string name = AutoCheckpointName(policy.prefix, step);
+  // A session resumed from an earlier checkpoint saves the same step names again.
+  absl::StatusOr<std::pair<int64_t, int64_t>> saved = Save(session, name, /*overwrite=*/true);
+  if (!saved.ok()) {
+    response->set_checkpoint_error(BoundedMessage(saved.status().ToString()));
+    return;
+  }
+  response->set_checkpoint(name);
+  if (policy.keep_last <= 0) return;
+  absl::MutexLock lock(&checkpoint_mu_);
+  absl::StatusOr<std::vector<train::CheckpointListing>> listing = train::ListCheckpoints(config_.checkpoint_dir);
+  if (!listing.ok()) return;
+  const std::string stem = absl::StrCat(policy.prefix, kAutoStepInfix);
+  std::vector<std::pair<int64_t, std::string>> mine;
+  for (const train::CheckpointListing& c : *listing) {
+    int64_t n = 0;
+    const absl::string_view digits = absl::string_view(c.name).substr(std::min(stem.size(), c.name.size()));
+    if (absl::StartsWith(c.name, stem) && digits.size() == kAutoStepDigits && absl::SimpleAtoi(digits, &n)) {
+      mine.emplace_back(n, c.name);
+    }
+  }
+  std::sort(mine.begin(), mine.end());
+  for (size_t i = 0; i + policy.keep_last < mine.size(); ++i) {
+    const absl::Status deleted = train::DeleteCheckpoint(config_.checkpoint_dir, mine[i].second);
+    LogLine(deleted.ok() ? absl::StrFormat("checkpoint '%s' deleted (keep_last_checkpoints %d)", mine[i].second,
+                                           policy.keep_last)
+                         : absl::StrFormat("checkpoint '%s' not deleted: %s", mine[i].second, deleted.ToString()));
+  }
+}
+
+grpc::ServerUnaryReactor* TrainerService::SaveCheckpoint(grpc::CallbackServerContext* context,
+                                                         const v1::SaveCheckpointRequest* request,
+                                                         v1::SaveCheckpointResponse* response) {
+  return Serve(context, "SaveCheckpoint", *request, *response, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
+    RETURN_IF_ERROR(RequireCheckpointDir("name"));
+    RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
+    ASSIGN_OR_RETURN(const auto saved, Save(*session, request->name(), request->overwrite()));
+    response->set_name(request->name());
+    response->set_step(saved.first);
+    response->set_bytes(saved.second);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::LoadCheckpoint(grpc::CallbackServerContext* context,
+                                                         const v1::LoadCheckpointRequest* request,
+                                                         v1::LoadCheckpointResponse* response) {
+  return Serve(context, "LoadCheckpoint", *request, *response, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
+    RETURN_IF_ERROR(RequireCheckpointDir("name"));
+    RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
+    ASSIGN_OR_RETURN(train::CheckpointContents contents,
+                     train::ReadCheckpoint(config_.checkpoint_dir, request->name()));
+    RETURN_IF_ERROR(CheckSameSpecs(request->name(), contents, *session));
+    RETURN_IF_ERROR(InCheckpoint(session->RestoreState(contents.state), request->name()));
+    LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", request->name(), contents.state.step));
+    PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
+    FillSessionInfo(request->session_id(), *session, response->mutable_info());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* TrainerService::ListCheckpoints(grpc::CallbackServerContext* context,
+                                                          const v1::ListCheckpointsRequest* request,
+                                                          v1::ListCheckpointsResponse* response) {
+  return Serve(context, "ListCheckpoints", *request, *response, [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequireCheckpointDir("ListCheckpoints"));
+    ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(config_.checkpoint_dir));
+    for (const train::CheckpointListing& c : listing) {
+      v1::CheckpointInfo* info = response->add_checkpoints();
+      info->set_name(c.name);
+      info->set_step(c.step);
+      info->set_bytes(c.bytes);
+      info->set_created(c.created);
+      info->set_error(c.error);
+    }
     return absl::OkStatus();
   });
 }

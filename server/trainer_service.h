@@ -11,6 +11,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -44,6 +48,9 @@ struct TrainerConfig {
   RequestLimits request_limits;          // its max_message_bytes is max_message_bytes
   int64_t memory_budget_bytes = -1;      // admission budget; -1: none (MemAvailable only)
   int64_t admission_tokens = 8192;       // tokens per request the admission estimate assumes
+  // --checkpoint_dir: where SaveCheckpoint / LoadCheckpoint / from_checkpoint and
+  // checkpoint_every_steps read and write (created at startup); empty: checkpoints off.
+  std::string checkpoint_dir;
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
@@ -98,8 +105,35 @@ class TrainerService final : public v1::Trainer::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* context,
+                                           const v1::SaveCheckpointRequest* request,
+                                           v1::SaveCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* context,
+                                           const v1::LoadCheckpointRequest* request,
+                                           v1::LoadCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const v1::ListCheckpointsRequest* request,
+                                            v1::ListCheckpointsResponse* response) override;
 
  private:
+  // A session's checkpoint_every_steps policy.
+  struct AutoCheckpoint {
+    int64_t every_steps = 0;
+    int32_t keep_last = 0;
+    std::string prefix;
+  };
+
+  // FAILED_PRECONDITION when the server runs without --checkpoint_dir.
+  absl::Status RequireCheckpointDir(absl::string_view field) const;
+  // Captures the session's state and writes it as checkpoint `name` (serialized with
+  // every other save of this server), logging a line and recording the metrics.
+  // Returns the step saved and the bytes written.
+  absl::StatusOr<std::pair<int64_t, int64_t>> Save(const train::Session& session, const std::string& name,
+                                                   bool overwrite);
+  // After a Step: the session's periodic checkpoint, when due, and the pruning of its
+  // older ones.
+  void AutoSave(const std::string& id, const train::Session& session, int64_t step, v1::StepResponse* response);
+
   // Runs `handler` (returning absl::Status), records the RPC metrics (the serialized
   // sizes of `request` and, for a successful call, `response`) and finishes the call.
   template <typename Handler>
@@ -118,6 +152,9 @@ class TrainerService final : public v1::Trainer::CallbackService {
   const TrainerConfig config_;
   Metrics* const metrics_;
   SessionRegistry registry_;
+  absl::Mutex checkpoint_mu_;  // one checkpoint write (and pruning) at a time
+  absl::Mutex auto_mu_;
+  absl::flat_hash_map<std::string, AutoCheckpoint> auto_checkpoints_ ABSL_GUARDED_BY(auto_mu_);
 };
 
 }  // namespace server

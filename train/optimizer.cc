@@ -73,6 +73,10 @@ class Sgd : public Optimizer {
   }
 
   int64_t StateBytes() const override { return TensorBytes(momentum_); }
+  std::vector<StateBuffer> StateBuffers() override {
+    if (spec_.momentum() == 0.0f) return {};
+    return {{"momentum", &momentum_}};
+  }
 
  private:
   v1::SGD spec_;
@@ -92,6 +96,7 @@ class AdamW : public Optimizer {
   }
 
   int64_t StateBytes() const override { return TensorBytes(exp_avg_) + TensorBytes(exp_avg_sq_); }
+  std::vector<StateBuffer> StateBuffers() override { return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}}; }
 
  private:
   kernels::AdamWOptions options_;

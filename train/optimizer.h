@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,17 @@ class Optimizer {
   virtual absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) = 0;
   // Bytes of the state buffers allocated so far (momentum, Adam moments).
   virtual int64_t StateBytes() const = 0;
+
+  // The per-parameter state buffers by name ("momentum" for SGD with momentum;
+  // "exp_avg" and "exp_avg_sq" for AdamW; none for plain SGD). Each vector is empty until
+  // the first Apply fills it with one FP32 tensor per parameter (the parameter's shape,
+  // on the parameters' device); a vector emptied again is zero-filled anew on the next
+  // Apply. Checkpoints read and write them; the step count is the session's.
+  struct StateBuffer {
+    std::string name;
+    std::vector<Tensor>* tensors;
+  };
+  virtual std::vector<StateBuffer> StateBuffers() = 0;
 };
 
 // Validates the spec (INVALID_ARGUMENT naming "optimizer.<field>").

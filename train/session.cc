@@ -48,6 +48,70 @@ absl::Status CheckSideInputs(const layers::SideInputs& side) {
   return absl::OkStatus();
 }
 
+// One tensor a SessionState group must hold.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+};
+
+absl::StatusOr<Tensor> Int64Scalar(int64_t value) {
+  ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(DType::kInt64, {1}));
+  t.data<int64_t>()[0] = value;
+  return t;
+}
+
+absl::StatusOr<Tensor> FloatVector(const std::vector<float>& values) {
+  return Tensor::FromFloats(values, {static_cast<int64_t>(values.size())});
+}
+
+// `tensors` against `specs`: each spec exactly once with its dtype and shape, nothing
+// else, all on the CPU. Returns the tensors in spec order. Errors name
+// "<group>.safetensors" and the tensor.
+absl::StatusOr<std::vector<const Tensor*>> MatchGroup(absl::string_view group, const std::vector<TensorSpec>& specs,
+                                                      const std::vector<NamedTensor>& tensors) {
+  const std::string file = absl::StrCat(group, ".safetensors");
+  absl::flat_hash_map<std::string, const Tensor*> by_name;
+  for (const NamedTensor& t : tensors) {
+    if (!by_name.emplace(t.name, &t.tensor).second) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", Quoted(t.name), " appears twice"));
+    }
+    if (!t.tensor.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", Quoted(t.name), ": expected a CPU tensor"));
+    }
+  }
+  std::vector<const Tensor*> out;
+  for (const TensorSpec& spec : specs) {
+    auto it = by_name.find(spec.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", Quoted(spec.name), " is missing (this model has it)"));
+    }
+    const Tensor& t = *it->second;
+    if (t.dtype() != spec.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", Quoted(spec.name), ": expected dtype ",
+                                                     DTypeName(spec.dtype), ", got ", DTypeName(t.dtype())));
+    }
+    if (t.shape() != spec.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", Quoted(spec.name), ": expected shape ",
+                                                     ShapeToString(spec.shape), ", got ", ShapeToString(t.shape())));
+    }
+    out.push_back(&t);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    std::vector<std::string> extra;
+    for (const auto& [name, t] : by_name) extra.push_back(name);
+    std::sort(extra.begin(), extra.end());
+    return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", Quoted(extra[0]),
+                                                   " is not part of this model's state (", extra.size(),
+                                                   " unexpected tensor(s))"));
+  }
+  return out;
+}
+
+int64_t Int64Of(const Tensor& t) { return t.data<int64_t>()[0]; }
+float FloatOf(const Tensor& t) { return t.data<float>()[0]; }
+
 }  // namespace
 
 struct Session::State {
@@ -193,6 +257,69 @@ struct Session::State {
       ASSIGN_OR_RETURN(t, kernels::CopyTo(ctx, t, Device::Cpu()));
     }
     return tensors;
+  }
+
+  // Checkpoint names of the quantizers ("quantizer.<layer>.<tensor>") and their state
+  // tensors, in quantizer order.
+  std::string QuantizerKey(const layers::NamedQuantizer& q) const {
+    return absl::StrCat("quantizer.", q.layer, ".", recipes::TensorRoleName(q.quantizer->role()));
+  }
+
+  // The "state" group's tensors, with their values when `values` (else only specs).
+  absl::Status StateGroup(std::vector<TensorSpec>* specs, std::vector<NamedTensor>* values) const {
+    auto add_int = [&](std::string name, int64_t v) -> absl::Status {
+      specs->push_back(TensorSpec{name, DType::kInt64, {1}});
+      if (values != nullptr) {
+        ASSIGN_OR_RETURN(Tensor t, Int64Scalar(v));
+        values->push_back(NamedTensor{std::move(name), std::move(t)});
+      }
+      return absl::OkStatus();
+    };
+    auto add_floats = [&](std::string name, const std::vector<float>& v) -> absl::Status {
+      specs->push_back(TensorSpec{name, DType::kFloat32, {static_cast<int64_t>(v.size())}});
+      if (values != nullptr) {
+        ASSIGN_OR_RETURN(Tensor t, FloatVector(v));
+        values->push_back(NamedTensor{std::move(name), std::move(t)});
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(add_int("session.step", step));
+    RETURN_IF_ERROR(add_int("session.skipped_steps", skipped_steps));
+    for (const layers::RngCounter& c : stack->RngCounters()) {
+      RETURN_IF_ERROR(add_int(absl::StrCat("rng.", c.name), static_cast<int64_t>(*c.value)));
+    }
+    for (const layers::NamedQuantizer& q : quantizers) {
+      const std::string key = QuantizerKey(q);
+      const recipes::QuantizerState qs = q.quantizer->ExportState();
+      RETURN_IF_ERROR(add_floats(absl::StrCat(key, ".amax"), {qs.amax}));
+      RETURN_IF_ERROR(add_floats(absl::StrCat(key, ".scale"), {qs.scale}));
+      RETURN_IF_ERROR(add_int(absl::StrCat(key, ".quantize_calls"), qs.quantize_calls));
+      RETURN_IF_ERROR(add_int(absl::StrCat(key, ".rng_draws"), qs.rng_draws));
+      if (recipe.name() == "delayed") RETURN_IF_ERROR(add_floats(absl::StrCat(key, ".amax_history"), qs.amax_history));
+    }
+    absl::flat_hash_set<std::string> names;
+    for (const TensorSpec& s : *specs) {
+      if (!names.insert(s.name).second) {
+        return absl::InternalError(absl::StrCat("session state: two state tensors named ", Quoted(s.name)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<TensorSpec> ParameterSpecs() const {
+    std::vector<TensorSpec> specs;
+    for (const layers::Parameter* p : params) specs.push_back(TensorSpec{p->name, DType::kFloat32, p->value.shape()});
+    return specs;
+  }
+
+  std::vector<TensorSpec> OptimizerSpecs() const {
+    std::vector<TensorSpec> specs;
+    for (const Optimizer::StateBuffer& b : optimizer->StateBuffers()) {
+      for (const layers::Parameter* p : params) {
+        specs.push_back(TensorSpec{absl::StrCat(p->name, ".", b.name), DType::kFloat32, p->value.shape()});
+      }
+    }
+    return specs;
   }
 
   // Deep copies of the named parameters (all when `names` is empty), or of their grads.
@@ -519,6 +646,100 @@ void Session::SetHealthSampling(bool on) {
   for (const layers::NamedQuantizer& q : s.quantizers) {
     q.quantizer->set_health_stats(s.spec_health_stats || on);
   }
+}
+
+absl::StatusOr<SessionState> Session::CaptureState() const {
+  absl::MutexLock lock(&mu_);
+  const State& s = *state_;
+  SessionState out;
+  out.step = s.step;
+  ASSIGN_OR_RETURN(out.parameters, s.CopyTensors({}, /*grads=*/false));
+  ASSIGN_OR_RETURN(out.gradients, s.CopyTensors({}, /*grads=*/true));
+  for (const Optimizer::StateBuffer& b : s.optimizer->StateBuffers()) {
+    if (b.tensors->empty()) continue;
+    for (size_t i = 0; i < s.params.size() && i < b.tensors->size(); ++i) {
+      const Tensor& source = (*b.tensors)[i];
+      ASSIGN_OR_RETURN(Tensor copy,
+                       source.device().is_cpu() ? source.Clone() : kernels::CopyTo(s.ctx, source, Device::Cpu()));
+      out.optimizer.push_back(NamedTensor{absl::StrCat(s.params[i]->name, ".", b.name), std::move(copy)});
+    }
+  }
+  std::vector<TensorSpec> specs;
+  RETURN_IF_ERROR(s.StateGroup(&specs, &out.state));
+  return out;
+}
+
+absl::Status Session::RestoreState(const SessionState& in) {
+  absl::MutexLock lock(&mu_);
+  State& s = *state_;
+  // Everything is checked before anything changes.
+  ASSIGN_OR_RETURN(const std::vector<const Tensor*> params, MatchGroup("parameters", s.ParameterSpecs(), in.parameters));
+  ASSIGN_OR_RETURN(const std::vector<const Tensor*> grads, MatchGroup("gradients", s.ParameterSpecs(), in.gradients));
+  std::vector<const Tensor*> moments;
+  if (!in.optimizer.empty()) {
+    ASSIGN_OR_RETURN(moments, MatchGroup("optimizer", s.OptimizerSpecs(), in.optimizer));
+  }
+  std::vector<TensorSpec> state_specs;
+  RETURN_IF_ERROR(s.StateGroup(&state_specs, nullptr));
+  ASSIGN_OR_RETURN(const std::vector<const Tensor*> state, MatchGroup("state", state_specs, in.state));
+  absl::flat_hash_map<std::string, const Tensor*> by_name;
+  for (size_t i = 0; i < state_specs.size(); ++i) by_name[state_specs[i].name] = state[i];
+  auto counter = [&](const std::string& name) -> absl::StatusOr<int64_t> {
+    const int64_t v = Int64Of(*by_name.at(name));
+    if (v < 0) return absl::InvalidArgumentError(absl::StrCat("state.safetensors: tensor ", Quoted(name), ": expected a count >= 0, got ", v));
+    return v;
+  };
+  ASSIGN_OR_RETURN(const int64_t step, counter("session.step"));
+  ASSIGN_OR_RETURN(const int64_t skipped, counter("session.skipped_steps"));
+  if (step != in.step) {
+    return absl::InvalidArgumentError(absl::StrCat("state.safetensors: session.step is ", step,
+                                                   " but the checkpoint says step ", in.step));
+  }
+  const std::vector<layers::RngCounter> rng = s.stack->RngCounters();
+  std::vector<int64_t> rng_values;
+  for (const layers::RngCounter& c : rng) {
+    ASSIGN_OR_RETURN(const int64_t v, counter(absl::StrCat("rng.", c.name)));
+    rng_values.push_back(v);
+  }
+  std::vector<recipes::QuantizerState> quantizer_states;
+  for (const layers::NamedQuantizer& q : s.quantizers) {
+    const std::string key = s.QuantizerKey(q);
+    recipes::QuantizerState qs;
+    qs.amax = FloatOf(*by_name.at(absl::StrCat(key, ".amax")));
+    qs.scale = FloatOf(*by_name.at(absl::StrCat(key, ".scale")));
+    ASSIGN_OR_RETURN(qs.quantize_calls, counter(absl::StrCat(key, ".quantize_calls")));
+    ASSIGN_OR_RETURN(qs.rng_draws, counter(absl::StrCat(key, ".rng_draws")));
+    auto history = by_name.find(absl::StrCat(key, ".amax_history"));
+    if (history != by_name.end()) {
+      const absl::Span<const float> h = history->second->floats();
+      qs.amax_history.assign(h.begin(), h.end());
+    }
+    const absl::Status ok = q.quantizer->CheckState(qs, key);
+    if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("state.safetensors: ", ok.message()));
+    quantizer_states.push_back(std::move(qs));
+  }
+  // The optimizer buffers are built on the session's device before anything is replaced.
+  std::vector<Optimizer::StateBuffer> buffers = s.optimizer->StateBuffers();
+  std::vector<std::vector<Tensor>> new_buffers(buffers.size());
+  for (size_t b = 0; b < buffers.size() && !moments.empty(); ++b) {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      const Tensor& host = *moments[b * s.params.size() + i];
+      ASSIGN_OR_RETURN(Tensor t, s.ctx.device.is_cpu() ? host.Clone() : kernels::CopyTo(s.ctx, host, s.ctx.device));
+      new_buffers[b].push_back(std::move(t));
+    }
+  }
+
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    RETURN_IF_ERROR(kernels::CopyInto(s.ctx, *params[i], &s.params[i]->value));
+    RETURN_IF_ERROR(kernels::CopyInto(s.ctx, *grads[i], &s.params[i]->grad));
+  }
+  for (size_t b = 0; b < buffers.size(); ++b) *buffers[b].tensors = std::move(new_buffers[b]);
+  for (size_t i = 0; i < rng.size(); ++i) *rng[i].value = static_cast<uint64_t>(rng_values[i]);
+  for (size_t i = 0; i < s.quantizers.size(); ++i) s.quantizers[i].quantizer->ImportState(quantizer_states[i]);
+  s.step = step;
+  s.skipped_steps = skipped;
+  s.pending.clear();
+  return absl::OkStatus();
 }
 
 SessionSummary Session::Summary() const {

@@ -22,16 +22,13 @@
 #include "layers/module.h"
 #include "recipes/health.h"
 #include "train/loss.h"
+#include "train/named_tensor.h"
 #include "train/session_snapshot.h"
 #include "teserve/v1/model.pb.h"
 
 namespace teserve {
 namespace train {
 
-struct NamedTensor {
-  std::string name;
-  Tensor tensor;
-};
 
 // What GetParameters / GetGradients would copy, without copying it: lets the server
 // size a reply before building it.
@@ -98,6 +95,29 @@ struct SessionSummary {
   std::vector<layers::AttentionPathInfo> attention;  // per attention core, in stack order
 };
 
+// Everything of a session that later results depend on, as CPU tensors: what a
+// checkpoint holds besides the specs (train/checkpoint.h writes each group to the file
+// "<group>.safetensors"). Names:
+//   parameters   FP32, GetParameters' names and order
+//   gradients    FP32, the same names (accumulated, not yet stepped)
+//   optimizer    FP32 "<parameter>.<buffer>": exp_avg and exp_avg_sq (AdamW), momentum
+//                (SGD with momentum); none before the first Step allocates them
+//   state        INT64 [1] "session.step", "session.skipped_steps",
+//                "rng.<layer>.dropout_calls" (dropout streams drawn, Module::RngCounters);
+//                per quantizer "quantizer.<layer>.<tensor>." + "amax" FP32 [1],
+//                "scale" FP32 [1], "quantize_calls" INT64 [1], "rng_draws" INT64 [1]
+//                and, delayed scaling only, "amax_history" FP32 [amax_history_len]
+// Not kept: the saved activations of pending forwards (RestoreState drops them), the
+// latest loss / grad norm and the block-scale and health summaries of the latest
+// quantization (reports that the next call recomputes).
+struct SessionState {
+  int64_t step = 0;
+  std::vector<NamedTensor> parameters;
+  std::vector<NamedTensor> gradients;
+  std::vector<NamedTensor> optimizer;
+  std::vector<NamedTensor> state;
+};
+
 class Session {
  public:
   // Validates the specs (INVALID_ARGUMENT naming the field, e.g.
@@ -159,6 +179,18 @@ class Session {
   // RecipeSpec.fp8_health_stats does always); off, quantizing costs nothing extra unless
   // the spec asks for them. The server switches it on for the steps it samples.
   void SetHealthSampling(bool on);
+
+  // A consistent copy of the SessionState (taken under the session's lock, so between
+  // two calls, never inside one).
+  absl::StatusOr<SessionState> CaptureState() const;
+  // All-or-nothing: checks that `state` fits this session (every tensor of every group
+  // present once with this session's name, dtype and shape, no others; the optimizer
+  // group complete or empty; counters >= 0; quantizer histories of the recipe's length)
+  // before changing anything, then replaces parameters, gradients, optimizer state,
+  // quantizer state, random-stream counters and step, and drops pending forwards'
+  // handles. Errors name the group file and the tensor ("state.safetensors: tensor
+  // 'quantizer.fc1.input.amax_history': expected shape [16], got [8]").
+  absl::Status RestoreState(const SessionState& state);
 
   const v1::ModelSpec& model_spec() const { return model_spec_; }
   const v1::RecipeSpec& recipe_spec() const { return recipe_spec_; }

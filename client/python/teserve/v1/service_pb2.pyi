@@ -50,15 +50,37 @@ class BlockScaleSummary(_message.Message):
     min: float
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., mean: _Optional[float] = ...) -> None: ...
 
+class CheckpointInfo(_message.Message):
+    __slots__ = ["bytes", "created", "error", "name", "step"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    created: str
+    error: str
+    name: str
+    step: int
+    def __init__(self, name: _Optional[str] = ..., step: _Optional[int] = ..., bytes: _Optional[int] = ..., created: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
 class CreateSessionRequest(_message.Message):
-    __slots__ = ["model", "optimizer", "recipe"]
+    __slots__ = ["checkpoint_every_steps", "checkpoint_prefix", "from_checkpoint", "keep_last_checkpoints", "model", "optimizer", "recipe"]
+    CHECKPOINT_EVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     RECIPE_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_every_steps: int
+    checkpoint_prefix: str
+    from_checkpoint: str
+    keep_last_checkpoints: int
     model: _model_pb2.ModelSpec
     optimizer: _model_pb2.OptimizerSpec
     recipe: _model_pb2.RecipeSpec
-    def __init__(self, model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., recipe: _Optional[_Union[_model_pb2.RecipeSpec, _Mapping]] = ..., optimizer: _Optional[_Union[_model_pb2.OptimizerSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, model: _Optional[_Union[_model_pb2.ModelSpec, _Mapping]] = ..., recipe: _Optional[_Union[_model_pb2.RecipeSpec, _Mapping]] = ..., optimizer: _Optional[_Union[_model_pb2.OptimizerSpec, _Mapping]] = ..., from_checkpoint: _Optional[str] = ..., checkpoint_every_steps: _Optional[int] = ..., keep_last_checkpoints: _Optional[int] = ..., checkpoint_prefix: _Optional[str] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ["info", "session_id"]
@@ -194,6 +216,16 @@ class LayerInfo(_message.Message):
     parameters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., parameters: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ["checkpoints"]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...
+
 class ListSessionsRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
@@ -203,6 +235,20 @@ class ListSessionsResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
     def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ...) -> None: ...
+
+class LoadCheckpointRequest(_message.Message):
+    __slots__ = ["name", "session_id"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class LoadCheckpointResponse(_message.Message):
+    __slots__ = ["info"]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    info: SessionInfo
+    def __init__(self, info: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...
 
 class LossSpec(_message.Message):
     __slots__ = ["cross_entropy", "mse"]
@@ -265,6 +311,26 @@ class RecipeAvailability(_message.Message):
     reason: str
     recipe: str
     def __init__(self, recipe: _Optional[str] = ..., availability: _Optional[_Union[Availability, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ["name", "overwrite", "session_id"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    overwrite: bool
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., overwrite: bool = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ["bytes", "name", "step"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    name: str
+    step: int
+    def __init__(self, name: _Optional[str] = ..., step: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
     __slots__ = ["compute_capability", "cublaslt_version", "cuda_compiled", "cuda_runtime_version", "cudnn_version", "default_recipe", "device", "device_name", "gpu_count", "max_message_bytes", "max_sessions", "nccl_version", "recipes", "version"]
@@ -349,14 +415,18 @@ class StepRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., zero_grad: bool = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ["grad_norm", "skipped", "step"]
+    __slots__ = ["checkpoint", "checkpoint_error", "grad_norm", "skipped", "step"]
+    CHECKPOINT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: str
+    checkpoint_error: str
     grad_norm: float
     skipped: bool
     step: int
-    def __init__(self, step: _Optional[int] = ..., grad_norm: _Optional[float] = ..., skipped: bool = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., grad_norm: _Optional[float] = ..., skipped: bool = ..., checkpoint: _Optional[str] = ..., checkpoint_error: _Optional[str] = ...) -> None: ...
 
 class ZeroGradRequest(_message.Message):
     __slots__ = ["session_id"]

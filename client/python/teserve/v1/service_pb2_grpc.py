@@ -83,6 +83,21 @@ class TrainerStub(object):
                 request_serializer=teserve_dot_v1_dot_service__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=teserve_dot_v1_dot_service__pb2.ServerInfo.FromString,
                 )
+        self.SaveCheckpoint = channel.unary_unary(
+                '/teserve.v1.Trainer/SaveCheckpoint',
+                request_serializer=teserve_dot_v1_dot_service__pb2.SaveCheckpointRequest.SerializeToString,
+                response_deserializer=teserve_dot_v1_dot_service__pb2.SaveCheckpointResponse.FromString,
+                )
+        self.LoadCheckpoint = channel.unary_unary(
+                '/teserve.v1.Trainer/LoadCheckpoint',
+                request_serializer=teserve_dot_v1_dot_service__pb2.LoadCheckpointRequest.SerializeToString,
+                response_deserializer=teserve_dot_v1_dot_service__pb2.LoadCheckpointResponse.FromString,
+                )
+        self.ListCheckpoints = channel.unary_unary(
+                '/teserve.v1.Trainer/ListCheckpoints',
+                request_serializer=teserve_dot_v1_dot_service__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=teserve_dot_v1_dot_service__pb2.ListCheckpointsResponse.FromString,
+                )
 
 
 class TrainerServicer(object):
@@ -179,6 +194,33 @@ class TrainerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveCheckpoint(self, request, context):
+        """Writes the session's whole training state (parameters, gradients, optimizer state,
+        quantization state, random-stream counters, step) and its specs to a checkpoint
+        under the server's --checkpoint_dir, atomically. FAILED_PRECONDITION without
+        --checkpoint_dir; ALREADY_EXISTS for an existing name unless overwrite.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadCheckpoint(self, request, context):
+        """Replaces the session's training state with a checkpoint's; its model, recipe and
+        optimizer must equal the session's (FAILED_PRECONDITION otherwise). All-or-nothing:
+        a missing, truncated, corrupted (DATA_LOSS), foreign or other-version
+        (FAILED_PRECONDITION) checkpoint changes nothing. Pending forward handles are dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckpoints(self, request, context):
+        """The checkpoints under --checkpoint_dir, by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +288,21 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=teserve_dot_v1_dot_service__pb2.GetServerInfoRequest.FromString,
                     response_serializer=teserve_dot_v1_dot_service__pb2.ServerInfo.SerializeToString,
+            ),
+            'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveCheckpoint,
+                    request_deserializer=teserve_dot_v1_dot_service__pb2.SaveCheckpointRequest.FromString,
+                    response_serializer=teserve_dot_v1_dot_service__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'LoadCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadCheckpoint,
+                    request_deserializer=teserve_dot_v1_dot_service__pb2.LoadCheckpointRequest.FromString,
+                    response_serializer=teserve_dot_v1_dot_service__pb2.LoadCheckpointResponse.SerializeToString,
+            ),
+            'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckpoints,
+                    request_deserializer=teserve_dot_v1_dot_service__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=teserve_dot_v1_dot_service__pb2.ListCheckpointsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,5 +536,56 @@ class Trainer(object):
         return grpc.experimental.unary_unary(request, target, '/teserve.v1.Trainer/GetServerInfo',
             teserve_dot_v1_dot_service__pb2.GetServerInfoRequest.SerializeToString,
             teserve_dot_v1_dot_service__pb2.ServerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SaveCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/teserve.v1.Trainer/SaveCheckpoint',
+            teserve_dot_v1_dot_service__pb2.SaveCheckpointRequest.SerializeToString,
+            teserve_dot_v1_dot_service__pb2.SaveCheckpointResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LoadCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/teserve.v1.Trainer/LoadCheckpoint',
+            teserve_dot_v1_dot_service__pb2.LoadCheckpointRequest.SerializeToString,
+            teserve_dot_v1_dot_service__pb2.LoadCheckpointResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/teserve.v1.Trainer/ListCheckpoints',
+            teserve_dot_v1_dot_service__pb2.ListCheckpointsRequest.SerializeToString,
+            teserve_dot_v1_dot_service__pb2.ListCheckpointsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
