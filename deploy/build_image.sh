@@ -91,7 +91,10 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
   find "$rootfs/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete 2>/dev/null || true
-  rm -rf "$rootfs"/usr/share/{man,info,lintian}/* "$rootfs"/var/lib/apt/lists/* \
+  # Files only: packages' scripts expect the directories (openjdk's postinst links into
+  # /usr/share/man/man1 and fails without it).
+  find "$rootfs"/usr/share/{man,info,lintian} -not -type d -delete 2>/dev/null || true
+  rm -rf "$rootfs"/var/lib/apt/lists/* \
     "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/*.log
   find "$rootfs/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias -exec rm -rf {} +
   tar -C "$rootfs" --numeric-owner --exclude='./dev/*' --exclude='./proc/*' --exclude='./sys/*' \
