@@ -120,8 +120,6 @@ buildah build --isolation "$isolation" --format docker --layers \
   -f deploy/Containerfile -t "$image" .
 build_done=$SECONDS
 
-size=$(buildah inspect --type image --format '{{.Docker.Size}}' "$image" 2>/dev/null || true)
 log "base: $((base_done - start)) s, image build: $((build_done - base_done)) s, total: $((build_done - start)) s"
 buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$image" | sed 's/^/build_image: image size: /' >&2
-[ -n "$size" ] && log "image size (bytes, uncompressed layers): $size"
 exit 0

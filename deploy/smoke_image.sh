@@ -56,13 +56,20 @@ for s in socks: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])')
 
 # The image's own configuration: entrypoint, default arguments, user, health check.
-entrypoint=$(buildah inspect --type image --format '{{json .OCIv1.Config.Entrypoint}}' "$image")
-cmd=$(buildah inspect --type image --format '{{json .OCIv1.Config.Cmd}}' "$image")
-user=$(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$image")
-healthcheck=$(buildah inspect --type image --format '{{json .Docker.Config.Healthcheck}}' "$image")
+buildah inspect --type image "$image" >"$work/inspect.json"
+config() {  # config FIELD: a field of the image's configuration, as JSON
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+oci, docker = d["OCIv1"]["config"], d.get("Docker", {}).get("config", {})
+print(json.dumps(oci.get(sys.argv[2], docker.get(sys.argv[2]))))' "$work/inspect.json" "$1"
+}
+entrypoint=$(config Entrypoint)
+cmd=$(config Cmd)
+user=$(config User | tr -d '"')
+healthcheck=$(config Healthcheck)
 log "image $image: entrypoint $entrypoint, cmd $cmd, user $user"
 log "healthcheck $healthcheck"
-[ "${user%%:*}" != 0 ] && [ "${user%%:*}" != root ] && [ -n "$user" ] || fail "image runs as root ('$user')"
+[ -n "$user" ] && [ "${user%%:*}" != 0 ] && [ "${user%%:*}" != root ] || fail "image runs as root ('$user')"
 case "$healthcheck" in *teserve_cli*health*) ;; *) fail "no HEALTHCHECK through teserve_cli health" ;; esac
 mapfile -t server_cmd < <(python3 -c 'import json,sys; [print(a) for a in json.loads(sys.argv[1]) + json.loads(sys.argv[2])]' \
   "$entrypoint" "$cmd")
@@ -94,7 +101,13 @@ log "server process ${uid_line:-Uid: ?}"
 case "$uid_line" in "Uid:"*[[:space:]]0[[:space:]]*) fail "server process runs as root" ;; esac
 
 cli server-info --server="localhost:$grpc_port" >"$work/info.out" 2>&1 || fail "server-info: $(cat "$work/info.out")"
-grep -i -m1 "device" "$work/info.out" | sed 's/^/smoke_image: /' >&2 || true
+grep -E '^(device|cuda_runtime_version|cublaslt_version|cudnn_version|nccl_version):' "$work/info.out" \
+  | tr '\n' ' ' | sed 's/^/smoke_image: server-info: /; s/$/\n/' >&2
+# The CUDA libraries from the wheels load inside the image: the server reports the versions
+# of cudart and cuBLASLt (linked) and of cuDNN and NCCL (opened at run time), GPU or not.
+for lib in cuda_runtime_version cublaslt_version cudnn_version nccl_version; do
+  grep -q -E "^$lib: \"[0-9]" "$work/info.out" || fail "server-info reports no $lib: $(cat "$work/info.out")"
+done
 
 # A short demo: a LayerNorm/Linear student under delayed scaling, 20 steps.
 cli demo --server="localhost:$grpc_port" --steps=20 >"$work/demo.out" 2>&1 || fail "demo: $(cat "$work/demo.out")"
