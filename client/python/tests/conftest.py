@@ -57,7 +57,7 @@ def find_server_binary() -> Path:
 class ServerProcess:
     """A teserve server started with --port=0; the ports are read from its log."""
 
-    def __init__(self, *extra_flags: str) -> None:
+    def __init__(self, *extra_flags: str, **connect_options: object) -> None:
         self.binary = find_server_binary()
         self.log: List[str] = []
         self.proc = subprocess.Popen(
@@ -85,7 +85,7 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"{self.binary} did not start; its log:\n" + "\n".join(self.log))
         self.address = f"127.0.0.1:{self.port}"
-        with teserve.connect(self.address) as client:
+        with teserve.connect(self.address, **connect_options) as client:  # type: ignore[arg-type]
             client.wait_until_serving(timeout=30)
 
     def stop(self) -> None:
@@ -116,8 +116,8 @@ def start_server() -> Iterator:
     """Starts extra servers with given flags; stops them after the test."""
     started: List[ServerProcess] = []
 
-    def start(*flags: str) -> ServerProcess:
-        proc = ServerProcess(*flags)
+    def start(*flags: str, **connect_options: object) -> ServerProcess:
+        proc = ServerProcess(*flags, **connect_options)
         started.append(proc)
         return proc
 
