@@ -55,11 +55,14 @@ class ServerProcess {
     const std::string binary = Runfile("server/teserve");
     const std::string port_flag = absl::StrCat("--port=", port);
     const std::string dir_flag = absl::StrCat("--checkpoint_dir=", checkpoint_dir);
+    // TESERVE_TEST_DEVICE runs the same kill and resume on a GPU host (cuda:0).
+    const char* device = std::getenv("TESERVE_TEST_DEVICE");
+    const std::string device_flag = absl::StrCat("--device=", device != nullptr && *device != '\0' ? device : "cpu");
     pid_ = fork();
     if (pid_ == 0) {
       if (std::freopen(log_path.c_str(), "w", stderr) == nullptr) _exit(127);
       execl(binary.c_str(), binary.c_str(), "--host=127.0.0.1", port_flag.c_str(), "--metrics_port=-1",
-            "--device=cpu", dir_flag.c_str(), "--shutdown_grace_seconds=5", static_cast<char*>(nullptr));
+            device_flag.c_str(), dir_flag.c_str(), "--shutdown_grace_seconds=5", static_cast<char*>(nullptr));
       _exit(127);
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
