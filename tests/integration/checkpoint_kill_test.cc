@@ -1,16 +1,11 @@
 // kill -9 of the real server binary mid-run, a restart on the same --checkpoint_dir and
 // CreateSession(from_checkpoint) of the newest periodic checkpoint: the losses that
-// follow, and the final parameters, equal an uninterrupted run's bit for bit (CPU).
+// follow, and the final parameters, equal an uninterrupted run's bit for bit (CPU; on a
+// GPU host with TESERVE_TEST_DEVICE=cuda:0).
 #include <signal.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/checkpoint_training.h"
-#include "tests/integration/http_get.h"
+#include "tests/integration/server_process.h"
 
 namespace teserve {
 namespace {
@@ -32,76 +27,13 @@ using testing::CheckpointedRunRequest;
 using testing::CheckpointedRunStep;
 using testing::ParameterBytes;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "teserve", "/", path);
+// The server's flags for this test: its checkpoint directory, and the device
+// (TESERVE_TEST_DEVICE, e.g. cuda:0 on a GPU host; cpu by default).
+std::vector<std::string> ServerFlags(const std::string& checkpoint_dir) {
+  const char* device = std::getenv("TESERVE_TEST_DEVICE");
+  return {absl::StrCat("--checkpoint_dir=", checkpoint_dir), "--shutdown_grace_seconds=5",
+          absl::StrCat("--device=", device != nullptr && *device != '\0' ? device : "cpu")};
 }
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// //server:teserve as a child process on `port` with --checkpoint_dir.
-class ServerProcess {
- public:
-  ~ServerProcess() { Kill(); }
-
-  bool Start(int port, const std::string& checkpoint_dir, const std::string& log_path) {
-    log_path_ = log_path;
-    const std::string binary = Runfile("server/teserve");
-    const std::string port_flag = absl::StrCat("--port=", port);
-    const std::string dir_flag = absl::StrCat("--checkpoint_dir=", checkpoint_dir);
-    // TESERVE_TEST_DEVICE runs the same kill and resume on a GPU host (cuda:0).
-    const char* device = std::getenv("TESERVE_TEST_DEVICE");
-    const std::string device_flag = absl::StrCat("--device=", device != nullptr && *device != '\0' ? device : "cpu");
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (std::freopen(log_path.c_str(), "w", stderr) == nullptr) _exit(127);
-      execl(binary.c_str(), binary.c_str(), "--host=127.0.0.1", port_flag.c_str(), "--metrics_port=-1",
-            device_flag.c_str(), dir_flag.c_str(), "--shutdown_grace_seconds=5", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      if (Log().find("gRPC listening on") != std::string::npos) return true;
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
-  }
-
-  // SIGKILL: no shutdown, no flush, no goodbye. Returns whether it died of it.
-  bool Kill() {
-    if (pid_ <= 0) return false;
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  }
-
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
-  std::string Log() const { return ReadFile(log_path_); }
-
- private:
-  pid_t pid_ = -1;
-  std::string log_path_;
-};
 
 constexpr int kSteps = 12;
 
@@ -112,15 +44,13 @@ TEST(CheckpointKill, ResumedRunEqualsUninterruptedRunBitForBit) {
   std::filesystem::remove_all(dir);
 
   // First server: the uninterrupted reference run and the run that gets killed.
-  absl::StatusOr<int> port = testing::FreeLoopbackPort();
-  ASSERT_TRUE(port.ok());
-  ServerProcess first;
-  ASSERT_TRUE(first.Start(*port, dir, absl::StrCat(base, "/first.log"))) << first.Log();
+  testing::ServerProcess first;
+  ASSERT_TRUE(first.Start(ServerFlags(dir), absl::StrCat(base, "/first.log"))) << first.Log();
   EXPECT_THAT(first.Log(), HasSubstr(absl::StrCat("checkpoints in ", dir)));
   std::vector<uint32_t> reference_losses;
   std::vector<std::pair<std::string, std::string>> reference_params;
   {
-    client::Client client(absl::StrCat("127.0.0.1:", *port));
+    client::Client client(first.address());
     auto reference = client.CreateSession(CheckpointedRunRequest());
     ASSERT_TRUE(reference.ok()) << reference.status();
     for (int step = 1; step <= kSteps; ++step) {
@@ -146,7 +76,8 @@ TEST(CheckpointKill, ResumedRunEqualsUninterruptedRunBitForBit) {
     // Step 11 is in flight (or about to be) when the server dies.
     std::thread in_flight([&] { (void)CheckpointedRunStep(client, run->session_id(), 11); });
     absl::SleepFor(absl::Milliseconds(5));
-    EXPECT_TRUE(first.Kill());
+    first.Signal(SIGKILL);  // no shutdown, no flush, no goodbye
+    EXPECT_EQ(first.WaitExit(absl::Seconds(30)), -1) << "killed by a signal";
     in_flight.join();
   }
   EXPECT_THAT(first.Log(), HasSubstr("checkpoint 'run-step-000000009' saved: step 9"));
@@ -154,12 +85,10 @@ TEST(CheckpointKill, ResumedRunEqualsUninterruptedRunBitForBit) {
   EXPECT_THAT(first.Log(), ::testing::Not(HasSubstr("shutdown complete")));
 
   // Second server on the same directory: resume from the newest checkpoint.
-  port = testing::FreeLoopbackPort();
-  ASSERT_TRUE(port.ok());
-  ServerProcess second;
-  ASSERT_TRUE(second.Start(*port, dir, absl::StrCat(base, "/second.log"))) << second.Log();
+  testing::ServerProcess second;
+  ASSERT_TRUE(second.Start(ServerFlags(dir), absl::StrCat(base, "/second.log"))) << second.Log();
   {
-    client::Client client(absl::StrCat("127.0.0.1:", *port));
+    client::Client client(second.address());
     auto listing = client.ListCheckpoints();
     ASSERT_TRUE(listing.ok()) << listing.status();
     std::vector<std::string> names;
@@ -185,7 +114,8 @@ TEST(CheckpointKill, ResumedRunEqualsUninterruptedRunBitForBit) {
     EXPECT_EQ(client.GetSession(resumed->session_id())->step(), kSteps);
   }
   EXPECT_THAT(second.Log(), HasSubstr("checkpoint 'run-step-000000012' saved: step 12"));
-  EXPECT_EQ(second.Terminate(), 0) << second.Log();
+  second.Signal(SIGTERM);
+  EXPECT_EQ(second.WaitExit(absl::Seconds(30)), 0) << second.Log();
   std::vector<std::string> entries;
   for (const auto& e : std::filesystem::directory_iterator(dir)) entries.push_back(e.path().filename().string());
   EXPECT_THAT(entries, ::testing::UnorderedElementsAre("run-step-000000009", "run-step-000000012"));
