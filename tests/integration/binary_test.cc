@@ -18,42 +18,18 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/http_get.h"
+#include "tests/integration/server_process.h"
 
 namespace teserve {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "teserve", "/", path);
-}
+using testing::CommandResult;
+using testing::Runfile;
+using testing::RunCommand;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-// Runs a shell command line (arguments are ours, no quoting needed).
-CommandResult RunCommand(const std::string& command) {
-  CommandResult run;
-  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+std::string ReadFile(const std::string& path) { return testing::ReadWholeFile(path); }
 
 class ServerProcess {
  public:
