@@ -32,7 +32,11 @@ struct QuantizedTensor {
   Tensor rowwise_scale_inv;      // FP32 [1] for per-tensor scaling
   Tensor columnwise_data;        // [cols, rows], absent if not requested
   Tensor columnwise_scale_inv;   // FP32 [1] for per-tensor scaling
-  float amax = 0.0f;             // of the source tensor
+  float amax = 0.0f;             // of the source tensor (see amax_bits)
+  // Set instead of amax when the quantization left its amax on the device
+  // (PerTensorQuantizeOptions::defer_amax on CUDA): INT32 [1] holding the FP32 bits of
+  // the amax, ordered on the stream that quantized; amax is 0 until a caller reads it.
+  Tensor amax_bits;
   // NVFP4 only: the FP32 per-tensor encode scale S = 448 * 6 / amax (1 when amax is 0);
   // a value decodes as e2m1 * e4m3_block_scale * (1 / S).
   float global_encode_scale = 1.0f;

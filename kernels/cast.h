@@ -46,6 +46,10 @@ struct PerTensorQuantizeOptions {
   // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.
   // Not owned; the caller allocates it.
   Tensor* dbias = nullptr;
+  // CUDA: leave the amax on the device (QuantizedTensor::amax_bits) instead of reading it
+  // back, so the quantization does not wait for the stream. The CPU computes it in place
+  // either way (amax set, amax_bits undefined).
+  bool defer_amax = false;
 };
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x);

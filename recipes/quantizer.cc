@@ -1,5 +1,9 @@
 #include "recipes/quantizer.h"
 
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -22,7 +26,7 @@ class DelayedScalingQuantizer : public Quantizer {
       : Quantizer(role, "delayed", FormatFor(config.fp8_format, role), ScalingMode::kPerTensor),
         state_(config, DTypeMaxFinite(format())) {}
 
-  void EndRegion() override { state_.Update(); }
+  void DoEndRegion() override { state_.Update(); }
 
  protected:
   absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
@@ -30,6 +34,8 @@ class DelayedScalingQuantizer : public Quantizer {
     kernels::PerTensorQuantizeOptions options;
     options.format = format();
     options.scale = state_.scale();
+    // The scale comes from the history; this amax is only needed at EndRegion.
+    options.defer_amax = !health_stats();
     options.rowwise = rowwise;
     options.columnwise = columnwise;
     options.dbias = dbias;
@@ -198,8 +204,12 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
     ASSIGN_OR_RETURN(q, DoQuantize(ctx, x, rowwise, columnwise, nullptr));
     if (dbias != nullptr) RETURN_IF_ERROR(kernels::ColumnSum(ctx, x, /*accumulate=*/false, dbias));
   }
-  RecordAmax(q.amax);
-  last_amax_ = q.amax;
+  if (q.amax_bits.defined()) {
+    pending_amax_.push_back(PendingAmax{ctx, q.amax_bits});
+  } else {
+    RecordAmax(q.amax);
+    last_amax_ = q.amax;
+  }
   ++calls_;
   // The statistics below read host memory; on a device they read copies (block scales
   // are small; health statistics are sampled or asked for explicitly).
@@ -227,7 +237,31 @@ absl::Status Quantizer::Observe(const Context& ctx, const Tensor& input) {
   return absl::OkStatus();
 }
 
-QuantizerSnapshot Quantizer::Snapshot() const {
+void Quantizer::RecordDeviceAmax(const Context& ctx, const Tensor& bits) {
+  float amax = std::numeric_limits<float>::quiet_NaN();
+  absl::StatusOr<Tensor> host = kernels::CopyTo(ctx, bits, Device::Cpu());  // waits for the stream
+  if (host.ok()) {
+    uint32_t b = 0;
+    std::memcpy(&b, host->raw_data(), sizeof(b));
+    if (b > 0x7F800000u) b = 0x7FC00000u;  // any NaN as the canonical quiet NaN (the CPU's)
+    std::memcpy(&amax, &b, sizeof(amax));
+  }
+  RecordAmax(amax);
+  last_amax_ = amax;
+}
+
+void Quantizer::ResolvePendingAmax() {
+  for (const PendingAmax& p : pending_amax_) RecordDeviceAmax(p.ctx, p.bits);
+  pending_amax_.clear();
+}
+
+void Quantizer::EndRegion() {
+  ResolvePendingAmax();
+  DoEndRegion();
+}
+
+QuantizerSnapshot Quantizer::Snapshot() {
+  ResolvePendingAmax();
   QuantizerSnapshot s;
   s.recipe = recipe_;
   s.format = format_;
@@ -240,7 +274,8 @@ QuantizerSnapshot Quantizer::Snapshot() const {
   return s;
 }
 
-QuantizerState Quantizer::ExportState() const {
+QuantizerState Quantizer::ExportState() {
+  ResolvePendingAmax();
   QuantizerState s;
   s.amax = last_amax_;
   s.quantize_calls = calls_;
@@ -257,6 +292,7 @@ absl::Status Quantizer::CheckState(const QuantizerState& state, absl::string_vie
 }
 
 void Quantizer::ImportState(const QuantizerState& state) {
+  pending_amax_.clear();  // amaxes of quantizations the imported state supersedes
   last_amax_ = state.amax;
   calls_ = state.quantize_calls;
   ImportExtra(state);

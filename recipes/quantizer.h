@@ -69,11 +69,15 @@ class Quantizer {
                                            Tensor* dbias = nullptr);
   // Calibration: records the amax of x (FP32, BF16 or FP16) without casting.
   absl::Status Observe(const Context& ctx, const Tensor& x);
-  // End of the region this operand belongs to (forward or backward): delayed scaling
-  // rolls the history and computes the next scale. No-op for other recipes.
-  virtual void EndRegion() {}
-  QuantizerSnapshot Snapshot() const;
-  QuantizerState ExportState() const;
+  // End of the region this operand belongs to (forward or backward): the amaxes left on
+  // the device by this region's quantizations are read (one wait for the stream, not one
+  // per quantization), then delayed scaling rolls the history and computes the next
+  // scale. An amax that cannot be read (a failed device) is recorded as NaN, which the
+  // scale update and the health metrics then show.
+  void EndRegion();
+  // Both read any amax still on the device first.
+  QuantizerSnapshot Snapshot();
+  QuantizerState ExportState();
   // Whether ImportState may take `state` (what ExportState returned for a quantizer of
   // the same recipe and config): INVALID_ARGUMENT naming "<field>.<value>" when the amax
   // history length differs or a count or scale is out of range.
@@ -86,11 +90,17 @@ class Quantizer {
   DType format() const { return format_; }
 
  protected:
-  // x is what Source returned; dbias is only passed to per-tensor recipes.
+  // x is what Source returned; dbias is only passed to per-tensor recipes. A recipe may
+  // leave the amax on the device (q.amax_bits, PerTensorQuantizeOptions::defer_amax)
+  // when only EndRegion needs it.
   virtual absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
                                                      bool columnwise, Tensor* dbias) = 0;
   // Delayed scaling records observed amaxes in its history.
   virtual void RecordAmax(float amax) {}
+  // The recipe's part of EndRegion (delayed scaling's history roll).
+  virtual void DoEndRegion() {}
+  // Whether health statistics are on (they read the amax at once).
+  bool health_stats() const { return health_stats_; }
   // Per-tensor scale fields and history.
   virtual void FillSnapshot(QuantizerSnapshot* snapshot) const {}
   // |x| beyond this overflows the format at the scale in use (delayed scaling); 0 when
@@ -107,6 +117,15 @@ class Quantizer {
   // x as this recipe's quantize kernels read it: itself (FP32; BF16 for per-tensor
   // recipes) or its FP32 value.
   absl::StatusOr<Tensor> Source(const Context& ctx, const Tensor& x) const;
+  // Records an amax read back from the device (NaN when the read fails).
+  void RecordDeviceAmax(const Context& ctx, const Tensor& bits);
+  void ResolvePendingAmax();
+
+  struct PendingAmax {
+    Context ctx;  // the device and stream that quantized
+    Tensor bits;  // QuantizedTensor::amax_bits
+  };
+  std::vector<PendingAmax> pending_amax_;
 
   TensorRole role_;
   std::string recipe_;

@@ -76,7 +76,7 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   Tensor amax_bits;
   RETURN_IF_ERROR(
       AllocatePerTensorFp8(params.rows, params.cols, options, x.device(), ctx.stream, &q, &amax_bits, &params));
-  Tensor dbias_workspace;  // freed after ReadAmaxBits has synchronized the stream
+  Tensor dbias_workspace;  // freed in stream order (after the kernels that use it)
   if (options.dbias != nullptr) {
     params.dbias = options.dbias->data<float>();
     ASSIGN_OR_RETURN(dbias_workspace,
@@ -85,6 +85,10 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchQuantizePerTensor(params, stream));
+  if (options.defer_amax) {
+    q.amax_bits = std::move(amax_bits);  // freed on the stream, after whoever reads it
+    return q;
+  }
   ASSIGN_OR_RETURN(q.amax, ReadAmaxBits(params.amax_bits, stream));
   return q;
 }
