@@ -57,17 +57,22 @@ void ExpectSameParameters(const std::vector<NamedTensor>& a, const std::vector<N
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(BitwiseEqual(a[i].tensor, b[i].tensor)) << a[i].name;
 }
 
+// What a teacher of Model()'s architecture (other seed, larger output weights) outputs for
+// x: a target the model can learn.
+Tensor TeacherOutput(const Tensor& x) {
+  v1::ModelSpec teacher_spec = Model();
+  teacher_spec.set_seed(7);
+  teacher_spec.mutable_layers(1)->mutable_linear()->set_init_std(0.5f);
+  auto teacher = Session::Create(teacher_spec, v1::RecipeSpec(), Sgd(), Context()).value();
+  return teacher->Forward({x}, false).value().outputs[0];
+}
+
 TEST(Session, TrainsARegressionTarget) {
   v1::OptimizerSpec adamw;
   adamw.mutable_adamw()->set_lr(0.05f);
   auto session = MakeSession(Delayed(), adamw);
   const Tensor x = Random({16, 8}, 1);
-  // A teacher of the same architecture makes the target learnable.
-  v1::ModelSpec teacher_spec = Model();
-  teacher_spec.set_seed(7);
-  teacher_spec.mutable_layers(1)->mutable_linear()->set_init_std(0.5f);
-  auto teacher = Session::Create(teacher_spec, v1::RecipeSpec(), Sgd(), Context()).value();
-  const Tensor target = teacher->Forward({x}, false).value().outputs[0];
+  const Tensor target = TeacherOutput(x);
   double first = 0.0, last = 0.0;
   for (int step = 0; step < 100; ++step) {
     auto fwd = session->Forward({x}, true).value();
@@ -98,11 +103,7 @@ TEST(Session, TrainsWithBf16Params) {
   adamw.mutable_adamw()->set_lr(0.05f);
   auto session = Session::Create(spec, Delayed(), adamw, Context()).value();
   const Tensor x = Random({16, 8}, 1);
-  v1::ModelSpec teacher_spec = Model();
-  teacher_spec.set_seed(7);
-  teacher_spec.mutable_layers(1)->mutable_linear()->set_init_std(0.5f);
-  auto teacher = Session::Create(teacher_spec, v1::RecipeSpec(), Sgd(), Context()).value();
-  const Tensor target = teacher->Forward({x}, false).value().outputs[0];
+  const Tensor target = TeacherOutput(x);
   LossOptions mse;
   mse.kind = LossOptions::Kind::kMse;
   double first = 0.0, last = 0.0;
