@@ -38,19 +38,31 @@ inline std::vector<std::string> SplitFiles(absl::string_view input) {
   return absl::StrSplit(input, kFileSeparator);
 }
 
-// What CreateSession admits (server/trainer_service.cc): the same estimate with the
-// server's default --admission_tokens and --max_attention_scores, against a budget of
-// 256 MiB instead of the host's memory. The estimate counts at least 16 bytes per
-// parameter, so an admitted session's parameters and gradients take at most 128 MiB.
-inline constexpr int64_t kFuzzMemoryBudgetBytes = int64_t{256} << 20;
-inline constexpr int64_t kAdmissionTokens = 8192;  // --admission_tokens default
+// What CreateSession admits (server/trainer_service.cc): the server's own estimate and
+// admission check, with --memory_budget_bytes=64MiB and --admission_tokens=256 (the
+// defaults, host memory and 8192 tokens, would admit specs too large to fuzz quickly:
+// at 8192 tokens every attention layer is estimated at 1 GB of scores). The estimate
+// counts at least 16 bytes per parameter, so an admitted session holds at most 4M
+// parameters.
+inline constexpr int64_t kFuzzMemoryBudgetBytes = int64_t{64} << 20;
+inline constexpr int64_t kAdmissionTokens = 256;
 
-inline absl::Status AdmitLikeTheServer(const v1::ModelSpec& model, const v1::OptimizerSpec& optimizer) {
+inline server::MemoryEstimate EstimateLikeTheServer(const v1::ModelSpec& model, const v1::OptimizerSpec& optimizer) {
   const server::RequestLimits defaults;
-  const server::MemoryEstimate estimate =
-      server::EstimateSessionMemory(model, optimizer, kAdmissionTokens, defaults.max_attention_scores);
+  return server::EstimateSessionMemory(model, optimizer, kAdmissionTokens, defaults.max_attention_scores);
+}
+
+inline absl::Status AdmitLikeTheServer(const server::MemoryEstimate& estimate) {
   return server::AdmitSession(estimate, kFuzzMemoryBudgetBytes, /*committed_bytes=*/0,
                               /*host_available_bytes=*/-1, kAdmissionTokens);
+}
+
+// Bytes currently allocated on the heap, from AddressSanitizer's allocator; -1 in a
+// build without it (the gcc replay build).
+extern "C" __attribute__((weak)) size_t __sanitizer_get_current_allocated_bytes();
+inline int64_t HeapBytes() {
+  if (__sanitizer_get_current_allocated_bytes == nullptr) return -1;
+  return static_cast<int64_t>(__sanitizer_get_current_allocated_bytes());
 }
 
 }  // namespace fuzz
