@@ -87,6 +87,18 @@ double AttentionParameters(double hidden, double heads, double kv, double gqa, b
   return hidden * qkv_out + (bias ? qkv_out : 0) + heads * kv * hidden + (bias ? hidden : 0) + 2 * hidden;
 }
 
+// Parameters of an attention block besides its projections and input norm: the q and k
+// norms over the head size (qk_norm_type RMSNorm: gamma; LayerNorm: gamma and beta) and
+// the learnable softmax offset (one per head).
+double AttentionExtraParameters(const std::string& qk_norm_type, const std::string& softmax_type, double heads,
+                                double kv) {
+  double p = 0;
+  if (qk_norm_type == "RMSNorm") p += 2 * kv;
+  if (qk_norm_type == "LayerNorm") p += 4 * kv;
+  if (softmax_type == "learnable") p += heads;
+  return p;
+}
+
 LayerShape ShapeOf(const v1::LayerSpec& layer) {
   LayerShape s;
   switch (layer.kind_case()) {
@@ -151,7 +163,8 @@ LayerShape ShapeOf(const v1::LayerSpec& layer) {
       const double h = l.hidden_size(), heads = std::max<double>(1, l.num_attention_heads());
       const double kv = l.has_kv_channels() ? l.kv_channels() : std::floor(h / heads);
       const double gqa = l.has_num_gqa_groups() ? l.num_gqa_groups() : heads;
-      s.parameters = AttentionParameters(h, heads, kv, gqa, !l.has_bias() || l.bias());
+      s.parameters = AttentionParameters(h, heads, kv, gqa, !l.has_bias() || l.bias()) +
+                     AttentionExtraParameters(l.qk_norm_type(), l.softmax_type(), heads, kv);
       s.activation_width = 3 * h + 2 * (heads * kv + 2 * gqa * kv);
       s.heads = heads;
       s.attention_blocks = 1;
@@ -167,8 +180,9 @@ LayerShape ShapeOf(const v1::LayerSpec& layer) {
       const bool bias = !l.has_bias() || l.bias();
       const double g = Gated(l.activation()) ? 2 : 1;
       const int blocks = l.layer_type() == "decoder" ? 2 : 1;
-      s.parameters = blocks * AttentionParameters(h, heads, kv, gqa, bias) + 2 * h + h * f * g + f * h +
-                     (bias ? f * g + h : 0) + 2 * h;
+      s.parameters = blocks * (AttentionParameters(h, heads, kv, gqa, bias) +
+                               AttentionExtraParameters(l.qk_norm_type(), l.softmax_type(), heads, kv)) +
+                     2 * h + h * f * g + f * h + (bias ? f * g + h : 0) + 2 * h;
       s.activation_width = blocks * (3 * h + 2 * (heads * kv + 2 * gqa * kv)) + 3 * h + 2 * f * g;
       s.heads = heads;
       s.attention_blocks = blocks;

@@ -84,19 +84,36 @@ const std::string& CheckpointDir() {
   return *dir;
 }
 
-bool SameTensors(const std::vector<train::NamedTensor>& a, const std::vector<train::NamedTensor>& b) {
+// "" when `a` and `b` hold the same tensors (by name), else what differs.
+std::string Difference(const std::vector<train::NamedTensor>& a, const std::vector<train::NamedTensor>& b) {
   std::map<std::string, const Tensor*> by_name;
   for (const train::NamedTensor& t : b) by_name[t.name] = &t.tensor;
-  if (a.size() != b.size() || by_name.size() != b.size()) return false;
+  if (a.size() != b.size() || by_name.size() != b.size()) return absl::StrCat(a.size(), " vs ", b.size(), " tensors");
   for (const train::NamedTensor& t : a) {
     auto it = by_name.find(t.name);
-    if (it == by_name.end()) return false;
+    if (it == by_name.end()) return absl::StrCat(t.name, " missing");
     const Tensor& x = t.tensor;
     const Tensor& y = *it->second;
-    if (x.dtype() != y.dtype() || x.shape() != y.shape() || x.nbytes() != y.nbytes()) return false;
-    if (x.nbytes() > 0 && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) != 0) return false;
+    if (x.dtype() != y.dtype() || x.shape() != y.shape() || x.nbytes() != y.nbytes()) {
+      return absl::StrCat(t.name, ": dtype or shape");
+    }
+    if (x.nbytes() > 0 && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) != 0) {
+      std::string values;
+      if (x.dtype() == DType::kFloat32) {
+        for (int64_t i = 0; i < x.numel() && i < 8; ++i) {
+          absl::StrAppend(&values, " ", x.data<float>()[i], "/", y.data<float>()[i]);
+        }
+      }
+      return absl::StrCat(t.name, ": values", values);
+    }
   }
-  return true;
+  return "";
+}
+
+void CheckSame(const char* group, const std::vector<train::NamedTensor>& captured,
+               const std::vector<train::NamedTensor>& restored) {
+  const std::string difference = Difference(captured, restored);
+  FUZZ_CHECK(difference.empty(), absl::StrCat(group, " differs after RestoreState: ", difference));
 }
 
 void Load(const std::vector<std::string>& parts) {
@@ -157,11 +174,11 @@ void Load(const std::vector<std::string>& parts) {
   absl::StatusOr<train::SessionState> captured = (*session)->CaptureState();
   FUZZ_CHECK(captured.ok(), captured.status().ToString());
   FUZZ_CHECK(captured->step == read->state.step, "step differs after RestoreState");
-  FUZZ_CHECK(SameTensors(captured->parameters, read->state.parameters), "parameters differ after RestoreState");
-  FUZZ_CHECK(SameTensors(captured->gradients, read->state.gradients), "gradients differ after RestoreState");
-  FUZZ_CHECK(SameTensors(captured->state, read->state.state), "state differs after RestoreState");
+  CheckSame("parameters", captured->parameters, read->state.parameters);
+  CheckSame("gradients", captured->gradients, read->state.gradients);
+  CheckSame("state", captured->state, read->state.state);
   if (!read->state.optimizer.empty()) {
-    FUZZ_CHECK(SameTensors(captured->optimizer, read->state.optimizer), "optimizer state differs after RestoreState");
+    CheckSame("optimizer", captured->optimizer, read->state.optimizer);
   }
 }
 
