@@ -20,14 +20,25 @@ namespace {
 
 using google::protobuf::RepeatedPtrField;
 
-// Shape dims as doubles; empty when malformed (the decoder reports it).
+// Shape dims as doubles, a 0 counted as 1; empty when a dim is negative (the decoder
+// reports it). An empty tensor is no free pass: the layers still loop over its other
+// dimensions and size side tensors by them (cu_seqlens [batch + 1], attention scratch),
+// so [0, 2^40, 16] costs what [1, 2^40, 16] does here.
 std::vector<double> DimsOf(const v1::Tensor& tensor) {
   std::vector<double> dims;
   for (int64_t d : tensor.shape()) {
-    if (d <= 0) return {};
-    dims.push_back(static_cast<double>(d));
+    if (d < 0) return {};
+    dims.push_back(d == 0 ? 1.0 : static_cast<double>(d));
   }
   return dims;
+}
+
+// " (a dimension of 0 counted as 1)" when `tensor` has one, else "".
+std::string ZeroDimNote(const v1::Tensor& tensor) {
+  for (int64_t d : tensor.shape()) {
+    if (d == 0) return " (a dimension of 0 counted as 1)";
+  }
+  return "";
 }
 
 double Product(const std::vector<double>& dims, size_t begin, size_t end) {
@@ -225,7 +236,7 @@ absl::Status CheckRequestCost(const v1::ModelSpec& model, const RepeatedPtrField
   if (tokens > static_cast<double>(limits.max_tokens_per_request)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "inputs[0].shape: expected at most ", limits.max_tokens_per_request,
-        " tokens per request (--max_tokens_per_request), got ", Count(tokens)));
+        " tokens per request (--max_tokens_per_request), got ", Count(tokens), ZeroDimNote(inputs[0])));
   }
   // The kv sequence: DotProductAttention's key input, else the encoder output of a
   // decoder's cross attention, else the query's own.

@@ -86,6 +86,7 @@ for t in "${targets[@]}"; do
   dict=()
   case "$t" in
     checkpoint_fuzzer|safetensors_fuzzer) dict=(-dict=tests/fuzz/checkpoint.dict) ;;
+    request_fuzzer|spec_fuzzer) dict=(-dict=tests/fuzz/request.dict) ;;
   esac
   start=$(date +%s)
   # New inputs go to $dir/corpus; the checked-in corpus is read only.
