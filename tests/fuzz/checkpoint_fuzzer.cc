@@ -79,6 +79,10 @@ const std::string& CheckpointDir() {
     fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::path(tmp ? tmp : "/tmp");
     fs::path path = base / absl::StrCat("teserve-checkpoint-fuzzer-", ::getpid());
     fs::create_directories(path);
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(CheckpointDir(), ec);
+    });
     return new std::string(path.string());
   }();
   return *dir;
