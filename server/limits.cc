@@ -47,8 +47,10 @@ double Product(const std::vector<double>& dims, size_t begin, size_t end) {
   return p;
 }
 
+// Exact while it fits in int64, else 3 digits. A spec that the session will reject can
+// make an estimate negative or non-finite (negative sizes), and its refusal still prints.
 std::string Count(double value) {
-  if (value < 9.0e18) return absl::StrCat(static_cast<int64_t>(value));
+  if (std::abs(value) < 9.0e18) return absl::StrCat(static_cast<int64_t>(value));
   return absl::StrFormat("%.3g", value);
 }
 

@@ -2,11 +2,16 @@
 // (server/limits.h, EstimateSessionMemory), for every layer kind and the options that
 // add parameters: the q / k norms (qk_norm_type RMSNorm, LayerNorm) and the learnable
 // softmax offset of attention blocks were once left out (found by
-// tests/fuzz/spec_fuzzer).
+// tests/fuzz/spec_fuzzer). Its refusal message prints any estimate, also the negative
+// ones of specs with negative sizes, which admission sees before the session rejects
+// them (a cast of such a double to int64 was undefined behaviour, also found by
+// spec_fuzzer).
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/context.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/limits.h"
 #include "teserve/v1/model.pb.h"
@@ -77,6 +82,20 @@ TEST(AdmissionEstimate, CountsEveryParameterTheSessionCreates) {
     EXPECT_GE(estimate.parameters, static_cast<double>(actual)) << c.name;
     EXPECT_GE(estimate.parameter_bytes + estimate.gradient_bytes, 8.0 * actual) << c.name;
   }
+}
+
+TEST(AdmissionEstimate, RefusalsPrintEstimatesOutsideInt64) {
+  v1::ModelSpec model;
+  v1::LinearSpec* linear = model.add_layers()->mutable_linear();
+  linear->set_in_features(int64_t{1} << 62);
+  linear->set_out_features(-3);
+  v1::OptimizerSpec optimizer;
+  optimizer.mutable_sgd()->set_lr(0.1f);
+  const server::MemoryEstimate estimate = server::EstimateSessionMemory(model, optimizer, 256, 1 << 20);
+  ASSERT_LT(estimate.parameters, -9.3e18);
+  const absl::Status refused = server::AdmitSession(estimate, int64_t{64} << 20, 0, -1, 256);
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("-1.38e+19 parameters"));
 }
 
 }  // namespace
