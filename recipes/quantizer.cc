@@ -62,6 +62,7 @@ class DelayedScalingQuantizer : public Quantizer {
     return absl::OkStatus();
   }
   void ImportExtra(const QuantizerState& s) override { state_.Restore(s.scale, s.amax_history); }
+  bool KeepsScale() const override { return true; }
 
  private:
   ScalingState state_;
@@ -96,6 +97,7 @@ class CurrentScalingQuantizer : public Quantizer {
     return absl::OkStatus();
   }
   void ImportExtra(const QuantizerState& s) override { last_scale_ = s.scale; }
+  bool KeepsScale() const override { return true; }
 
  private:
   CurrentScalingConfig config_;
@@ -174,6 +176,7 @@ class Nvfp4Quantizer : public Quantizer {
   }
   void ExportExtra(QuantizerState* s) const override { s->rng_draws = static_cast<int64_t>(draws_); }
   void ImportExtra(const QuantizerState& s) override { draws_ = static_cast<uint64_t>(s.rng_draws); }
+  bool KeepsRngDraws() const override { return true; }
 
  private:
   Nvfp4Config config_;
@@ -288,6 +291,16 @@ absl::Status Quantizer::CheckState(const QuantizerState& state, absl::string_vie
     return InvalidField(absl::StrCat(field, ".quantize_calls"), "a count >= 0", state.quantize_calls);
   }
   if (state.rng_draws < 0) return InvalidField(absl::StrCat(field, ".rng_draws"), "a count >= 0", state.rng_draws);
+  const QuantizerState unkept;
+  if (!KeepsScale() && !(state.scale == unkept.scale)) {
+    return InvalidField(absl::StrCat(field, ".scale"),
+                        absl::StrCat(unkept.scale, " (", recipe_, " quantizers keep no per-tensor scale)"), state.scale);
+  }
+  if (!KeepsRngDraws() && state.rng_draws != unkept.rng_draws) {
+    return InvalidField(absl::StrCat(field, ".rng_draws"),
+                        absl::StrCat(unkept.rng_draws, " (", recipe_, " quantizers draw no random numbers)"),
+                        state.rng_draws);
+  }
   return CheckExtra(state, field);
 }
 

@@ -80,7 +80,9 @@ class Quantizer {
   QuantizerState ExportState();
   // Whether ImportState may take `state` (what ExportState returned for a quantizer of
   // the same recipe and config): INVALID_ARGUMENT naming "<field>.<value>" when the amax
-  // history length differs or a count or scale is out of range.
+  // history length differs, a count or scale is out of range, or a value this recipe
+  // does not keep (a scale without per-tensor scaling, random draws without NVFP4) is not
+  // the one ExportState writes.
   absl::Status CheckState(const QuantizerState& state, absl::string_view field) const;
   // Puts back a state that CheckState accepted.
   void ImportState(const QuantizerState& state);
@@ -112,6 +114,11 @@ class Quantizer {
     return absl::OkStatus();
   }
   virtual void ImportExtra(const QuantizerState& state) {}
+  // Whether ExportExtra / ImportExtra carry QuantizerState::scale / ::rng_draws; where
+  // they do not, CheckState accepts only the value ExportState writes (1 and 0), so a
+  // checkpoint value the quantizer would drop is refused instead of ignored.
+  virtual bool KeepsScale() const { return false; }
+  virtual bool KeepsRngDraws() const { return false; }
 
  private:
   // x as this recipe's quantize kernels read it: itself (FP32; BF16 for per-tensor

@@ -20,14 +20,25 @@ namespace {
 
 using google::protobuf::RepeatedPtrField;
 
-// Shape dims as doubles; empty when malformed (the decoder reports it).
+// Shape dims as doubles, a 0 counted as 1; empty when a dim is negative (the decoder
+// reports it). An empty tensor is no free pass: the layers still loop over its other
+// dimensions and size side tensors by them (cu_seqlens [batch + 1], attention scratch),
+// so [0, 2^40, 16] costs what [1, 2^40, 16] does here.
 std::vector<double> DimsOf(const v1::Tensor& tensor) {
   std::vector<double> dims;
   for (int64_t d : tensor.shape()) {
-    if (d <= 0) return {};
-    dims.push_back(static_cast<double>(d));
+    if (d < 0) return {};
+    dims.push_back(d == 0 ? 1.0 : static_cast<double>(d));
   }
   return dims;
+}
+
+// " (a dimension of 0 counted as 1)" when `tensor` has one, else "".
+std::string ZeroDimNote(const v1::Tensor& tensor) {
+  for (int64_t d : tensor.shape()) {
+    if (d == 0) return " (a dimension of 0 counted as 1)";
+  }
+  return "";
 }
 
 double Product(const std::vector<double>& dims, size_t begin, size_t end) {
@@ -36,8 +47,10 @@ double Product(const std::vector<double>& dims, size_t begin, size_t end) {
   return p;
 }
 
+// Exact while it fits in int64, else 3 digits. A spec that the session will reject can
+// make an estimate negative or non-finite (negative sizes), and its refusal still prints.
 std::string Count(double value) {
-  if (value < 9.0e18) return absl::StrCat(static_cast<int64_t>(value));
+  if (std::abs(value) < 9.0e18) return absl::StrCat(static_cast<int64_t>(value));
   return absl::StrFormat("%.3g", value);
 }
 
@@ -85,6 +98,18 @@ struct LayerShape {
 double AttentionParameters(double hidden, double heads, double kv, double gqa, bool bias) {
   const double qkv_out = heads * kv + 2 * gqa * kv;
   return hidden * qkv_out + (bias ? qkv_out : 0) + heads * kv * hidden + (bias ? hidden : 0) + 2 * hidden;
+}
+
+// Parameters of an attention block besides its projections and input norm: the q and k
+// norms over the head size (qk_norm_type RMSNorm: gamma; LayerNorm: gamma and beta) and
+// the learnable softmax offset (one per head).
+double AttentionExtraParameters(const std::string& qk_norm_type, const std::string& softmax_type, double heads,
+                                double kv) {
+  double p = 0;
+  if (qk_norm_type == "RMSNorm") p += 2 * kv;
+  if (qk_norm_type == "LayerNorm") p += 4 * kv;
+  if (softmax_type == "learnable") p += heads;
+  return p;
 }
 
 LayerShape ShapeOf(const v1::LayerSpec& layer) {
@@ -151,7 +176,8 @@ LayerShape ShapeOf(const v1::LayerSpec& layer) {
       const double h = l.hidden_size(), heads = std::max<double>(1, l.num_attention_heads());
       const double kv = l.has_kv_channels() ? l.kv_channels() : std::floor(h / heads);
       const double gqa = l.has_num_gqa_groups() ? l.num_gqa_groups() : heads;
-      s.parameters = AttentionParameters(h, heads, kv, gqa, !l.has_bias() || l.bias());
+      s.parameters = AttentionParameters(h, heads, kv, gqa, !l.has_bias() || l.bias()) +
+                     AttentionExtraParameters(l.qk_norm_type(), l.softmax_type(), heads, kv);
       s.activation_width = 3 * h + 2 * (heads * kv + 2 * gqa * kv);
       s.heads = heads;
       s.attention_blocks = 1;
@@ -167,8 +193,9 @@ LayerShape ShapeOf(const v1::LayerSpec& layer) {
       const bool bias = !l.has_bias() || l.bias();
       const double g = Gated(l.activation()) ? 2 : 1;
       const int blocks = l.layer_type() == "decoder" ? 2 : 1;
-      s.parameters = blocks * AttentionParameters(h, heads, kv, gqa, bias) + 2 * h + h * f * g + f * h +
-                     (bias ? f * g + h : 0) + 2 * h;
+      s.parameters = blocks * (AttentionParameters(h, heads, kv, gqa, bias) +
+                               AttentionExtraParameters(l.qk_norm_type(), l.softmax_type(), heads, kv)) +
+                     2 * h + h * f * g + f * h + (bias ? f * g + h : 0) + 2 * h;
       s.activation_width = blocks * (3 * h + 2 * (heads * kv + 2 * gqa * kv)) + 3 * h + 2 * f * g;
       s.heads = heads;
       s.attention_blocks = blocks;
@@ -211,7 +238,7 @@ absl::Status CheckRequestCost(const v1::ModelSpec& model, const RepeatedPtrField
   if (tokens > static_cast<double>(limits.max_tokens_per_request)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "inputs[0].shape: expected at most ", limits.max_tokens_per_request,
-        " tokens per request (--max_tokens_per_request), got ", Count(tokens)));
+        " tokens per request (--max_tokens_per_request), got ", Count(tokens), ZeroDimNote(inputs[0])));
   }
   // The kv sequence: DotProductAttention's key input, else the encoder output of a
   // decoder's cross attention, else the query's own.

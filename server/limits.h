@@ -36,8 +36,9 @@ struct RequestLimits {
 // Checks the cost of a Forward / ForwardBackward on `model` with `inputs` (and the
 // encoder_output side input, if any) against `limits`. `outputs_in_reply`: whether the
 // reply carries the outputs (Forward always; ForwardBackward with return_outputs).
-// Shapes that are malformed (empty, non-positive dims) pass: the decoder rejects them
-// with its own message.
+// A dimension of 0 counts as 1 (an empty tensor's other dimensions still cost loops and
+// side-tensor allocations); shapes that are malformed (empty, negative dims) pass: the
+// decoder rejects them with its own message.
 absl::Status CheckRequestCost(const v1::ModelSpec& model,
                               const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs,
                               const google::protobuf::RepeatedPtrField<v1::NamedTensor>& side_inputs,

@@ -7,6 +7,10 @@
 # (pip). The CUDA toolkit is not installed here: with one in CUDA_PATH or
 # /usr/local/cuda the CUDA kernels are built, without one the build falls back to the
 # CPU backend.
+#
+# --fuzz adds what the fuzz targets need (tests/fuzz/run_fuzzers.sh): clang and the
+# compiler-rt runtimes with libFuzzer and the sanitizers (libclang-rt-dev, which clang
+# only recommends; Debian 12: clang 14, Ubuntu 24.04: clang 18).
 set -euo pipefail
 
 packages=(
@@ -15,6 +19,9 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   prometheus
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-dev)
+fi
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Sums the GoogleTest results Bazel left in bazel-testlogs/**/test.xml, and the JUnit XML
-reports named on the command line (pytest --junitxml), and prints one closing line:
-'N passed, N failed, N skipped'. Used by .ci/run after `bazel test //...` and pytest.
+reports named on the command line (pytest --junitxml, tests/fuzz/run_fuzzers.sh --junit),
+and prints one closing line: 'N passed, N failed, N skipped'. Used by .ci/run after
+`bazel test //...`, pytest and the fuzz smoke run.
 
 A report named on the command line that is missing or unreadable counts as one failure
 (its runner crashed or never ran)."""

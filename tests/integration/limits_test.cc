@@ -120,6 +120,56 @@ TEST(Limits, TokensPerRequestAreBounded) {
   EXPECT_EQ(info->live_handles(), 1);  // only the accepted Forward's
 }
 
+// An empty tensor is no free pass: [0, 2^40, 32] carries no data, but the layers would
+// loop over and allocate by its other dimensions (terabytes, found by
+// tests/fuzz/request_fuzzer, corpus regression-zero-*). A 0 counts as 1 in the bounds.
+TEST(Limits, EmptyTensorsWithHugeDimensionsAreBounded) {
+  server::ServerOptions options = Options();
+  testing::LoopbackServer s = testing::StartLoopbackServer(options);
+  ASSERT_NE(s.server, nullptr);
+  v1::CreateSessionRequest transformer;
+  v1::TransformerLayerSpec* t = transformer.mutable_model()->add_layers()->mutable_transformer_layer();
+  t->set_hidden_size(32);
+  t->set_ffn_hidden_size(32);
+  t->set_num_attention_heads(2);
+  t->set_self_attn_mask_type("padding");
+  transformer.mutable_optimizer()->mutable_sgd()->set_lr(0.01f);
+  absl::StatusOr<v1::CreateSessionResponse> created = s.client->CreateSession(transformer);
+  ASSERT_TRUE(created.ok()) << created.status();
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{0, int64_t{1} << 40, 32},
+                                                                             {int64_t{1} << 40, 0, 32}}) {
+    v1::ForwardRequest forward;
+    forward.set_session_id(created->session_id());
+    v1::Tensor* x = forward.add_inputs();
+    x->set_dtype(v1::FLOAT32);
+    for (int64_t d : shape) x->add_shape(d);
+    v1::NamedTensor* mask = forward.add_side_inputs();
+    mask->set_name("attention_mask");
+    mask->mutable_tensor()->set_dtype(v1::BOOL);
+    for (int64_t d : {shape[1], int64_t{1}, int64_t{1}, shape[0]}) mask->mutable_tensor()->add_shape(d);
+    absl::StatusOr<v1::ForwardResponse> over = s.client->Forward(forward);
+    ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+    EXPECT_THAT(std::string(over.status().message()),
+                HasSubstr("inputs[0].shape: expected at most 65536 tokens per request (--max_tokens_per_request), "
+                          "got 1099511627776 (a dimension of 0 counted as 1)"));
+  }
+  // An empty request of ordinary size is still served.
+  v1::ForwardRequest empty;
+  empty.set_session_id(created->session_id());
+  v1::Tensor* x = empty.add_inputs();
+  x->set_dtype(v1::FLOAT32);
+  for (int64_t d : {0, 2, 32}) x->add_shape(d);
+  v1::NamedTensor* mask = empty.add_side_inputs();
+  mask->set_name("attention_mask");
+  mask->mutable_tensor()->set_dtype(v1::BOOL);
+  for (int64_t d : {2, 1, 1, 0}) mask->mutable_tensor()->add_shape(d);
+  empty.set_no_grad(true);
+  absl::StatusOr<v1::ForwardResponse> served = s.client->Forward(empty);
+  ASSERT_TRUE(served.ok()) << served.status();
+  ASSERT_EQ(served->outputs_size(), 1);
+  EXPECT_EQ(served->outputs(0).data().size(), 0u);
+}
+
 TEST(Limits, AttentionScoresAreBoundedBeforeWork) {
   server::ServerOptions options = Options();
   options.max_attention_scores = int64_t{1} << 20;

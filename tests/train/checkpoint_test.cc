@@ -270,6 +270,56 @@ TEST(Restore, MismatchedStateChangesNothing) {
   }
 }
 
+// A quantizer value the recipe does not keep (random draws outside NVFP4, a per-tensor
+// scale under a block recipe) is refused, not dropped: restored, it would read back as
+// 1 / 0, so the checkpoint would not say what the session holds (found by
+// tests/fuzz/checkpoint_fuzzer; corpus/checkpoint_fuzzer/regression-unkept-rng-draws).
+TEST(Restore, ValuesTheRecipeDoesNotKeepAreRefused) {
+  struct Case {
+    std::string recipe;
+    std::string tensor;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"delayed", "quantizer.head.weight.rng_draws",
+       "state.safetensors: quantizer.head.weight.rng_draws: expected 0 (delayed quantizers draw no random numbers), got 3"},
+      {"current", "quantizer.head.input.rng_draws",
+       "quantizer.head.input.rng_draws: expected 0 (current quantizers draw no random numbers), got 3"},
+      {"mxfp8", "quantizer.head.input.scale",
+       "state.safetensors: quantizer.head.input.scale: expected 1 (mxfp8 quantizers keep no per-tensor scale), got 3"},
+      {"block", "quantizer.head.grad_output.scale",
+       "quantizer.head.grad_output.scale: expected 1 (block quantizers keep no per-tensor scale), got 3"},
+  };
+  for (const Case& c : cases) {
+    auto a = Make(Recipe(c.recipe));
+    TrainStep(*a, 0);
+    SessionState state = a->CaptureState().value();
+    ASSERT_TRUE(a->RestoreState(state).ok()) << c.recipe;
+    bool found = false;
+    for (NamedTensor& t : state.state) {
+      if (t.name != c.tensor) continue;
+      found = true;
+      if (t.tensor.dtype() == DType::kInt64) t.tensor.data<int64_t>()[0] = 3;
+      if (t.tensor.dtype() == DType::kFloat32) t.tensor.data<float>()[0] = 3.0f;
+    }
+    ASSERT_TRUE(found) << c.tensor;
+    const absl::Status st = a->RestoreState(state);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.recipe;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(c.message)) << c.recipe;
+  }
+  // NVFP4 keeps its draws.
+  auto n = Make(Recipe("nvfp4"));
+  TrainStep(*n, 0);
+  SessionState state = n->CaptureState().value();
+  for (NamedTensor& t : state.state) {
+    if (t.name == "quantizer.head.grad_output.rng_draws") t.tensor.data<int64_t>()[0] = 3;
+  }
+  ASSERT_TRUE(n->RestoreState(state).ok());
+  for (const NamedTensor& t : n->CaptureState().value().state) {
+    if (t.name == "quantizer.head.grad_output.rng_draws") EXPECT_EQ(t.tensor.data<int64_t>()[0], 3);
+  }
+}
+
 TEST(CheckpointNames, OnlyTheDocumentedCharacterSet) {
   for (const std::string& ok : std::vector<std::string>{"a", "run-1", "run_1.step-000000003", "A9", std::string(128, 'x')}) {
     EXPECT_TRUE(ValidateCheckpointName(ok, "name").ok()) << ok;
