@@ -206,6 +206,29 @@ absl::Status CallAbandoned(const grpc::CallbackServerContext& context, absl::str
   return absl::OkStatus();
 }
 
+// What train::Session asks between layers: whether this call's client is still waiting.
+// Cheap when it is (a flag and a clock read); the message is built only when not.
+class CallInterruption final : public Interruption {
+ public:
+  CallInterruption(const grpc::CallbackServerContext& context, absl::string_view method)
+      : context_(context), method_(method) {}
+
+  absl::Status Check(absl::string_view pass, absl::string_view next) const override {
+    if (!const_cast<grpc::CallbackServerContext&>(context_).IsCancelled() &&
+        context_.deadline() > std::chrono::system_clock::now()) {
+      return absl::OkStatus();
+    }
+    const std::string where = next.empty() ? absl::StrCat("after the ", pass)
+                                           : absl::StrCat("in the ", pass, " before ", Quoted(next));
+    return CallAbandoned(context_, method_,
+                         absl::StrCat(where, "; the session is as it was before the call"));
+  }
+
+ private:
+  const grpc::CallbackServerContext& context_;
+  const std::string method_;
+};
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -418,9 +441,11 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
     // Cost bounds, on shapes the decoder has just validated, before any computation.
     RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
                                      /*outputs_in_reply=*/true, config_.request_limits));
+    const CallInterruption interruption(*context, "Forward");
     ASSIGN_OR_RETURN(train::ForwardResult result,
-                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
-    // Nobody will Backward a handle whose Forward the client abandoned: drop it.
+                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side, &interruption));
+    // The session checked the call up to its end; a client that gave up since will not
+    // Backward the handle either: drop it.
     absl::Status abandoned = CallAbandoned(*context, "Forward", "while it ran; its activations were released");
     if (!abandoned.ok()) {
       if (result.handle != 0) session->ReleaseHandle(result.handle).IgnoreError();
@@ -441,8 +466,9 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                      DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
     std::vector<train::NamedTensor> side_grads;
+    const CallInterruption interruption(*context, "Backward");
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
-                     session->Backward(request->handle(), grads, &side_grads));
+                     session->Backward(request->handle(), grads, &side_grads, &interruption));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     for (const train::NamedTensor& g : side_grads) {
       v1::NamedTensor* wire = response->add_side_grads();
@@ -465,9 +491,10 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
     ASSIGN_OR_RETURN(Tensor target, DecodeTensor(request->target(), "target"));
     RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
                                      request->return_outputs(), config_.request_limits));
+    const CallInterruption interruption(*context, "ForwardBackward");
     ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
                      session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
-                                              request->return_outputs()));
+                                              request->return_outputs(), &interruption));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     response->set_loss(result.loss);
     response->set_num_tokens(result.num_tokens);
@@ -482,8 +509,8 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
                                                v1::StepResponse* response) {
   return Serve(context, "Step", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
-    ASSIGN_OR_RETURN(train::StepResult result, session->Step());
-    if (request->zero_grad()) RETURN_IF_ERROR(session->ZeroGrad());
+    const CallInterruption interruption(*context, "Step");
+    ASSIGN_OR_RETURN(train::StepResult result, session->Step(request->zero_grad(), &interruption));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/false);
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
