@@ -147,6 +147,8 @@ struct Session::State {
   // Whether every gradient is zero (a new session, after ZeroGrad): undoing a backward
   // then needs no copy of them.
   bool grads_zero = true;
+  // Counts the calls that changed the state (Session::StateVersion).
+  uint64_t version = 0;
 
   // What a training call changes besides its results, taken before it computes when the
   // call may be interrupted, so that an interrupted (or otherwise failed) call leaves the
@@ -494,6 +496,7 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
   };
   ASSIGN_OR_RETURN(ForwardResult result, s.Transaction<ForwardResult>(interruption, /*grads=*/false, forward));
   // Kept: the handle is the last thing a Forward changes.
+  ++s.version;
   if (save_for_backward) {
     result.handle = s.next_handle++;
     s.pending[result.handle] = State::Pending{std::move(saved), std::move(output_shapes)};
@@ -559,6 +562,7 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
   // it pending, so the client may run it again).
   s.pending.erase(it);
   s.grads_zero = false;
+  ++s.version;
   if (side_grads != nullptr) {
     for (NamedTensor& g : new_side_grads) side_grads->push_back(std::move(g));
   }
@@ -619,6 +623,7 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
   s.has_loss = true;
   s.last_loss = result.loss;
   s.grads_zero = false;
+  ++s.version;
   return result;
 }
 
@@ -648,12 +653,14 @@ absl::StatusOr<StepResult> Session::Step(bool zero_grad, const Interruption* int
     RETURN_IF_ERROR(s.optimizer->Apply(s.ctx, s.params, s.step + 1));
     result.step = ++s.step;
   }
+  ++s.version;
   if (zero_grad) RETURN_IF_ERROR(s.ZeroGrads());
   return result;
 }
 
 absl::Status Session::ZeroGrad() {
   absl::MutexLock lock(&mu_);
+  ++state_->version;
   return state_->ZeroGrads();
 }
 
@@ -701,6 +708,7 @@ absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) 
     }
     targets.push_back(p);
   }
+  ++state_->version;  // even a copy that fails halfway has changed something
   for (size_t i = 0; i < targets.size(); ++i) {
     RETURN_IF_ERROR(kernels::CopyInto(state_->ctx, parameters[i].tensor, &targets[i]->value));
   }
@@ -772,9 +780,15 @@ void Session::SetHealthSampling(bool on) {
   }
 }
 
-absl::StatusOr<SessionState> Session::CaptureState() const {
+uint64_t Session::StateVersion() const {
+  absl::MutexLock lock(&mu_);
+  return state_->version;
+}
+
+absl::StatusOr<SessionState> Session::CaptureState(uint64_t* version) const {
   absl::MutexLock lock(&mu_);
   const State& s = *state_;
+  if (version != nullptr) *version = s.version;
   SessionState out;
   out.step = s.step;
   ASSIGN_OR_RETURN(out.parameters, s.CopyTensors({}, /*grads=*/false));
@@ -864,6 +878,7 @@ absl::Status Session::RestoreState(const SessionState& in) {
   s.skipped_steps = skipped;
   s.pending.clear();
   s.grads_zero = false;  // whatever the checkpoint held
+  ++s.version;
   return absl::OkStatus();
 }
 

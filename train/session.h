@@ -196,8 +196,13 @@ class Session {
   void SetHealthSampling(bool on);
 
   // A consistent copy of the SessionState (taken under the session's lock, so between
-  // two calls, never inside one).
-  absl::StatusOr<SessionState> CaptureState() const;
+  // two calls, never inside one); `version`, when given, receives the StateVersion the
+  // copy has.
+  absl::StatusOr<SessionState> CaptureState(uint64_t* version = nullptr) const;
+  // Counts the calls that changed the session's state so far (Forward, Backward,
+  // ForwardBackward, Step, ZeroGrad, SetParameters, RestoreState; an undone or rejected
+  // call counts nothing): equal versions mean equal states. 0 for a new session.
+  uint64_t StateVersion() const;
   // All-or-nothing: checks that `state` fits this session (every tensor of every group
   // present once with this session's name, dtype and shape, no others; the optimizer
   // group complete or empty; counters >= 0; quantizer histories of the recipe's length)
