@@ -182,6 +182,7 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
     if (!clean.ok()) return clean;
   }
   config.checkpoint_dir = options.checkpoint_dir;
+  config.session_idle_timeout = options.session_idle_timeout;
   server->checkpoints_ = !options.checkpoint_dir.empty();
   server->service_ = std::make_unique<TrainerService>(std::move(config), server->metrics_.get());
 

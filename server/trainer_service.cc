@@ -747,6 +747,14 @@ grpc::ServerUnaryReactor* TrainerService::GetServerInfo(grpc::CallbackServerCont
     response->set_max_message_bytes(config_.max_message_bytes);
     response->set_cuda_compiled(info.cuda_compiled);
     response->set_gpu_count(info.gpu_count);
+    response->set_max_sessions_per_tenant(registry_.max_sessions_per_tenant());
+    response->set_max_tokens_per_request(config_.request_limits.max_tokens_per_request);
+    response->set_max_attention_scores(config_.request_limits.max_attention_scores);
+    response->set_max_live_handles(static_cast<int64_t>(train::kMaxLiveHandles));
+    response->set_memory_budget_bytes(config_.memory_budget_bytes);
+    response->set_admission_tokens(config_.admission_tokens);
+    response->set_session_idle_timeout_seconds(absl::ToDoubleSeconds(config_.session_idle_timeout));
+    response->set_checkpoints_enabled(!config_.checkpoint_dir.empty());
     return absl::OkStatus();
   });
 }

@@ -55,6 +55,7 @@ struct TrainerConfig {
   // --checkpoint_dir: where SaveCheckpoint / LoadCheckpoint / from_checkpoint and
   // checkpoint_every_steps read and write (created at startup); empty: checkpoints off.
   std::string checkpoint_dir;
+  absl::Duration session_idle_timeout = absl::ZeroDuration();  // reported; the server expires
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);

@@ -21,10 +21,6 @@ namespace teserve {
 namespace train {
 namespace {
 
-// Forwards awaiting their backward; beyond this a Forward that saves activations is
-// refused (RESOURCE_EXHAUSTED) instead of growing memory without bound.
-constexpr size_t kMaxLiveHandles = 1024;
-
 absl::Status CheckFp32Cpu(const Tensor& t, absl::string_view field) {
   if (t.dtype() != DType::kFloat32) {
     return InvalidField(absl::StrCat(field, ".dtype"), "FLOAT32", DTypeName(t.dtype()));

@@ -49,6 +49,10 @@ struct TensorLayout {
   int64_t nbytes = 0;
 };
 
+// Forwards a session keeps awaiting their Backward; beyond this a Forward that saves
+// activations is refused (RESOURCE_EXHAUSTED) instead of growing memory without bound.
+inline constexpr size_t kMaxLiveHandles = 1024;
+
 struct ForwardResult {
   std::vector<Tensor> outputs;  // FP32
   uint64_t handle = 0;          // 0 when no activations were saved
