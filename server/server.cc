@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -180,6 +181,14 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   if (!options.checkpoint_dir.empty()) {
     const absl::Status clean = train::CleanCheckpointDir(options.checkpoint_dir);
     if (!clean.ok()) return clean;
+    // And each tenant's directory ("@<tenant>", TrainerService::CheckpointDirOf).
+    std::error_code ec;
+    for (const std::filesystem::directory_entry& entry :
+         std::filesystem::directory_iterator(options.checkpoint_dir, ec)) {
+      if (entry.path().filename().string().rfind('@', 0) != 0 || !entry.is_directory(ec)) continue;
+      const absl::Status tenant_clean = train::CleanCheckpointDir(entry.path().string());
+      if (!tenant_clean.ok()) return tenant_clean;
+    }
   }
   config.checkpoint_dir = options.checkpoint_dir;
   config.session_idle_timeout = options.session_idle_timeout;

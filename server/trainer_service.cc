@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <new>
@@ -32,6 +33,15 @@
 namespace teserve {
 namespace server {
 namespace {
+
+// A tenant's checkpoint directory under --checkpoint_dir: "@<tenant>"
+// (TrainerService::CheckpointDirOf).
+constexpr char kTenantDirPrefix[] = "@";
+
+// A checkpoint as the log names it: "<name>", or "@<tenant>/<name>" for a tenant's.
+std::string LoggedName(absl::string_view tenant, absl::string_view name) {
+  return tenant.empty() ? std::string(name) : absl::StrCat(kTenantDirPrefix, tenant, "/", name);
+}
 
 // How long a stopping server keeps answering UNAVAILABLE after the last call it saw
 // (TrainerService::Drain).
@@ -323,7 +333,7 @@ void TrainerService::FinalCheckpoint(const std::string& id, const train::Session
     return;
   }
   const std::string name = FinalCheckpointName(policy.prefix, session.Summary().step);
-  absl::StatusOr<Saved> saved = Save(session, name, /*overwrite=*/true);  // logs either way
+  absl::StatusOr<Saved> saved = Save(session, policy.tenant, name, /*overwrite=*/true);  // logs either way
   if (saved.ok()) {
     absl::MutexLock lock(&auto_mu_);
     auto it = auto_checkpoints_.find(id);
@@ -455,7 +465,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     std::optional<train::CheckpointContents> checkpoint;
     if (!from.empty()) {
       absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
-      ASSIGN_OR_RETURN(checkpoint, train::ReadCheckpoint(config_.checkpoint_dir, from));
+      ASSIGN_OR_RETURN(checkpoint, train::ReadCheckpoint(CheckpointDirOf(tenant), from));
     }
     // Admission: refuse a spec that can't fit before allocating any of it.
     const MemoryEstimate estimate = EstimateSessionMemory(checkpoint.has_value() ? checkpoint->model : request->model(),
@@ -486,6 +496,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     ASSIGN_OR_RETURN(std::string id, registry_.Add(shared, tenant, static_cast<int64_t>(estimate.total())));
     if (policy.every_steps > 0) {
       if (policy.prefix.empty()) policy.prefix = id;
+      policy.tenant = tenant;
       // A session restored from a checkpoint holds that checkpoint's state: until it
       // changes, it needs no final checkpoint.
       if (!from.empty()) policy.saved_version = shared->StateVersion();
@@ -767,8 +778,14 @@ absl::Status TrainerService::RequireCheckpointDir(absl::string_view field) const
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainerService::Saved> TrainerService::Save(const train::Session& session, const std::string& name,
-                                                          bool overwrite) {
+std::string TrainerService::CheckpointDirOf(absl::string_view tenant) const {
+  if (tenant.empty()) return config_.checkpoint_dir;
+  return absl::StrCat(config_.checkpoint_dir, "/", kTenantDirPrefix, tenant);
+}
+
+absl::StatusOr<TrainerService::Saved> TrainerService::Save(const train::Session& session, absl::string_view tenant,
+                                                          const std::string& name, bool overwrite) {
+  const std::string dir = CheckpointDirOf(tenant);
   const absl::Time start = absl::Now();
   absl::Status status;
   Saved saved;
@@ -783,20 +800,26 @@ absl::StatusOr<TrainerService::Saved> TrainerService::Save(const train::Session&
       contents.state = std::move(*state);
       saved.step = contents.state.step;
       absl::MutexLock lock(&checkpoint_mu_);
-      absl::StatusOr<train::CheckpointWriteResult> written =
-          train::WriteCheckpoint(config_.checkpoint_dir, name, contents, overwrite, kTeserveVersion);
-      status = written.status();
-      if (written.ok()) saved.bytes = written->bytes;
+      if (!prepared_dirs_.contains(dir)) {
+        status = train::CleanCheckpointDir(dir);  // creates it
+        if (status.ok()) prepared_dirs_.insert(dir);
+      }
+      if (status.ok()) {
+        absl::StatusOr<train::CheckpointWriteResult> written =
+            train::WriteCheckpoint(dir, name, contents, overwrite, kTeserveVersion);
+        status = written.status();
+        if (written.ok()) saved.bytes = written->bytes;
+      }
     }
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   metrics_->RecordCheckpointSave(status.ok(), seconds, saved.bytes);
   if (!status.ok()) {
-    LogLine(absl::StrFormat("checkpoint '%s' not saved: %s", name, status.ToString()));
+    LogLine(absl::StrFormat("checkpoint '%s' not saved: %s", LoggedName(tenant, name), status.ToString()));
     return status;
   }
-  LogLine(absl::StrFormat("checkpoint '%s' saved: step %d, %d bytes in %.3f s", name, saved.step, saved.bytes,
-                          seconds));
+  LogLine(absl::StrFormat("checkpoint '%s' saved: step %d, %d bytes in %.3f s", LoggedName(tenant, name), saved.step,
+                          saved.bytes, seconds));
   return saved;
 }
 
@@ -812,7 +835,7 @@ void TrainerService::AutoSave(const std::string& id, const train::Session& sessi
   if (step % policy.every_steps != 0) return;
   const std::string name = AutoCheckpointName(policy.prefix, step);
   // A session resumed from an earlier checkpoint saves the same step names again.
-  absl::StatusOr<Saved> saved = Save(session, name, /*overwrite=*/true);
+  absl::StatusOr<Saved> saved = Save(session, policy.tenant, name, /*overwrite=*/true);
   if (!saved.ok()) {
     response->set_checkpoint_error(BoundedMessage(saved.status().ToString()));
     return;
@@ -825,7 +848,8 @@ void TrainerService::AutoSave(const std::string& id, const train::Session& sessi
   }
   if (policy.keep_last <= 0) return;
   absl::MutexLock lock(&checkpoint_mu_);
-  absl::StatusOr<std::vector<train::CheckpointListing>> listing = train::ListCheckpoints(config_.checkpoint_dir);
+  const std::string dir = CheckpointDirOf(policy.tenant);
+  absl::StatusOr<std::vector<train::CheckpointListing>> listing = train::ListCheckpoints(dir);
   if (!listing.ok()) return;
   const std::string stem = absl::StrCat(policy.prefix, kAutoStepInfix);
   std::vector<std::pair<int64_t, std::string>> mine;
@@ -838,10 +862,11 @@ void TrainerService::AutoSave(const std::string& id, const train::Session& sessi
   }
   std::sort(mine.begin(), mine.end());
   for (size_t i = 0; i + policy.keep_last < mine.size(); ++i) {
-    const absl::Status deleted = train::DeleteCheckpoint(config_.checkpoint_dir, mine[i].second);
-    LogLine(deleted.ok() ? absl::StrFormat("checkpoint '%s' deleted (keep_last_checkpoints %d)", mine[i].second,
-                                           policy.keep_last)
-                         : absl::StrFormat("checkpoint '%s' not deleted: %s", mine[i].second, deleted.ToString()));
+    const absl::Status deleted = train::DeleteCheckpoint(dir, mine[i].second);
+    const std::string logged = LoggedName(policy.tenant, mine[i].second);
+    LogLine(deleted.ok()
+                ? absl::StrFormat("checkpoint '%s' deleted (keep_last_checkpoints %d)", logged, policy.keep_last)
+                : absl::StrFormat("checkpoint '%s' not deleted: %s", logged, deleted.ToString()));
   }
 }
 
@@ -850,9 +875,10 @@ grpc::ServerUnaryReactor* TrainerService::SaveCheckpoint(grpc::CallbackServerCon
                                                          v1::SaveCheckpointResponse* response) {
   return Serve(context, "SaveCheckpoint", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(RequireCheckpointDir("name"));
     RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
-    ASSIGN_OR_RETURN(const Saved saved, Save(*session, request->name(), request->overwrite()));
+    ASSIGN_OR_RETURN(const Saved saved, Save(*session, tenant, request->name(), request->overwrite()));
     response->set_name(request->name());
     response->set_step(saved.step);
     response->set_bytes(saved.bytes);
@@ -865,14 +891,16 @@ grpc::ServerUnaryReactor* TrainerService::LoadCheckpoint(grpc::CallbackServerCon
                                                          v1::LoadCheckpointResponse* response) {
   return Serve(context, "LoadCheckpoint", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(RequireCheckpointDir("name"));
     RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
     absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
     ASSIGN_OR_RETURN(train::CheckpointContents contents,
-                     train::ReadCheckpoint(config_.checkpoint_dir, request->name()));
+                     train::ReadCheckpoint(CheckpointDirOf(tenant), request->name()));
     RETURN_IF_ERROR(CheckSameSpecs(request->name(), contents, *session));
     RETURN_IF_ERROR(InCheckpoint(session->RestoreState(contents.state), request->name()));
-    LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", request->name(), contents.state.step));
+    LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", LoggedName(tenant, request->name()),
+                            contents.state.step));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     FillSessionInfo(request->session_id(), *session, response->mutable_info());
     return absl::OkStatus();
@@ -883,9 +911,13 @@ grpc::ServerUnaryReactor* TrainerService::ListCheckpoints(grpc::CallbackServerCo
                                                           const v1::ListCheckpointsRequest* request,
                                                           v1::ListCheckpointsResponse* response) {
   return Serve(context, "ListCheckpoints", *request, *response, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(RequireCheckpointDir("ListCheckpoints"));
+    const std::string dir = CheckpointDirOf(tenant);
     absl::ReaderMutexLock expiry(&expiry_mu_);  // final checkpoints of expiring sessions are listed
-    ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(config_.checkpoint_dir));
+    // A tenant that never saved has no directory yet: nothing to list.
+    if (!tenant.empty() && !std::filesystem::is_directory(dir)) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(dir));
     for (const train::CheckpointListing& c : listing) {
       v1::CheckpointInfo* info = response->add_checkpoints();
       info->set_name(c.name);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
 #include "absl/status/status.h"
@@ -142,6 +143,7 @@ class TrainerService final : public v1::Trainer::CallbackService {
     int64_t every_steps = 0;
     int32_t keep_last = 0;
     std::string prefix;
+    std::string tenant;  // whose checkpoint directory they go to
     uint64_t saved_version = 0;
   };
 
@@ -153,9 +155,18 @@ class TrainerService final : public v1::Trainer::CallbackService {
 
   // FAILED_PRECONDITION when the server runs without --checkpoint_dir.
   absl::Status RequireCheckpointDir(absl::string_view field) const;
-  // Captures the session's state and writes it as checkpoint `name` (serialized with
-  // every other save of this server), logging a line and recording the metrics.
-  absl::StatusOr<Saved> Save(const train::Session& session, const std::string& name, bool overwrite);
+  // Tenants keep their checkpoints apart: tenant T's live in <checkpoint_dir>/@T ('@'
+  // starts no checkpoint name, so the top level never lists those directories, and a
+  // tenant name, [A-Za-z0-9._-]{1,64}, is one path component after it); without
+  // tokens (tenant "") they live in <checkpoint_dir> itself. Every checkpoint RPC, the
+  // periodic and the final checkpoints use the caller's (the session's) directory only.
+  std::string CheckpointDirOf(absl::string_view tenant) const;
+  // Captures the session's state and writes it as checkpoint `name` of `tenant`
+  // (serialized with every other save of this server; a tenant's directory is created
+  // and cleaned of interrupted writes at its first save), logging a line and recording
+  // the metrics.
+  absl::StatusOr<Saved> Save(const train::Session& session, absl::string_view tenant, const std::string& name,
+                             bool overwrite);
   // After a Step: the session's periodic checkpoint, when due, and the pruning of its
   // older ones.
   void AutoSave(const std::string& id, const train::Session& session, int64_t step, v1::StepResponse* response);
@@ -186,6 +197,7 @@ class TrainerService final : public v1::Trainer::CallbackService {
   Metrics* const metrics_;
   SessionRegistry registry_;
   absl::Mutex checkpoint_mu_;  // one checkpoint write (and pruning) at a time
+  absl::flat_hash_set<std::string> prepared_dirs_ ABSL_GUARDED_BY(checkpoint_mu_);  // tenant directories
   absl::Mutex auto_mu_;
   absl::flat_hash_map<std::string, AutoCheckpoint> auto_checkpoints_ ABSL_GUARDED_BY(auto_mu_);
   // Held (writer) while idle sessions are removed and their final checkpoints written;
