@@ -46,6 +46,7 @@ std::string LoggedName(absl::string_view tenant, absl::string_view name) {
 // How long a stopping server keeps answering UNAVAILABLE after the last call it saw
 // (TrainerService::Drain).
 constexpr absl::Duration kDrainQuiet = absl::Milliseconds(200);
+constexpr absl::Duration kDrainQuietAtMost = absl::Seconds(1);
 
 // Auto-checkpoint names: "<prefix>-step-<9 digits>".
 constexpr char kAutoStepInfix[] = "-step-";
@@ -293,9 +294,9 @@ bool TrainerService::Drain(absl::Time stop_calls_at, absl::Time deadline) {
   stopping_.store(true);
   // Quiet: no call running and none arriving, so that the clients that were sending have
   // heard UNAVAILABLE before the transport closes (a call that reaches a closing
-  // transport is cancelled instead). Clients that keep sending hold this only until
-  // stop_calls_at.
-  const absl::Time quiet_until = std::min(stop_calls_at, deadline);
+  // transport is cancelled instead). Clients that keep sending hold this only for
+  // kDrainQuietAtMost (and never past stop_calls_at).
+  const absl::Time quiet_until = std::min({stop_calls_at, deadline, absl::Now() + kDrainQuietAtMost});
   while (absl::Now() < quiet_until) {
     {
       absl::MutexLock lock(&calls_mu_);

@@ -82,8 +82,8 @@ class TrainerService final : public v1::Trainer::CallbackService {
   // UNAVAILABLE ("the server is shutting down") without work; from `stop_calls_at` on,
   // Forward / Backward / ForwardBackward / Step still running stop at their next check
   // point with UNAVAILABLE, undone (train/session.h, "Interruption"). Returns once no
-  // Trainer call runs and none arrived for kDrainQuiet (clients have heard), or, with
-  // calls still arriving, once none runs after `stop_calls_at`; at the latest at
+  // Trainer call runs and none arrived for 200 ms (clients have heard), or, with calls
+  // still arriving, once none runs after 1 s (or `stop_calls_at`); at the latest at
   // `deadline`. Returns whether no call runs.
   bool Drain(absl::Time stop_calls_at, absl::Time deadline);
 
