@@ -1,14 +1,18 @@
 // Linear layer benchmark: one forward and backward of layers::Linear on the GPU, as a
-// session runs it (FP32 activations and master weights, the op entry points, the
+// session runs it (FP32 master weights and gradients, the op entry points, the
 // session's stream, the quantizers' scaling state), for Linear's shape in the speed
 // targets: --shapes=RxC means R tokens, C -> C features (16384x8192 by default).
-//   linear_fp32_fwd_bwd        no recipe (FP32 GEMMs: the unquantized session path)
-//   linear_fp8_delayed_fwd_bwd FP8 delayed scaling: x, W and dy quantized per tensor,
-//                              the three GEMMs read the FP8 codes natively
+//   linear_fp32_fwd_bwd        no recipe, FP32 activations (FP32 GEMMs)
+//   linear_fp8_delayed_fwd_bwd FP8 delayed scaling, FP32 activations: x, W and dy
+//                              quantized per tensor, the three GEMMs read the FP8 codes
+//   linear_bf16_fwd_bwd        no recipe, params_dtype BF16 (BF16 x, dy, y, dx; BF16 GEMMs)
+//   linear_fp8_delayed_bf16_fwd_bwd  FP8 delayed scaling with params_dtype BF16: what
+//                              TE's te.Linear runs with BF16 parameters
 // Timed with CUDA events around Forward + Backward + the end of both scaling regions
 // (what a training step's Linear costs); flops = 3 GEMMs of 2 R C C. run_bench.py times
 // torch.nn.Linear (BF16) forward + backward on the same shape beside it.
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,8 +20,11 @@
 #include "bench/bench_util.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/cast.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/tensor_checks.h"
 #include "layers/init.h"
 #include "layers/linear.h"
 #include "recipes/recipe.h"
@@ -42,8 +49,79 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
-void RunOne(const std::string& op, const v1::RecipeSpec& spec, int64_t tokens, int64_t features, const Flags& flags,
-            std::vector<Result>* results) {
+// Where the time of one quantized forward + backward goes: the forward alone, the
+// backward alone (repeated on one forward's saved operands), and each of the three GEMMs
+// alone on the quantized operands Linear feeds them (fprop into params_dtype with the
+// bias epilogue when 16-bit, dgrad into params_dtype, wgrad accumulated into the FP32
+// gradient; also wgrad written fresh in params_dtype, what a 16-bit wgrad costs).
+bool flags_breakdown = std::getenv("LINEAR_BENCH_BREAKDOWN") != nullptr;
+
+void Breakdown(const std::string& op, const Context& ctx, layers::Linear& linear, const Tensor& x, const Tensor& dy,
+               int64_t tokens, int64_t features, const Flags& flags, std::vector<Result>* results) {
+  const int64_t gemm_flops = 2 * tokens * features * features;
+  auto add = [&](const std::string& part, Timing t, int64_t flops) {
+    Result r{op + "/" + part, tokens, features, std::string(DTypeName(x.dtype())), t, 0, "breakdown"};
+    r.flops = flops;
+    results->push_back(r);
+  };
+  const std::vector<layers::NamedQuantizer> quantizers = linear.Quantizers();
+  add("forward", TimeLaunches([&]() -> cudaError_t {
+        Check(linear.Forward(ctx, {x}, layers::ForwardOptions()).status(), "forward");
+        return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
+      }, flags), gemm_flops);
+  auto fwd = OrDie(linear.Forward(ctx, {x}, layers::ForwardOptions()), "forward");
+  add("backward", TimeLaunches([&]() -> cudaError_t {
+        Check(linear.Backward(ctx, *fwd.saved, {dy}, nullptr).status(), "backward");
+        return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
+      }, flags), 2 * gemm_flops);
+
+  // The GEMMs alone, on operands quantized as Linear quantizes them.
+  recipes::Quantizer* qx = quantizers[0].quantizer;
+  recipes::Quantizer* qw = quantizers[1].quantizer;
+  recipes::Quantizer* qdy = quantizers[2].quantizer;
+  const Tensor w = OrDie(kernels::Convert(ctx, linear.Parameters()[0]->value, x.dtype()), "w");
+  const QuantizedTensor xq = OrDie(qx->Quantize(ctx, x, true, true), "x");
+  const QuantizedTensor wq = OrDie(qw->Quantize(ctx, w, true, true), "w");
+  const QuantizedTensor dyq = OrDie(qdy->Quantize(ctx, dy, true, true), "dy");
+  auto operand = [](const QuantizedTensor& q, kernels::Copy copy) {
+    const kernels::QuantizedCopy c = kernels::SelectCopy(q, copy);
+    return kernels::GemmOperand{c.data, true, c.scale_inv};
+  };
+  auto first = [](kernels::GemmOperand o) {
+    o.transpose = false;
+    return o;
+  };
+  Tensor y = OrDie(Tensor::Empty(x.dtype(), {tokens, features}, ctx.device, ctx.stream), "y");
+  Tensor dw = OrDie(Tensor::Empty(x.dtype(), {features, features}, ctx.device, ctx.stream), "dw");
+  Tensor bias = OrDie(kernels::Convert(ctx, linear.Parameters()[1]->value, x.dtype()), "bias");
+  layers::Parameter* weight = linear.Parameters()[0];
+  auto gemm = [&](const std::string& part, const kernels::GemmOperand& a, const kernels::GemmOperand& b, Tensor* d,
+                  kernels::GemmOptions options) {
+    add(part, TimeLaunches([&]() -> cudaError_t {
+          Check(kernels::Gemm(ctx, a, b, d, options), part.c_str());
+          return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
+        }, flags), gemm_flops);
+  };
+  kernels::GemmOptions fprop;
+  fprop.accumulation = kernels::GemmAccumulation::kFast;
+  if (x.dtype() != DType::kFloat32) {
+    fprop.epilogue = kernels::GemmEpilogue::kBias;
+    fprop.bias = &bias;
+  }
+  gemm("gemm_fprop", first(operand(xq, kernels::Copy::kRowwise)), operand(wq, kernels::Copy::kRowwise), &y, fprop);
+  kernels::GemmOptions split;
+  gemm("gemm_dgrad", first(operand(dyq, kernels::Copy::kRowwise)), operand(wq, kernels::Copy::kColumnwise), &y, split);
+  kernels::GemmOptions accumulate;
+  accumulate.beta = 1.0f;
+  gemm("gemm_wgrad_fp32_acc", first(operand(dyq, kernels::Copy::kColumnwise)), operand(xq, kernels::Copy::kColumnwise),
+       &weight->grad, accumulate);
+  gemm("gemm_wgrad_fresh", first(operand(dyq, kernels::Copy::kColumnwise)), operand(xq, kernels::Copy::kColumnwise),
+       &dw, split);
+  for (const auto& q : quantizers) q.quantizer->EndRegion();
+}
+
+void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int64_t tokens, int64_t features,
+            const Flags& flags, std::vector<Result>* results) {
   const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
   Context ctx;
   ctx.device = Device::Cuda(0);
@@ -53,6 +131,7 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, int64_t tokens, i
   options.in_features = features;
   options.out_features = features;
   options.bias = true;
+  options.params_dtype = dtype;
   std::unique_ptr<layers::Linear> linear = OrDie(layers::Linear::Create("fc", options, recipe), "Linear");
   for (layers::Parameter* p : linear->Parameters()) {
     p->value = OrDie(kernels::CopyTo(ctx, p->value, ctx.device), "weights to the GPU");
@@ -62,8 +141,12 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, int64_t tokens, i
   layers::FillNormal(1, 1.0f, x_host.mutable_floats());
   Tensor dy_host = OrDie(Tensor::Zeros(DType::kFloat32, {tokens, features}), "dy");
   layers::FillNormal(2, 1e-3f, dy_host.mutable_floats());
-  const Tensor x = OrDie(kernels::CopyTo(ctx, x_host, ctx.device), "x to the GPU");
-  const Tensor dy = OrDie(kernels::CopyTo(ctx, dy_host, ctx.device), "dy to the GPU");
+  // Activations arrive in params_dtype, as from the previous layer of a 16-bit stack.
+  const Tensor x = OrDie(kernels::Convert(ctx, OrDie(kernels::CopyTo(ctx, x_host, ctx.device), "x to the GPU"), dtype),
+                         "x in params_dtype");
+  const Tensor dy = OrDie(
+      kernels::Convert(ctx, OrDie(kernels::CopyTo(ctx, dy_host, ctx.device), "dy to the GPU"), dtype),
+      "dy in params_dtype");
   const std::vector<layers::NamedQuantizer> quantizers = linear->Quantizers();
 
   Timing t = TimeLaunches(
@@ -81,16 +164,22 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, int64_t tokens, i
         return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
       },
       flags);
-  Result r{op, tokens, features, "fp32", t, 4 * (3 * tokens * features + 2 * features * features), "layers::Linear"};
+  const int64_t act_bytes = dtype == DType::kFloat32 ? 4 : 2;
+  if (flags_breakdown && !quantizers.empty()) Breakdown(op, ctx, *linear, x, dy, tokens, features, flags, results);
+  Result r{op,      tokens, features, dtype == DType::kFloat32 ? "fp32" : "bf16",
+           t,       act_bytes * 3 * tokens * features + 4 * 2 * features * features,
+           "layers::Linear"};
   r.flops = 3 * 2 * tokens * features * features;
   results->push_back(r);
 }
 
 void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* results) {
-  RunOne("linear_fp32_fwd_bwd", v1::RecipeSpec(), rows, cols, flags, results);
+  RunOne("linear_fp32_fwd_bwd", v1::RecipeSpec(), DType::kFloat32, rows, cols, flags, results);
   v1::RecipeSpec delayed;
   delayed.mutable_delayed()->set_amax_history_len(1024);
-  RunOne("linear_fp8_delayed_fwd_bwd", delayed, rows, cols, flags, results);
+  RunOne("linear_fp8_delayed_fwd_bwd", delayed, DType::kFloat32, rows, cols, flags, results);
+  RunOne("linear_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results);
+  RunOne("linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results);
 }
 
 }  // namespace

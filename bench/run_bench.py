@@ -526,6 +526,8 @@ BENCHES.append("linear_bench")
 TORCH_EQUIVALENTS.update({
     "linear_fp32_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_fp8_delayed_fwd_bwd": _torch_linear_fwd_bwd,
+    "linear_bf16_fwd_bwd": _torch_linear_fwd_bwd,
+    "linear_fp8_delayed_bf16_fwd_bwd": _torch_linear_fwd_bwd,
     "gemm_bf16": _torch_matmul_bf16,
     "gemm_fp8_fast": _torch_scaled_mm(True),
     "gemm_fp8_split": _torch_scaled_mm(False),

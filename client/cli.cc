@@ -34,6 +34,9 @@ ABSL_FLAG(std::string, token, "", "bearer token for servers with --auth_tokens_f
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that signed the server's certificate; set: TLS");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mTLS); set: TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "TLS: the name checked against the server's certificate instead of --server's host "
+          "(a probe connecting to localhost checks the certificate's DNS name)");
 ABSL_FLAG(std::optional<int>, steps, std::nullopt,
           "demo: training steps (default 200 for mlp, 400 for transformer)");
 ABSL_FLAG(uint64_t, seed, 1, "demo: seed for parameters and data");
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
 
   teserve::client::ClientOptions options;
   options.token = absl::GetFlag(FLAGS_token);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   const absl::Status tls = teserve::client::LoadTlsFiles(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
                                                         absl::GetFlag(FLAGS_tls_key), &options);
   if (!tls.ok()) return Usage(std::string(tls.message()));

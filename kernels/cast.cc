@@ -54,23 +54,53 @@ absl::Status CheckQuantizedCopy(const QuantizedTensor& q, Copy copy, const Conte
   return absl::OkStatus();
 }
 
+// The source of an amax or a per-tensor quantization: FP32 or BF16 (BF16 converts to
+// FP32 exactly, so both read the same values; the CUDA kernels read BF16 directly).
+absl::Status CheckQuantizeSource(const Tensor& x, int rank, const Context& ctx) {
+  RETURN_IF_ERROR(CheckDefined("x", x));
+  if (x.dtype() != DType::kFloat32 && x.dtype() != DType::kBFloat16) {
+    return InvalidField("x.dtype", "FLOAT32 or BFLOAT16", DTypeName(x.dtype()));
+  }
+  return CheckTensor("x", x, x.dtype(), rank, ctx);
+}
+
 }  // namespace
 
 absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
-  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, kAnyRank, ctx));
+  RETURN_IF_ERROR(CheckQuantizeSource(x, kAnyRank, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kAmax);
-  return Dispatch("Amax", ctx, [&] { return cpu::Amax(ctx, x); },
-                  TESERVE_CUDA_KERNEL([&] { return cuda::Amax(ctx, x); }));
+  return Dispatch(
+      "Amax", ctx,
+      [&]() -> absl::StatusOr<float> {
+        if (x.dtype() == DType::kFloat32) return cpu::Amax(ctx, x);
+        ASSIGN_OR_RETURN(Tensor x32, cpu::ToFloat32(ctx, x));  // exact
+        return cpu::Amax(ctx, x32);
+      },
+      TESERVE_CUDA_KERNEL([&] { return cuda::Amax(ctx, x); }));
 }
 
 absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tensor& x,
                                                   const PerTensorQuantizeOptions& options) {
-  RETURN_IF_ERROR(CheckTensor("x", x, DType::kFloat32, 2, ctx));
+  RETURN_IF_ERROR(CheckQuantizeSource(x, 2, ctx));
   RETURN_IF_ERROR(CheckQuantizeOptions(options));
   RETURN_IF_ERROR(CheckDbias(options.dbias, x, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kQuantizePerTensor);
-  return Dispatch("QuantizePerTensor", ctx, [&] { return cpu::QuantizePerTensor(ctx, x, options); },
-                  TESERVE_CUDA_KERNEL([&] { return cuda::QuantizePerTensor(ctx, x, options); }));
+  return Dispatch(
+      "QuantizePerTensor", ctx,
+      [&]() -> absl::StatusOr<QuantizedTensor> {
+        if (x.dtype() == DType::kFloat32) return cpu::QuantizePerTensor(ctx, x, options);
+        ASSIGN_OR_RETURN(Tensor x32, cpu::ToFloat32(ctx, x));
+        return cpu::QuantizePerTensor(ctx, x32, options);
+      },
+      TESERVE_CUDA_KERNEL([&] { return cuda::QuantizePerTensor(ctx, x, options); }));
+}
+
+absl::StatusOr<Tensor> Convert(const Context& ctx, const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  if (dtype == DType::kFloat32) return ToFloat32(ctx, x);
+  if (x.dtype() == DType::kFloat32) return CastFromFloat32(ctx, x, dtype);
+  ASSIGN_OR_RETURN(Tensor x32, ToFloat32(ctx, x));
+  return CastFromFloat32(ctx, x32, dtype);
 }
 
 absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, Copy copy) {

@@ -2,7 +2,9 @@
 //
 // Contract (every device):
 //   Amax(x)                   max |x| over all elements; NaN if any element is NaN.
-//   QuantizePerTensor(x, o)   x FP32 [rows, cols]. amax = Amax(x) (fused in the same
+//                             x FP32 or BF16 (as QuantizePerTensor).
+//   QuantizePerTensor(x, o)   x FP32 or BF16 [rows, cols] (BF16 is read as its exact
+//                             FP32 value, so a BF16 x quantizes as its FP32 copy would). amax = Amax(x) (fused in the same
 //                             pass), q = satfinite_rne(x * scale) in o.format (E4M3 or
 //                             E5M2), the product taken in FP32; scale_inv = 1 / scale.
 //                             Rowwise copy [rows, cols] and/or columnwise copy
@@ -58,6 +60,11 @@ absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x);
 
 // FP32 -> `dtype` (FP32, FP16, BF16, E4M3, E5M2), round-to-nearest-even.
 absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DType dtype);
+
+// x (FP32, FP16, BF16 or FP8, unscaled) as `dtype` (FP32, FP16, BF16, E4M3, E5M2): x
+// itself when it has that dtype already (shared, no copy), else a converted copy through
+// FP32 (exact up to the final rounding). How activations change dtype between layers.
+absl::StatusOr<Tensor> Convert(const Context& ctx, const Tensor& x, DType dtype);
 
 }  // namespace kernels
 }  // namespace teserve

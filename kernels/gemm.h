@@ -55,7 +55,9 @@ namespace kernels {
 // On the CPU every operand is decoded to FP32 (x * scale_inv for FP8), multiplied with
 // sgemm and the epilogue applied in FP32: the numerical reference of the CUDA path.
 // On CUDA it runs through cuBLASLt with a 32 MiB workspace per (device, stream) and the
-// algorithm chosen by its heuristic once per problem.
+// algorithm chosen by its heuristic once per problem (with TESERVE_GEMM_AUTOTUNE=1, the
+// fastest of its first 8 candidates, timed once per problem on scratch output; off by
+// default, since a timed choice can differ between processes and with it the bits).
 //
 // FP8 block scaling (TE's Float8BlockScaling, DeepSeek-V3 style), GemmOperand::scale_mode:
 //   kBlock1D   one FP32 scale_inv per 1x128 block of a stored row (along k)

@@ -54,48 +54,73 @@ struct SavedOperand {
 //     reference, Hopper with cuBLASLt >= 12.9). These run split accumulation, the fprop
 //     included: block-scaled kernels have no fast mode.
 // Natively on a GPU, and on the CPU reference as the decoded values, which equal the
-// dequantized copies bit for bit (so CPU sessions compute exactly what the FP32 path
-// below does). Otherwise both operands are read as FP32 (calibration, MXFP8 / NVFP4
-// emulation, block scaling where the device or shapes do not suit).
+// dequantized copies bit for bit (so CPU sessions compute exactly what the dequantized
+// path below does). Otherwise the operands are read in high precision (calibration,
+// unquantized sessions, MXFP8 / NVFP4 emulation, block scaling where the device or
+// shapes do not suit): 16-bit values as they are when both are 16-bit, else as FP32.
 //
-// With `bias` (the fprop of a Linear that adds its bias), d = op(a) op(b) + bias, added
-// by AddBias after the GEMM: cuBLASLt has no FP8 kernel with an FP32 D and an FP32 BIAS
-// epilogue (it wants a BF16 bias there, which would round the bias), so the epilogue
-// waits for 16-bit activations.
+// With `bias` (FP32 [n], the fprop of a Linear that adds its bias), d = op(a) op(b) +
+// bias. A 16-bit d takes it in the GEMM's epilogue, rounded to d's dtype (TE's 16-bit
+// bias); an FP32 d gets it from AddBias after the GEMM, since cuBLASLt has no FP8
+// kernel with an FP32 D and an FP32 BIAS epilogue.
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
                         float beta, Tensor* d, const Tensor* bias = nullptr) {
   kernels::GemmOptions options;
   options.beta = beta;
   options.accumulation = accumulation;
+  Tensor bias_d;  // the bias in d's dtype, for the epilogue
+  if (bias != nullptr && d->dtype() != DType::kFloat32) {
+    ASSIGN_OR_RETURN(bias_d, kernels::Convert(ctx, *bias, d->dtype()));
+    options.epilogue = kernels::GemmEpilogue::kBias;
+    options.bias = &bias_d;
+  }
+  const bool add_bias_after = bias != nullptr && !bias_d.defined();
+  auto run = [&](const kernels::GemmOperand& ga, const kernels::GemmOperand& gb, Tensor* out) -> absl::Status {
+    RETURN_IF_ERROR(kernels::Gemm(ctx, ga, gb, out, options));
+    if (add_bias_after) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, out));
+    return absl::OkStatus();
+  };
   if (a.IsPerTensor() && b.IsPerTensor()) {
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
-    if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) {
-      RETURN_IF_ERROR(kernels::Gemm(ctx, ga, gb, d, options));
-      if (bias != nullptr) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
-      return absl::OkStatus();
-    }
+    if (ga.data.dim(1) % 16 == 0 && gb.data.dim(1) % 16 == 0) return run(ga, gb, d);
   }
   if (a.IsBlockScaled() && b.IsBlockScaled()) {
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
-    options.accumulation = kernels::GemmAccumulation::kSplit;
-    if (kernels::CheckGemmArguments(ctx, ga, gb, d, options).ok() && kernels::BlockScaledGemmSupport(ctx).ok()) {
-      RETURN_IF_ERROR(kernels::Gemm(ctx, ga, gb, d, options));
-      if (bias != nullptr) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
-      return absl::OkStatus();
+    kernels::GemmOptions block_options = options;
+    block_options.accumulation = kernels::GemmAccumulation::kSplit;
+    if (kernels::CheckGemmArguments(ctx, ga, gb, d, block_options).ok() && kernels::BlockScaledGemmSupport(ctx).ok()) {
+      options.accumulation = kernels::GemmAccumulation::kSplit;
+      return run(ga, gb, d);
     }
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));
-  RETURN_IF_ERROR(kernels::Gemm(ctx, fa, transpose_a, fb, transpose_b, 1.0f, beta, d));
-  if (bias != nullptr) RETURN_IF_ERROR(kernels::AddBias(ctx, *bias, d));
-  return absl::OkStatus();
+  if (fa.dtype() != fb.dtype()) {
+    // Mixed operands (a dequantized copy against a 16-bit value) multiply in FP32.
+    ASSIGN_OR_RETURN(fa, kernels::Convert(ctx, fa, DType::kFloat32));
+    ASSIGN_OR_RETURN(fb, kernels::Convert(ctx, fb, DType::kFloat32));
+  }
+  if (fa.dtype() == DType::kFloat32 && d->dtype() != DType::kFloat32) {
+    // FP32 operands give an FP32 product (the GEMM's rule): add the rounded bias in FP32
+    // and round once to d's dtype, which is what the epilogue computes.
+    ASSIGN_OR_RETURN(Tensor d32, Tensor::Empty(DType::kFloat32, d->shape(), ctx.device, ctx.stream));
+    RETURN_IF_ERROR(kernels::Gemm(ctx, fa, transpose_a, fb, transpose_b, 1.0f, 0.0f, &d32));
+    if (bias_d.defined()) {
+      ASSIGN_OR_RETURN(Tensor bias32, kernels::Convert(ctx, bias_d, DType::kFloat32));
+      RETURN_IF_ERROR(kernels::AddBias(ctx, bias32, &d32));
+    }
+    ASSIGN_OR_RETURN(*d, kernels::Convert(ctx, d32, d->dtype()));
+    return absl::OkStatus();
+  }
+  return run(kernels::GemmOperand{fa, transpose_a}, kernels::GemmOperand{fb, transpose_b}, d);
 }
 
 struct LinearSaved : public SavedActivations {
   Shape input_shape;
+  DType input_dtype = DType::kFloat32;  // dx comes back in it
   SavedOperand x;  // [N, in]
   SavedOperand w;  // [out, in]
 };
@@ -162,20 +187,24 @@ absl::StatusOr<std::vector<Shape>> Linear::OutputShapes(const std::vector<Shape>
 
 absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                               const ForwardOptions& options) {
-  ASSIGN_OR_RETURN(Tensor x, inputs[0].As2D());
+  const DType dtype = options_.params_dtype;
+  ASSIGN_OR_RETURN(Tensor x2d, inputs[0].As2D());
+  ASSIGN_OR_RETURN(const Tensor x, kernels::Convert(ctx, x2d, dtype));
   std::unique_ptr<LinearSaved> saved;
   if (options.save_for_backward) {
     saved = std::make_unique<LinearSaved>();
     saved->input_shape = inputs[0].shape();
+    saved->input_dtype = inputs[0].dtype();
   }
+  // The weight the GEMMs read: the FP32 master, or its rounding to a 16-bit params_dtype.
+  ASSIGN_OR_RETURN(const Tensor w, kernels::Convert(ctx, weight_.value, dtype));
   SavedOperand x_operand, w_operand;
   RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward, &x_operand));
-  RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, weight_.value, options.save_for_backward,
-                                 &w_operand));
+  RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, w, options.save_for_backward, &w_operand));
 
   // Every output lives on the Context's device, ordered on its stream; the GEMM (beta 0)
   // writes every element, so no zero fill. fprop: y = x W^T, fast accumulation.
-  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(dtype, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
   const bool add_bias = options_.bias && !options_.return_bias;
   RETURN_IF_ERROR(LinearGemm(ctx, x_operand, Copy::kRowwise, false, w_operand, Copy::kRowwise, true,
                              kernels::GemmAccumulation::kFast, 0.0f, &y, add_bias ? &bias_.value : nullptr));
@@ -195,7 +224,9 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   ASSIGN_OR_RETURN(Tensor y_full, y.Reshape(y_shape));
   out.outputs.push_back(std::move(y_full));
   if (options_.bias && options_.return_bias) {
-    ASSIGN_OR_RETURN(Tensor bias_copy, bias_.value.Clone(ctx.stream));
+    // TE returns the bias parameter itself, in params_dtype.
+    ASSIGN_OR_RETURN(Tensor bias_copy, dtype == DType::kFloat32 ? bias_.value.Clone(ctx.stream)
+                                                                : kernels::Convert(ctx, bias_.value, dtype));
     out.outputs.push_back(std::move(bias_copy));
   }
   out.saved = std::move(saved);
@@ -206,16 +237,20 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
                                                      const std::vector<Tensor>& grad_outputs,
                                                      SideGrads* side_grads) {
   auto& saved = static_cast<LinearSaved&>(saved_base);
-  ASSIGN_OR_RETURN(Tensor dy, grad_outputs[0].As2D());
+  const DType dtype = options_.params_dtype;
+  ASSIGN_OR_RETURN(Tensor dy2d, grad_outputs[0].As2D());
+  ASSIGN_OR_RETURN(const Tensor dy, kernels::Convert(ctx, dy2d, dtype));
 
-  if (options_.bias) {
-    if (options_.return_bias) {
-      // The bias was returned, not added: its gradient arrives as the second output's.
-      ASSIGN_OR_RETURN(Tensor dbias, grad_outputs[1].Reshape({1, options_.out_features}));
-      RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
-    } else {
-      RETURN_IF_ERROR(kernels::ColumnSum(ctx, dy, /*accumulate=*/true, &bias_.grad));
-    }
+  // The bias gradient: from the second output's gradient when the bias was returned,
+  // else the column sums of dy, fused into dy's quantization when it has one.
+  Tensor dbias;  // FP32 [out] to add to bias_.grad
+  const bool quantize_dy = grad_output_quantizer_ != nullptr && !calibrating_;
+  if (options_.bias && options_.return_bias) {
+    ASSIGN_OR_RETURN(Tensor db, grad_outputs[1].Reshape({1, options_.out_features}));
+    ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
+  } else if (options_.bias && !quantize_dy) {
+    ASSIGN_OR_RETURN(Tensor dy32, kernels::Convert(ctx, dy, DType::kFloat32));
+    RETURN_IF_ERROR(kernels::ColumnSum(ctx, dy32, /*accumulate=*/true, &bias_.grad));
   }
 
   // dy for dgrad (rowwise [N, out]) and wgrad (columnwise [out, N] when quantized).
@@ -223,12 +258,23 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
   dy_operand.value = dy;
   if (grad_output_quantizer_ != nullptr && calibrating_) {
     RETURN_IF_ERROR(grad_output_quantizer_->Observe(ctx, dy));
-  } else if (grad_output_quantizer_ != nullptr) {
-    ASSIGN_OR_RETURN(dy_operand.quantized, grad_output_quantizer_->Quantize(ctx, dy, true, true));
+  } else if (quantize_dy) {
+    Tensor fused_dbias;
+    const bool fuse = options_.bias && !options_.return_bias;
+    if (fuse) {
+      ASSIGN_OR_RETURN(fused_dbias, Tensor::Empty(DType::kFloat32, {options_.out_features}, ctx.device, ctx.stream));
+    }
+    ASSIGN_OR_RETURN(dy_operand.quantized,
+                     grad_output_quantizer_->Quantize(ctx, dy, true, true, fuse ? &fused_dbias : nullptr));
     dy_operand.is_quantized = true;
+    if (fuse) {
+      ASSIGN_OR_RETURN(dbias, fused_dbias.Reshape({1, options_.out_features}));
+    }
   }
+  if (dbias.defined()) RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
+
   // dgrad: dx [N, in] = dy [N, out] x W [out, in]; the columnwise W is W^T [in, out].
-  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(dtype, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
   RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kRowwise, false, saved.w, Copy::kColumnwise,
                              saved.w.is_quantized, kernels::GemmAccumulation::kSplit, 0.0f, &dx));
 
@@ -238,7 +284,8 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
                              Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, 1.0f,
                              &weight_.grad));
 
-  ASSIGN_OR_RETURN(Tensor dx_full, dx.Reshape(saved.input_shape));
+  ASSIGN_OR_RETURN(Tensor dx_in, kernels::Convert(ctx, dx, saved.input_dtype));
+  ASSIGN_OR_RETURN(Tensor dx_full, dx_in.Reshape(saved.input_shape));
   return std::vector<Tensor>{std::move(dx_full)};
 }
 

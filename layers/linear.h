@@ -6,7 +6,10 @@
 //   dgrad  dx = dy W     dy rowwise, W columnwise        (grad_output quantizer)
 //   wgrad  dW = dy^T x   dy columnwise, x columnwise
 // On the CPU the quantized operands are dequantized and multiplied in FP32, which is
-// numerically the quantized computation. The bias (and its gradient) stay in FP32.
+// numerically the quantized computation. The master weight, the bias and their
+// gradients stay FP32; with a 16-bit params_dtype, x and the weight are read in that
+// dtype (the weight rounded from its master each forward, as TE's 16-bit weights are),
+// y and dx come out in it, and the bias is added by the GEMM's epilogue in it.
 #ifndef TESERVE_LAYERS_LINEAR_H_
 #define TESERVE_LAYERS_LINEAR_H_
 
@@ -27,6 +30,10 @@ struct LinearOptions {
   bool return_bias = false;  // return the bias instead of adding it (TE's return_bias)
   float init_std = 0.023f;   // TE's default init_method: normal(0, 0.023)
   uint64_t seed = 0;
+  // TE's params_dtype: FLOAT32, BFLOAT16 or FLOAT16. Activations (y, dx) come out in it
+  // and the GEMMs read x and the weight in it (the FP32 master rounded per forward);
+  // weight and bias gradients stay FP32 (the optimizer's masters).
+  DType params_dtype = DType::kFloat32;
   // Parameter names; empty means "<layer>.weight" / "<layer>.bias" (GroupedLinear names
   // the weight and bias of GEMM i "<layer>.weight<i>" / "<layer>.bias<i>", as TE does).
   std::string weight_name;

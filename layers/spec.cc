@@ -15,6 +15,7 @@
 #include "layers/linear.h"
 #include "layers/multihead_attention_spec.h"
 #include "layers/normalization.h"
+#include "layers/precision_boundary.h"
 #include "layers/spec_checks.h"
 #include "layers/transformer_layer_spec.h"
 
@@ -78,8 +79,24 @@ absl::StatusOr<LayerPlan> PlanLinear(const Spec& s, const std::string& f) {
   return plan;
 }
 
+// LayerSpec.params_dtype: unset (FP32), FLOAT32, BFLOAT16 or FLOAT16.
+absl::StatusOr<DType> ParamsDType(const v1::LayerSpec& layer, absl::string_view field) {
+  switch (layer.params_dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::FLOAT32: return DType::kFloat32;
+    case v1::BFLOAT16: return DType::kBFloat16;
+    case v1::FLOAT16: return DType::kFloat16;
+    default: break;
+  }
+  const std::string got = v1::DType_IsValid(layer.params_dtype())
+                              ? v1::DType_Name(static_cast<v1::DType>(layer.params_dtype()))
+                              : absl::StrCat(static_cast<int>(layer.params_dtype()));
+  return InvalidField(absl::StrCat(field, ".params_dtype"), "FLOAT32, BFLOAT16 or FLOAT16", got);
+}
+
 absl::StatusOr<LayerPlan> PlanLayer(const v1::LayerSpec& layer, absl::string_view field,
                                     const recipes::Recipe& recipe) {
+  RETURN_IF_ERROR(ParamsDType(layer, field).status());
   LayerPlan plan;
   switch (layer.kind_case()) {
     case v1::LayerSpec::kLinear:
@@ -179,8 +196,8 @@ absl::StatusOr<std::unique_ptr<Module>> CreateSeeded(absl::StatusOr<Options> opt
   return Layer::Create(name, *options, recipe);
 }
 
-absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
-                                                  uint64_t seed, const recipes::Recipe& recipe) {
+absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& layer, const std::string& name,
+                                                         uint64_t seed, const recipes::Recipe& recipe) {
   switch (layer.kind_case()) {
     case v1::LayerSpec::kLinear:
       return CreateSeeded<Linear, LinearOptions>(LinearOptionsFromSpec(layer.linear(), LinearOptions()), name, seed,
@@ -225,6 +242,21 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
       break;
   }
   return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
+}
+
+// The layer in its params_dtype: Linear computes in it; every other layer computes in
+// FP32 behind a PrecisionBoundary that hands its activations over in params_dtype.
+absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
+                                                  uint64_t seed, const recipes::Recipe& recipe) {
+  ASSIGN_OR_RETURN(const DType dtype, ParamsDType(layer, name));
+  if (dtype == DType::kFloat32) return MakeFloat32Layer(layer, name, seed, recipe);
+  if (layer.kind_case() == v1::LayerSpec::kLinear) {
+    LinearOptions options = LinearOptionsFromSpec(layer.linear(), LinearOptions());
+    options.params_dtype = dtype;
+    return CreateSeeded<Linear, LinearOptions>(options, name, seed, recipe);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Module> inner, MakeFloat32Layer(layer, name, seed, recipe));
+  return std::unique_ptr<Module>(new PrecisionBoundary(std::move(inner), dtype));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 #include "kernels/nvfp4.h"
 #include "recipes/scaling.h"
 
@@ -24,13 +25,14 @@ class DelayedScalingQuantizer : public Quantizer {
   void EndRegion() override { state_.Update(); }
 
  protected:
-  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                             bool columnwise) override {
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
+                                             Tensor* dbias) override {
     kernels::PerTensorQuantizeOptions options;
     options.format = format();
     options.scale = state_.scale();
     options.rowwise = rowwise;
     options.columnwise = columnwise;
+    options.dbias = dbias;
     return kernels::QuantizePerTensor(ctx, x, options);
   }
   void RecordAmax(float amax) override { state_.RecordAmax(amax); }
@@ -66,14 +68,15 @@ class CurrentScalingQuantizer : public Quantizer {
         config_(config) {}
 
  protected:
-  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                             bool columnwise) override {
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
+                                             Tensor* dbias) override {
     ASSIGN_OR_RETURN(float amax, kernels::Amax(ctx, x));
     kernels::PerTensorQuantizeOptions options;
     options.format = format();
     options.scale = CurrentScale(amax, DTypeMaxFinite(format()), config_.amax_epsilon, config_.power_2_scale);
     options.rowwise = rowwise;
     options.columnwise = columnwise;
+    options.dbias = dbias;
     last_scale_ = options.scale;
     return kernels::QuantizePerTensor(ctx, x, options);
   }
@@ -99,8 +102,8 @@ class Mxfp8Quantizer : public Quantizer {
       : Quantizer(role, "mxfp8", FormatFor(config.fp8_format, role), ScalingMode::kMxfp8_1D) {}
 
  protected:
-  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                             bool columnwise) override {
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
+                                             Tensor* dbias) override {
     kernels::Mxfp8QuantizeOptions options;
     options.format = format();
     options.rowwise = rowwise;
@@ -126,8 +129,8 @@ class BlockScalingQuantizer : public Quantizer {
         config_(config) {}
 
  protected:
-  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                             bool columnwise) override {
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
+                                             Tensor* dbias) override {
     kernels::BlockScalingQuantizeOptions options;
     options.format = format();
     options.rowwise = rowwise;
@@ -150,8 +153,8 @@ class Nvfp4Quantizer : public Quantizer {
         config_(config) {}
 
  protected:
-  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                             bool columnwise) override {
+  absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
+                                             Tensor* dbias) override {
     kernels::Nvfp4QuantizeOptions options;
     options.rowwise = rowwise;
     options.columnwise = columnwise;
@@ -179,9 +182,22 @@ absl::StatusOr<Tensor> OnHost(const Context& ctx, const Tensor& t) {
 
 }  // namespace
 
-absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                                    bool columnwise) {
-  ASSIGN_OR_RETURN(QuantizedTensor q, DoQuantize(ctx, x, rowwise, columnwise));
+absl::StatusOr<Tensor> Quantizer::Source(const Context& ctx, const Tensor& x) const {
+  if (x.dtype() == DType::kFloat32) return x;
+  if (mode_ == ScalingMode::kPerTensor && x.dtype() == DType::kBFloat16) return x;
+  return kernels::ToFloat32(ctx, x);
+}
+
+absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Tensor& input, bool rowwise,
+                                                    bool columnwise, Tensor* dbias) {
+  ASSIGN_OR_RETURN(const Tensor x, Source(ctx, input));
+  QuantizedTensor q;
+  if (dbias != nullptr && mode_ == ScalingMode::kPerTensor) {
+    ASSIGN_OR_RETURN(q, DoQuantize(ctx, x, rowwise, columnwise, dbias));
+  } else {
+    ASSIGN_OR_RETURN(q, DoQuantize(ctx, x, rowwise, columnwise, nullptr));
+    if (dbias != nullptr) RETURN_IF_ERROR(kernels::ColumnSum(ctx, x, /*accumulate=*/false, dbias));
+  }
   RecordAmax(q.amax);
   last_amax_ = q.amax;
   ++calls_;
@@ -195,14 +211,16 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
   }
   if (health_stats_ && q.has_rowwise()) {
     ASSIGN_OR_RETURN(Tensor deq, DequantizeCopy(ctx, q, Copy::kRowwise));
-    ASSIGN_OR_RETURN(Tensor x_host, OnHost(ctx, x));
+    ASSIGN_OR_RETURN(Tensor x32, kernels::Convert(ctx, x, DType::kFloat32));
+    ASSIGN_OR_RETURN(Tensor x_host, OnHost(ctx, x32));
     ASSIGN_OR_RETURN(Tensor deq_host, OnHost(ctx, deq));
     health_ = MeasureHealth(x_host, deq_host, OverflowLimit());
   }
   return q;
 }
 
-absl::Status Quantizer::Observe(const Context& ctx, const Tensor& x) {
+absl::Status Quantizer::Observe(const Context& ctx, const Tensor& input) {
+  ASSIGN_OR_RETURN(const Tensor x, Source(ctx, input));
   ASSIGN_OR_RETURN(float amax, kernels::Amax(ctx, x));
   RecordAmax(amax);
   last_amax_ = amax;

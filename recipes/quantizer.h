@@ -58,10 +58,16 @@ class Quantizer {
       : role_(role), recipe_(std::move(recipe)), format_(format), mode_(mode) {}
   virtual ~Quantizer() = default;
 
-  // x: FP32 [rows, cols]. Produces the requested copies (rowwise [rows, cols],
-  // columnwise [cols, rows]).
-  absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise);
-  // Calibration: records the amax of x without casting.
+  // x: FP32, BF16 or FP16 [rows, cols]. Produces the requested copies (rowwise
+  // [rows, cols], columnwise [cols, rows]). Per-tensor recipes read FP32 and BF16
+  // directly; everything else quantizes the FP32 value of x (a converted copy), so a
+  // 16-bit x quantizes exactly as its FP32 value would.
+  // dbias (optional, FP32 [cols] on x's device) is overwritten with the column sums of x
+  // (the bias gradient when x is a Linear's dy): fused into the cast on per-tensor
+  // recipes, a separate ColumnSum otherwise.
+  absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
+                                           Tensor* dbias = nullptr);
+  // Calibration: records the amax of x (FP32, BF16 or FP16) without casting.
   absl::Status Observe(const Context& ctx, const Tensor& x);
   // End of the region this operand belongs to (forward or backward): delayed scaling
   // rolls the history and computes the next scale. No-op for other recipes.
@@ -80,8 +86,9 @@ class Quantizer {
   DType format() const { return format_; }
 
  protected:
+  // x is what Source returned; dbias is only passed to per-tensor recipes.
   virtual absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
-                                                     bool columnwise) = 0;
+                                                     bool columnwise, Tensor* dbias) = 0;
   // Delayed scaling records observed amaxes in its history.
   virtual void RecordAmax(float amax) {}
   // Per-tensor scale fields and history.
@@ -97,6 +104,10 @@ class Quantizer {
   virtual void ImportExtra(const QuantizerState& state) {}
 
  private:
+  // x as this recipe's quantize kernels read it: itself (FP32; BF16 for per-tensor
+  // recipes) or its FP32 value.
+  absl::StatusOr<Tensor> Source(const Context& ctx, const Tensor& x) const;
+
   TensorRole role_;
   std::string recipe_;
   DType format_;

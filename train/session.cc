@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "kernels/cast.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "layers/layer_stack.h"
@@ -591,7 +592,9 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
     ASSIGN_OR_RETURN(std::vector<Tensor> host_output, s.ToHost({out.outputs[0]}));
     Context host_ctx = Context::Cpu();
     host_ctx.kernel_timing = s.ctx.kernel_timing;  // the loss kernels are timed as before
-    ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(host_ctx, loss, host_output[0], target));
+    // A 16-bit params_dtype hands over 16-bit logits; the loss reads their FP32 values.
+    ASSIGN_OR_RETURN(const Tensor logits, kernels::Convert(host_ctx, host_output[0], DType::kFloat32));
+    ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(host_ctx, loss, logits, target));
     RETURN_IF_ERROR(CheckInterruption(ctx, "forward", ""));
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_output, s.ToDevice({loss_result.grad_output}));
     layers::SideGrads layer_side_grads;

@@ -15,8 +15,10 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -138,6 +140,14 @@ def gpu_count(container, section):
 
 def matches(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def serves_tls(container):
+    """Whether the container's server speaks TLS on its gRPC port (components/tls-auth)."""
+    return flag_value(container["args"], "tls_cert") is not None
 
 
 # ---------------------------------------------------------------------------------------
@@ -299,8 +309,11 @@ def test_ports_agree_with_server_defaults(overlay):
     assert int(flag_value(args, "port") or grpc) == grpc
     assert int(flag_value(args, "metrics_port") or metrics) == metrics
     assert container_ports(container) == {"grpc": grpc, "metrics": metrics}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == grpc, probe
+    for probe in PROBES:
+        if serves_tls(container):
+            assert f"--server=localhost:{grpc}" in container[probe]["exec"]["command"], probe
+        else:
+            assert container[probe]["grpc"]["port"] == grpc, probe
     annotations = obj["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == metrics
     assert annotations["prometheus.io/path"] == "/metrics"
@@ -337,9 +350,15 @@ def test_selectors_reach_the_server_pods(overlay):
 def test_probes_use_grpc_health_and_shutdown_fits_grace_period(overlay):
     obj = workload(overlay)
     container = server_container(obj)
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert set(container[probe]) & {"grpc", "httpGet", "exec", "tcpSocket"} == {"grpc"}, probe
-        assert container[probe]["grpc"].get("service", "") == ""  # the server's overall health
+    for probe in PROBES:
+        # Plaintext servers: Kubernetes' native gRPC probe. TLS servers: the same health
+        # check through teserve_cli (gRPC probes speak plaintext only).
+        action = "exec" if serves_tls(container) else "grpc"
+        assert set(container[probe]) & {"grpc", "httpGet", "exec", "tcpSocket"} == {action}, probe
+        if action == "grpc":
+            assert container[probe]["grpc"].get("service", "") == ""  # the server's overall health
+        else:
+            assert container[probe]["exec"]["command"][:2] == ["/usr/local/bin/teserve_cli", "health"]
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
     # Readiness drops before liveness would restart the pod.
@@ -391,6 +410,102 @@ def test_secrets_are_mounted_ready_for_tls_and_tokens(overlay):
     mounts = {m["name"]: m for m in server_container(workload(overlay))["volumeMounts"]}
     assert mounts["tls"]["mountPath"] == "/etc/teserve/tls" and mounts["tls"]["readOnly"]
     assert mounts["token"]["mountPath"] == "/etc/teserve/token" and mounts["token"]["readOnly"]
+
+
+@functools.lru_cache(maxsize=None)
+def cli_flags():
+    """The flags `teserve_cli --helpfull` lists."""
+    out = subprocess.run([str(cli_binary()), "--helpfull"], capture_output=True, text=True, timeout=60)
+    return set(re.findall(r"--(\w+) \(", out.stdout + out.stderr))
+
+
+def test_tls_overlay_wires_the_secrets_to_the_flags():
+    obj = workload("gpu-tls")
+    pod = obj["spec"]["template"]["spec"]
+    container = server_container(obj)
+    args = container["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+
+    def secret_of(path):
+        """(secret name, key) a mounted file comes from; the secret must be required."""
+        directory, key = path.rsplit("/", 1)
+        volume = volumes[mounts[directory]]["secret"]
+        assert volume.get("optional", False) is False, path
+        return volume["secretName"], key
+
+    assert secret_of(flag_value(args, "tls_cert")) == ("teserve-tls", "tls.crt")
+    assert secret_of(flag_value(args, "tls_key")) == ("teserve-tls", "tls.key")
+    assert secret_of(flag_value(args, "auth_tokens_file")) == ("teserve-token", "tokens")
+    assert flag_value(args, "device") == "cuda"  # the gpu overlay underneath
+    for probe in PROBES:
+        command = container[probe]["exec"]["command"]
+        assert unknown_flags(command[2:], cli_flags()) == [], probe
+        assert secret_of(flag_value(command, "tls_ca")) == ("teserve-tls", "ca.crt")
+    # Plaintext overlays keep the secrets optional and pass no TLS flags.
+    for overlay in ("cpu", "gpu", "multi-pod"):
+        plain = server_container(workload(overlay))
+        assert not serves_tls(plain) and flag_value(plain["args"], "auth_tokens_file") is None, overlay
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tls_overlay_probe_passes_against_the_server_it_configures(tmp_path):
+    """The gpu-tls overlay's server flags and probe command, run for real with the mounted
+    paths mapped to files made here (openssl): the probe reports SERVING, a plaintext
+    probe (the other overlays' kind) does not get through, and a probe that checks another
+    certificate name fails."""
+    def run(cmd, **kw):
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, **kw)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    assert run(["openssl", "req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+                "-subj", "/CN=test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign"], cwd=tmp_path).returncode == 0
+    (tmp_path / "ext").write_text("subjectAltName=DNS:teserve.teserve.svc\nextendedKeyUsage=serverAuth\n")
+    assert run(["openssl", "req", *key, "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=teserve"],
+               cwd=tmp_path).returncode == 0
+    assert run(["openssl", "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", "tls.crt", "-days", "2", "-extfile", "ext"],
+               cwd=tmp_path).returncode == 0
+    (tmp_path / "tokens").write_text("probe-test-token-0123456789 team-a\n")
+
+    def local(value):
+        """A mounted path (/etc/teserve/<volume>/<key>) as the file made here."""
+        for prefix in ("/etc/teserve/tls/", "/etc/teserve/token/"):
+            value = value.replace(prefix, str(tmp_path) + "/")
+        return value
+
+    container = server_container(workload("gpu-tls"))
+    port = free_port()
+    args = [local(a) for a in container["args"] if not a.startswith(("--device=", "--port=", "--host=",
+                                                                     "--metrics_port="))]
+    server = subprocess.Popen([str(server_binary()), "--device=cpu", "--host=127.0.0.1", f"--port={port}",
+                               "--metrics_port=-1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        probe = [local(a).replace("localhost:50051", f"127.0.0.1:{port}")
+                 for a in container["readinessProbe"]["exec"]["command"]]
+        probe[0] = str(cli_binary())
+        deadline = time.time() + 30
+        result = run(probe)
+        while result.returncode != 0 and time.time() < deadline and server.poll() is None:
+            time.sleep(0.2)
+            result = run(probe)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "SERVING" in result.stdout + result.stderr
+        plaintext = run([str(cli_binary()), "health", f"--server=127.0.0.1:{port}"])
+        assert plaintext.returncode != 0
+        misnamed = run([a if not a.startswith("--tls_server_name=") else "--tls_server_name=other.example"
+                        for a in probe])
+        assert misnamed.returncode != 0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_device_and_gpus_per_overlay():

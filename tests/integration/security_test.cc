@@ -264,6 +264,12 @@ TEST_F(SecurityTest, TlsWithoutClientCertificatesAndTheCliFlags) {
   testing::CommandResult health = RunCommand(absl::StrCat(common, " health"));
   EXPECT_EQ(health.exit_code, 0) << health.output;
   EXPECT_THAT(health.output, HasSubstr("SERVING"));
+  // The Kubernetes exec probe's form (deploy/k8s/components/tls-auth): the name checked
+  // against the certificate is given, not taken from --server's host.
+  testing::CommandResult named = RunCommand(absl::StrCat(common, " --tls_server_name=localhost health"));
+  EXPECT_EQ(named.exit_code, 0) << named.output;
+  testing::CommandResult misnamed = RunCommand(absl::StrCat(common, " --tls_server_name=teserve.teserve.svc health"));
+  EXPECT_NE(misnamed.exit_code, 0) << misnamed.output;
 }
 
 TEST_F(SecurityTest, BadSecurityFlagsStopStartupNamingTheFlag) {

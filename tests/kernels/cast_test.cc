@@ -338,10 +338,34 @@ TEST(ToFloat32, KeepsShapeOfAnyRank) {
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
-TEST(CastErrors, QuantizeRejectsNonFloat32Input) {
-  const Tensor x = Tensor::Zeros(DType::kBFloat16, {2, 2}).value();
+TEST(CastErrors, QuantizeRejectsInputsOtherThanFloat32OrBf16) {
+  const Tensor x = Tensor::Zeros(DType::kFloat16, {2, 2}).value();
   EXPECT_THAT(QuantizePerTensor(Context::Cpu(), x, Options(DType::kFloat8E4M3, 1.0f)),
-              HasError(kInvalid, "x.dtype: expected FLOAT32, got BFLOAT16"));
+              HasError(kInvalid, "x.dtype: expected FLOAT32 or BFLOAT16, got FLOAT16"));
+}
+
+// A BF16 x quantizes exactly as the FP32 tensor of its values: same amax, same codes,
+// same fused dbias.
+TEST(Cast, Bf16InputQuantizesAsItsFloat32Value) {
+  Tensor x32 = Tensor::Zeros(DType::kFloat32, {3, 16}).value();
+  for (int64_t i = 0; i < x32.numel(); ++i) x32.mutable_floats()[i] = 0.37f * (i - 20) + 0.001f * i * i;
+  const Tensor x16 = CastFromFloat32(Context::Cpu(), x32, DType::kBFloat16).value();
+  const Tensor exact = ToFloat32(Context::Cpu(), x16).value();
+  Tensor dbias16 = Tensor::Zeros(DType::kFloat32, {16}).value();
+  Tensor dbias32 = Tensor::Zeros(DType::kFloat32, {16}).value();
+  PerTensorQuantizeOptions o = Options(DType::kFloat8E4M3, 4.0f);
+  o.columnwise = true;
+  o.dbias = &dbias16;
+  auto q16 = QuantizePerTensor(Context::Cpu(), x16, o);
+  o.dbias = &dbias32;
+  auto q32 = QuantizePerTensor(Context::Cpu(), exact, o);
+  ASSERT_TRUE(q16.ok()) << q16.status();
+  ASSERT_TRUE(q32.ok()) << q32.status();
+  EXPECT_EQ(q16->amax, q32->amax);
+  EXPECT_TRUE(BitwiseEqual(q16->rowwise_data, q32->rowwise_data));
+  EXPECT_TRUE(BitwiseEqual(q16->columnwise_data, q32->columnwise_data));
+  EXPECT_TRUE(BitwiseEqual(dbias16, dbias32));
+  EXPECT_EQ(Amax(Context::Cpu(), x16).value(), Amax(Context::Cpu(), exact).value());
 }
 
 TEST(CastErrors, QuantizeRejectsRank3Input) {
@@ -413,7 +437,7 @@ TEST(CastErrors, ConversionsRejectUnsupportedDtypes) {
                                  "FLOAT8_E5M2, got FLOAT4_E2M1"));
   EXPECT_THAT(CastFromFloat32(Context::Cpu(), ints, DType::kFloat16),
               HasError(kInvalid, "x.dtype: expected FLOAT32, got INT32"));
-  EXPECT_THAT(Amax(Context::Cpu(), ints), HasError(kInvalid, "x.dtype: expected FLOAT32, got INT32"));
+  EXPECT_THAT(Amax(Context::Cpu(), ints), HasError(kInvalid, "x.dtype: expected FLOAT32 or BFLOAT16, got INT32"));
 }
 
 TEST(CastErrors, UndefinedTensorIsNamed) {

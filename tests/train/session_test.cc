@@ -88,6 +88,38 @@ TEST(Session, TrainsARegressionTarget) {
   EXPECT_EQ(session->Summary().step, 100);
 }
 
+// params_dtype BFLOAT16 on every layer: outputs come back in BF16, the loss reads
+// their FP32 values, the master weights and gradients stay FP32, and training learns
+// the teacher as the FP32 session does.
+TEST(Session, TrainsWithBf16Params) {
+  v1::ModelSpec spec = Model();
+  for (v1::LayerSpec& layer : *spec.mutable_layers()) layer.set_params_dtype(v1::BFLOAT16);
+  v1::OptimizerSpec adamw;
+  adamw.mutable_adamw()->set_lr(0.05f);
+  auto session = Session::Create(spec, Delayed(), adamw, Context()).value();
+  const Tensor x = Random({16, 8}, 1);
+  v1::ModelSpec teacher_spec = Model();
+  teacher_spec.set_seed(7);
+  teacher_spec.mutable_layers(1)->mutable_linear()->set_init_std(0.5f);
+  auto teacher = Session::Create(teacher_spec, v1::RecipeSpec(), Sgd(), Context()).value();
+  const Tensor target = teacher->Forward({x}, false).value().outputs[0];
+  LossOptions mse;
+  mse.kind = LossOptions::Kind::kMse;
+  double first = 0.0, last = 0.0;
+  for (int step = 0; step < 100; ++step) {
+    auto result = session->ForwardBackward({x}, layers::SideInputs(), mse, target, true, true);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->outputs[0].dtype(), DType::kBFloat16);
+    ASSERT_EQ(result->grad_inputs[0].dtype(), DType::kFloat32);
+    if (step == 0) first = result->loss;
+    last = result->loss;
+    ASSERT_FALSE(session->Step().value().skipped);
+    ASSERT_TRUE(session->ZeroGrad().ok());
+  }
+  EXPECT_LT(last, first / 10.0) << "first " << first << " last " << last;
+  for (const NamedTensor& p : Params(*session)) EXPECT_EQ(p.tensor.dtype(), DType::kFloat32) << p.name;
+}
+
 // SessionInfo.attention: one entry per attention core, nested ones included (a
 // decoder TransformerLayer has two), in stack order, with the path its device runs.
 TEST(Session, SummaryNamesEachAttentionCoreAndItsPath) {

@@ -9,7 +9,9 @@ Each class takes TE's argument names with TE's defaults and builds one
 Differences from TE, all from running remotely: ``init_method`` /
 ``output_layer_init_method`` (callables) become ``init_std`` / ``output_layer_init_std``
 (the standard deviation of the normal init, server default 0.023, TE's); there is no
-``params_dtype``, ``device``, tensor / sequence parallelism or userbuffers argument;
+``device``, tensor / sequence parallelism or userbuffers argument; ``params_dtype``
+takes ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (or the numpy / torch
+dtype) and keeps FP32 master weights on the server;
 MultiheadAttention and TransformerLayer build their rotary table from ``rotary``
 instead of taking ``rotary_pos_emb`` at forward time. ``name`` sets the layer's name
 (parameters are ``"<name>.<param>"``; default ``"layers.<index>"``).
@@ -22,7 +24,24 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from teserve.v1 import model_pb2
+from teserve.v1 import model_pb2, tensor_pb2
+
+_PARAMS_DTYPES = {"float32": tensor_pb2.FLOAT32, "bfloat16": tensor_pb2.BFLOAT16, "float16": tensor_pb2.FLOAT16}
+
+
+def _params_dtype(value: Any, where: str) -> int:
+    """TE's params_dtype as the wire enum: a name, a numpy dtype or a torch dtype."""
+    if isinstance(value, str):
+        name = value
+    else:
+        try:  # numpy dtypes and scalar types (np.float16, ml_dtypes.bfloat16)
+            import numpy as np
+            name = np.dtype(value).name
+        except TypeError:  # torch.bfloat16 and friends print as "torch.<name>"
+            name = str(value).replace("torch.", "")
+    if name not in _PARAMS_DTYPES:
+        raise ValueError(f"{where}: expected one of float32, bfloat16, float16, got {value!r}")
+    return _PARAMS_DTYPES[name]
 
 __all__ = [
     "LayerSpecBase", "Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP",
@@ -110,17 +129,20 @@ class LayerSpecBase:
     _special: Tuple[str, ...] = ()  # fields converted by _convert_special
 
     name: Optional[str]
+    params_dtype: Any
 
     def to_proto(self) -> model_pb2.LayerSpec:
         layer = model_pb2.LayerSpec()
         cls = type(self).__name__
         if self.name is not None:
             set_scalar(layer, "name", self.name, cls)
+        if self.params_dtype is not None:
+            layer.params_dtype = _params_dtype(self.params_dtype, f"{cls}.params_dtype")
         spec = getattr(layer, self._oneof)
         spec.SetInParent()
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            if f.name == "name" or value is None:
+            if f.name in ("name", "params_dtype") or value is None:
                 continue
             if f.name in self._special:
                 self._convert_special(spec, f.name, value, f"{cls}.{f.name}")
@@ -152,6 +174,7 @@ class Linear(LayerSpecBase):
     bias: bool = True
     return_bias: bool = False
     init_std: Optional[float] = None
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "linear"
 
@@ -163,6 +186,7 @@ class LayerNorm(LayerSpecBase):
     hidden_size: int
     eps: float = 1e-5
     zero_centered_gamma: bool = False
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "layer_norm"
 
@@ -174,6 +198,7 @@ class RMSNorm(LayerSpecBase):
     hidden_size: int
     eps: float = 1e-5
     zero_centered_gamma: bool = False
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "rms_norm"
 
@@ -192,6 +217,7 @@ class GroupedLinear(LayerSpecBase):
     bias: bool = True
     return_bias: bool = False
     init_std: Optional[float] = None
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "grouped_linear"
 
@@ -215,6 +241,7 @@ class LayerNormLinear(LayerSpecBase):
     parameters_split: Optional[Union[Mapping[str, int], Sequence[str]]] = None
     zero_centered_gamma: bool = False
     init_std: Optional[float] = None
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "layer_norm_linear"
     _special = ("parameters_split",)
@@ -253,6 +280,7 @@ class LayerNormMLP(LayerSpecBase):
     zero_centered_gamma: bool = False
     checkpoint: bool = False
     init_std: Optional[float] = None
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "layer_norm_mlp"
     _special = ("activation_params",)
@@ -278,6 +306,7 @@ class DotProductAttention(LayerSpecBase):
     core_attention_bias_type: str = "no_bias"
     return_max_logit: bool = False
     checkpoint_core_attention: bool = False
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "dot_product_attention"
     _special = ("kv_channels", "window_size")
@@ -331,6 +360,7 @@ class MultiheadAttention(LayerSpecBase):
     checkpoint_core_attention: bool = False
     init_std: Optional[float] = None
     output_layer_init_std: Optional[float] = None
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "multihead_attention"
     _special = ("window_size", "rotary", "qk_norm_type")
@@ -378,6 +408,7 @@ class TransformerLayer(LayerSpecBase):
     checkpoint_core_attention: bool = False
     init_std: Optional[float] = None
     output_layer_init_std: Optional[float] = None
+    params_dtype: Any = None
     name: Optional[str] = None
     _oneof = "transformer_layer"
     _special = ("window_size", "enc_dec_window_size", "activation_params", "rotary", "qk_norm_type")

@@ -67,3 +67,26 @@ def test_safetensors_package_reads_checkpoint_files(start_server, tmp_path):
         assert entry["sha256"] == hashlib.sha256(data).hexdigest()
     model = json.loads((ckpt / "model.json").read_text())
     assert model["layers"][1]["linear"]["out_features"] == "8"
+
+
+def test_bf16_session_resumes_from_its_checkpoint_with_its_params_dtype(start_server, tmp_path):
+    """params_dtype is part of the saved spec: a session made from the checkpoint computes in
+    BF16 again, from the same FP32 masters, and its outputs equal the original's bit for bit."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    server = start_server(f"--checkpoint_dir={tmp_path}")
+    x = np.random.default_rng(1).standard_normal((16, 32)).astype(np.float32)
+    model = [teserve.LayerNorm(32, params_dtype="bfloat16"), teserve.Linear(32, 8, params_dtype="bfloat16")]
+    with teserve.connect(server.address) as client:
+        session = client.create_session(model, teserve.DelayedScaling(amax_history_len=4), teserve.AdamW(lr=0.01))
+        for _ in range(2):
+            session.forward_backward(x, target=np.zeros((16, 8), np.float32), loss="mse")
+            session.step(zero_grad=True)
+        client._call("SaveCheckpoint", service_pb2.SaveCheckpointRequest(session_id=session.id, name="bf16"))
+        want = session.forward(x, no_grad=True).output
+        resumed_id = client._call("CreateSession", service_pb2.CreateSessionRequest(from_checkpoint="bf16")).session_id
+        resumed = teserve.Session(client, resumed_id, owned=True)
+        assert [layer.params_dtype for layer in resumed.info.model.layers] == [
+            layer.params_dtype for layer in session.info.model.layers]
+        got = resumed.forward(x, no_grad=True).output
+        assert got.dtype == ml_dtypes.bfloat16 and want.dtype == ml_dtypes.bfloat16
+        assert got.tobytes() == want.tobytes()

@@ -85,7 +85,7 @@ def test_every_layer_spec_field_exists_in_the_proto():
                          (teserve.TransformerLayer, model_pb2.TransformerLayerSpec)]:
         proto_fields = set(message.DESCRIPTOR.fields_by_name)
         for f in dataclasses.fields(cls):
-            if f.name == "name" or f.name in specials:
+            if f.name in ("name", "params_dtype") or f.name in specials:
                 continue
             assert f.name in proto_fields, f"{cls.__name__}.{f.name} is not a field of {message.__name__}"
 
@@ -145,6 +145,39 @@ def test_linear_forward_backward_step_match_numpy(client):
         params = session.parameters()
         np.testing.assert_allclose(params["layers.0.weight"], w - 0.5 * (g.T @ x), rtol=1e-5, atol=1e-6)
         assert session.info.step == 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", np.float16])
+def test_params_dtype_outputs_16_bit_activations_and_keeps_fp32_masters(client, dtype):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(2)
+    model = [teserve.LayerNorm(16, params_dtype=dtype), teserve.Linear(16, 8, params_dtype=dtype)]
+    with client.create_session(model, teserve.DelayedScaling(), teserve.SGD(lr=0.1)) as session:
+        wire = {"bfloat16": "BFLOAT16"}.get(dtype if isinstance(dtype, str) else "", "FLOAT16")
+        assert [model_pb2.LayerSpec.DESCRIPTOR.fields_by_name["params_dtype"].enum_type.values_by_number[
+            layer.params_dtype].name for layer in session.info.model.layers] == [wire, wire]
+        x = rng.standard_normal((32, 16)).astype(np.float32)
+        w = session.parameters()["layers.1.weight"]
+        fwd = session.forward(x)
+        want_dtype = ml_dtypes.bfloat16 if wire == "BFLOAT16" else np.float16
+        assert fwd.output.dtype == want_dtype
+        # The layers compute from FP32 masters rounded to 16 bits: close to the FP32 math.
+        ln = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+        np.testing.assert_allclose(fwd.output.astype(np.float32), ln @ w.T, rtol=0.1, atol=0.05)
+        bwd = fwd.backward(np.ones((32, 8), np.float32))
+        assert bwd.grad_input.dtype == np.float32  # the input's dtype
+        session.zero_grad()
+        first = session.forward_backward(x, target=np.zeros((32, 8), np.float32), loss="mse").loss
+        for _ in range(5):
+            session.step(zero_grad=True)
+            last = session.forward_backward(x, target=np.zeros((32, 8), np.float32), loss="mse").loss
+        assert last < first
+        assert all(v.dtype == np.float32 for v in session.parameters().values())
+
+
+def test_params_dtype_rejects_other_dtypes():
+    with pytest.raises(ValueError, match=r"Linear.params_dtype: expected one of float32, bfloat16, float16"):
+        teserve.Linear(4, 4, params_dtype="float8").to_proto()
 
 
 def test_no_grad_forward_keeps_no_handle(client):

@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -209,6 +211,88 @@ class LtState {
   std::map<std::pair<int, cudaStream_t>, void*> workspaces_;
   std::map<ProblemKey, cublasLtMatmulAlgo_t> algos_;
 };
+
+// Candidates the heuristic is asked for; the fastest of them is kept per problem.
+constexpr int kGemmAlgoCandidates = 8;
+// Timed launches per candidate (after one untimed warm-up launch).
+constexpr int kGemmAutotuneRuns = 3;
+
+// TESERVE_GEMM_AUTOTUNE=1 times the heuristic's candidates (FastestAlgo); by default the
+// first is kept. Off by default because a timed choice can differ between processes
+// (timing noise), and with it the summation order: a restarted server would no longer
+// reproduce a run bit for bit (checkpoint resume relies on that), for a gain measured at
+// about 1% on Linear's FP8 GEMMs (bench/NOTES.md).
+bool GemmAutotuneEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TESERVE_GEMM_AUTOTUNE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+// Everything of one cublasLtMatmul call but C, D and the algorithm.
+struct LtCall {
+  cublasLtHandle_t handle;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t lt_a;
+  const void* a;  // cuBLASLt's A (our b)
+  cublasLtMatrixLayout_t lt_b;
+  const void* b;  // cuBLASLt's B (our a)
+  cublasLtMatrixLayout_t lt_c;
+  cublasLtMatrixLayout_t lt_d;
+  void* workspace;
+  cudaStream_t stream;
+};
+
+// The candidate that runs this problem fastest, timed on the stream with scratch C / D
+// (so the caller's D is untouched whatever beta is; the operands, bias and aux are the
+// caller's, read or rewritten in full by the real call that follows). cuBLASLt's
+// heuristic ranks by a model, and for large FP8 problems its first choice is not always
+// the fastest kernel. Runs once per problem key; it waits for the stream, so the first
+// call of each shape pays a synchronization and (1 + kGemmAutotuneRuns) launches per
+// candidate. Any failure (no scratch memory, a candidate that does not launch) falls
+// back to the heuristic's order.
+cublasLtMatmulAlgo_t FastestAlgo(const Context& ctx, const LtCall& call, const cublasLtMatmulHeuristicResult_t* results,
+                                 int found, const Tensor& d_like, void* c_fp8) {
+  cublasLtMatmulAlgo_t best = results[0].algo;
+  auto scratch = Tensor::Empty(d_like.dtype(), d_like.shape(), d_like.device(), ctx.stream);
+  if (!scratch.ok()) return best;
+  void* d = scratch->raw_data();
+  void* c = c_fp8 != nullptr ? c_fp8 : d;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    cudaGetLastError();
+    if (start != nullptr) cudaEventDestroy(start);
+    return best;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  float best_ms = -1.0f;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    auto launch = [&] {
+      return cublasLtMatmul(call.handle, call.desc, &alpha, call.a, call.lt_a, call.b, call.lt_b, &beta, c,
+                            call.lt_c, d, call.lt_d, &results[i].algo, call.workspace, kGemmWorkspaceBytes,
+                            call.stream);
+    };
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+    bool ok = cudaEventRecord(start, call.stream) == cudaSuccess;
+    for (int r = 0; ok && r < kGemmAutotuneRuns; ++r) ok = launch() == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(stop, call.stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess;
+    float ms = 0.0f;
+    ok = ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+    if (!ok) {
+      cudaGetLastError();
+      continue;
+    }
+    if (best_ms < 0.0f || ms < best_ms) {
+      best_ms = ms;
+      best = results[i].algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
 
 template <typename T>
 absl::Status SetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
@@ -418,16 +502,23 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
       TESERVE_CUBLAS_RETURN_IF_ERROR(
           cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &value, sizeof(value)));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kGemmAlgoCandidates] = {};
     int found = 0;
     const cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), lt_a.get(), lt_b.get(), lt_c.get(), lt_d.get(),
-                                       pref.get(), 1, &result, &found);
+                                       pref.get(), kGemmAlgoCandidates, results, &found);
     if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Gemm: cuBLASLt has no algorithm for ", Describe(key), " (", cublasLtGetStatusString(status), ")"));
     }
-    algo = result.algo;
+    algo = results[0].algo;
+    // An FP8 D's amax is written by every run (the timing runs included); those keep
+    // the heuristic's first choice.
+    if (found > 1 && options.d_amax == nullptr && GemmAutotuneEnabled()) {
+      const LtCall call{handle, desc.get(), lt_a.get(), b.data.raw_data(), lt_b.get(), a.data.raw_data(),
+                        lt_c.get(), lt_d.get(), workspace, stream};
+      algo = FastestAlgo(ctx, call, results, found, *d, IsFloat8(d->dtype()) ? c_ptr : nullptr);
+    }
     state.StoreAlgo(key, algo);
   }
 

@@ -1,3 +1,4 @@
+from teserve.v1 import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -189,7 +190,7 @@ class LayerNormSpec(_message.Message):
     def __init__(self, hidden_size: _Optional[int] = ..., eps: _Optional[float] = ..., zero_centered_gamma: bool = ...) -> None: ...
 
 class LayerSpec(_message.Message):
-    __slots__ = ["dot_product_attention", "grouped_linear", "layer_norm", "layer_norm_linear", "layer_norm_mlp", "linear", "multihead_attention", "name", "rms_norm", "transformer_layer"]
+    __slots__ = ["dot_product_attention", "grouped_linear", "layer_norm", "layer_norm_linear", "layer_norm_mlp", "linear", "multihead_attention", "name", "params_dtype", "rms_norm", "transformer_layer"]
     DOT_PRODUCT_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     GROUPED_LINEAR_FIELD_NUMBER: _ClassVar[int]
     LAYER_NORM_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +199,7 @@ class LayerSpec(_message.Message):
     LINEAR_FIELD_NUMBER: _ClassVar[int]
     MULTIHEAD_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_DTYPE_FIELD_NUMBER: _ClassVar[int]
     RMS_NORM_FIELD_NUMBER: _ClassVar[int]
     TRANSFORMER_LAYER_FIELD_NUMBER: _ClassVar[int]
     dot_product_attention: DotProductAttentionSpec
@@ -208,9 +210,10 @@ class LayerSpec(_message.Message):
     linear: LinearSpec
     multihead_attention: MultiheadAttentionSpec
     name: str
+    params_dtype: _tensor_pb2.DType
     rms_norm: RMSNormSpec
     transformer_layer: TransformerLayerSpec
-    def __init__(self, name: _Optional[str] = ..., linear: _Optional[_Union[LinearSpec, _Mapping]] = ..., layer_norm: _Optional[_Union[LayerNormSpec, _Mapping]] = ..., rms_norm: _Optional[_Union[RMSNormSpec, _Mapping]] = ..., layer_norm_linear: _Optional[_Union[LayerNormLinearSpec, _Mapping]] = ..., layer_norm_mlp: _Optional[_Union[LayerNormMLPSpec, _Mapping]] = ..., grouped_linear: _Optional[_Union[GroupedLinearSpec, _Mapping]] = ..., dot_product_attention: _Optional[_Union[DotProductAttentionSpec, _Mapping]] = ..., multihead_attention: _Optional[_Union[MultiheadAttentionSpec, _Mapping]] = ..., transformer_layer: _Optional[_Union[TransformerLayerSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., linear: _Optional[_Union[LinearSpec, _Mapping]] = ..., layer_norm: _Optional[_Union[LayerNormSpec, _Mapping]] = ..., rms_norm: _Optional[_Union[RMSNormSpec, _Mapping]] = ..., layer_norm_linear: _Optional[_Union[LayerNormLinearSpec, _Mapping]] = ..., layer_norm_mlp: _Optional[_Union[LayerNormMLPSpec, _Mapping]] = ..., grouped_linear: _Optional[_Union[GroupedLinearSpec, _Mapping]] = ..., dot_product_attention: _Optional[_Union[DotProductAttentionSpec, _Mapping]] = ..., multihead_attention: _Optional[_Union[MultiheadAttentionSpec, _Mapping]] = ..., transformer_layer: _Optional[_Union[TransformerLayerSpec, _Mapping]] = ..., params_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ...) -> None: ...
 
 class LinearSpec(_message.Message):
     __slots__ = ["bias", "in_features", "init_std", "out_features", "return_bias"]
