@@ -1,8 +1,8 @@
 // Interrupted training calls (train/session.h, "Interruption"): a Forward, Backward,
 // ForwardBackward or Step stopped at any of its check points leaves the session bit for
 // bit as a session that never saw the call (parameters, gradients, optimizer state,
-// quantizer state, random-stream counters, handles), under every recipe, with gradients
-// zero and mid-accumulation; and the call then runs normally (an interrupted Backward's
+// quantizer state, random-stream counters, handles), under every recipe (and BF16
+// params_dtype), with gradients zero and mid-accumulation; and the call then runs normally (an interrupted Backward's
 // handle included).
 #include <cstring>
 #include <functional>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -78,11 +79,18 @@ v1::RecipeSpec Recipe(const std::string& name) {
   return r;
 }
 
-std::unique_ptr<Session> Make(const std::string& recipe) {
+// `param`: a recipe name, with "/bf16" for params_dtype BFLOAT16 on every layer.
+std::unique_ptr<Session> Make(const std::string& param) {
+  const bool bf16 = absl::EndsWith(param, "/bf16");
+  const std::string recipe = bf16 ? param.substr(0, param.size() - 5) : param;
+  v1::ModelSpec model = Model();
+  if (bf16) {
+    for (v1::LayerSpec& layer : *model.mutable_layers()) layer.set_params_dtype(v1::BFLOAT16);
+  }
   v1::OptimizerSpec optimizer;
   optimizer.mutable_adamw()->set_lr(0.01f);
   optimizer.set_max_grad_norm(1.0f);
-  auto s = Session::Create(Model(), Recipe(recipe), optimizer, Context::Cpu());
+  auto s = Session::Create(model, Recipe(recipe), optimizer, Context::Cpu());
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(s).value();
 }
@@ -195,7 +203,8 @@ TEST_P(InterruptionTest, EveryCallStoppedAnywhereLeavesTheSessionAsBefore) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, InterruptionTest,
-                         ::testing::Values("none", "delayed", "current", "mxfp8", "block", "nvfp4"));
+                         ::testing::Values("none", "delayed", "current", "mxfp8", "block", "nvfp4", "none/bf16",
+                                           "delayed/bf16"));
 
 // Without an Interruption nothing is asked and the results are the same as with one
 // that never stops.
