@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/tensor.h"
 
 namespace teserve {
@@ -13,15 +15,38 @@ namespace kernels {
 class KernelTimingSink;  // kernels/timing.h
 }  // namespace kernels
 
+// Whether the work running under a Context should stop early: the server's answer when
+// the client that asked for it has gone (cancelled the call, or its deadline passed).
+// Layers ask between their parts (LayerStack between modules, TransformerLayer between
+// its blocks), never inside a kernel; the train::Session call that started the work then
+// puts back everything the call changed (train/session.h).
+class Interruption {
+ public:
+  virtual ~Interruption() = default;
+  // OK to go on; else the status to stop with (CANCELLED, DEADLINE_EXCEEDED), its
+  // message naming the pass ("forward", "backward", "step") and the module that would
+  // have run next ("fc2", "block.layernorm_mlp"; empty: the pass is done and its
+  // results not yet kept).
+  virtual absl::Status Check(absl::string_view pass, absl::string_view next) const = 0;
+};
+
 struct Context {
   Device device = Device::Cpu();
   void* stream = nullptr;  // cudaStream_t on CUDA devices; nullptr = default stream
   uint64_t seed = 0;       // base seed for stochastic ops (dropout, stochastic rounding)
   // Receives sampled kernel durations (kernels/timing.h); nullptr = no timing. Not owned.
   kernels::KernelTimingSink* kernel_timing = nullptr;
+  // Asked between the parts of a pass (see Interruption); nullptr = never interrupted.
+  // Not owned; set per call by train::Session.
+  const Interruption* interruption = nullptr;
 
   static Context Cpu() { return Context{}; }
 };
+
+// OK unless ctx has an Interruption that says to stop before `next` of `pass`.
+inline absl::Status CheckInterruption(const Context& ctx, absl::string_view pass, absl::string_view next) {
+  return ctx.interruption == nullptr ? absl::OkStatus() : ctx.interruption->Check(pass, next);
+}
 
 }  // namespace teserve
 

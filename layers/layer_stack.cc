@@ -37,7 +37,10 @@ absl::StatusOr<ForwardOutput> LayerStack::Forward(const Context& ctx, const std:
                                                   const ForwardOptions& options) {
   auto saved = std::make_unique<StackSaved>();
   std::vector<Tensor> activations = inputs;
-  for (const auto& module : modules_) {
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    const auto& module = modules_[i];
+    // Between modules the call may stop (its client went away); the session undoes it.
+    if (i > 0) RETURN_IF_ERROR(CheckInterruption(ctx, "forward", module->name()));
     ASSIGN_OR_RETURN(ForwardOutput out, module->Forward(ctx, activations, options));
     activations = std::move(out.outputs);
     saved->per_module.push_back(std::move(out.saved));
@@ -54,6 +57,7 @@ absl::StatusOr<std::vector<Tensor>> LayerStack::Backward(const Context& ctx, Sav
   auto& saved = static_cast<StackSaved&>(saved_base);
   std::vector<Tensor> grads = grad_outputs;
   for (size_t i = modules_.size(); i-- > 0;) {
+    if (i + 1 < modules_.size()) RETURN_IF_ERROR(CheckInterruption(ctx, "backward", modules_[i]->name()));
     ASSIGN_OR_RETURN(grads, modules_[i]->Backward(ctx, *saved.per_module[i], grads, side_grads));
   }
   return grads;

@@ -1,5 +1,6 @@
 // LayerStack: modules run in sequence; itself a Module. Every module but the last
-// produces exactly one output, which is the next module's input.
+// produces exactly one output, which is the next module's input. Between two modules
+// (forward and backward) it asks the Context's Interruption whether to stop.
 #ifndef TESERVE_LAYERS_LAYER_STACK_H_
 #define TESERVE_LAYERS_LAYER_STACK_H_
 

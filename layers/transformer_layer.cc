@@ -251,6 +251,7 @@ absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, cons
 
   Tensor out;
   if (options_.parallel_attention_mlp) {
+    RETURN_IF_ERROR(CheckInterruption(ctx, "forward", layernorm_mlp_->name()));
     ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {x}, options));
     if (save) saved->mlp = std::move(mlp.saved);
     BlockOutputs m = SplitOutputs(mlp.outputs, bias, false);
@@ -264,12 +265,14 @@ absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, cons
     ASSIGN_OR_RETURN(Tensor h, kernels::BiasDropoutAdd(ctx, a.out, a.bias, post_ln_attention() ? a.ln : x,
                                                        Draw(random, kSelfAttentionBda, x.shape())));
     if (inter_attention_ != nullptr) {
+      RETURN_IF_ERROR(CheckInterruption(ctx, "forward", inter_attention_->name()));
       ASSIGN_OR_RETURN(ForwardOutput cross, inter_attention_->Forward(ctx, {h}, options));
       if (save) saved->inter_attention = std::move(cross.saved);
       BlockOutputs c = SplitOutputs(cross.outputs, bias, post_ln);
       ASSIGN_OR_RETURN(h, kernels::BiasDropoutAdd(ctx, c.out, c.bias, post_ln ? c.ln : h,
                                                   Draw(random, kInterAttentionBda, x.shape())));
     }
+    RETURN_IF_ERROR(CheckInterruption(ctx, "forward", layernorm_mlp_->name()));
     ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {h}, options));
     if (save) saved->mlp = std::move(mlp.saved);
     BlockOutputs m = SplitOutputs(mlp.outputs, bias, post_ln);
@@ -314,6 +317,7 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
     ASSIGN_OR_RETURN(BdaGrads g, BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias));
     ASSIGN_OR_RETURN(std::vector<Tensor> dm, layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(g, nullptr),
                                                                       side_grads));
+    RETURN_IF_ERROR(CheckInterruption(ctx, "backward", self_attention_->name()));
     ASSIGN_OR_RETURN(std::vector<Tensor> da, self_attention_->Backward(ctx, *saved.self_attention,
                                                                        block_grads(g, nullptr), side_grads));
     ASSIGN_OR_RETURN(Tensor dx, Add(ctx, dy, dm[0]));
@@ -329,6 +333,7 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
   if (!post_ln) RETURN_IF_ERROR(kernels::AddInto(ctx, dy, &dh));
 
   if (inter_attention_ != nullptr) {
+    RETURN_IF_ERROR(CheckInterruption(ctx, "backward", inter_attention_->name()));
     ASSIGN_OR_RETURN(BdaGrads gc,
                      BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kInterAttentionBda, saved.shape), bias));
     ASSIGN_OR_RETURN(std::vector<Tensor> dc,
@@ -338,6 +343,7 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
     dh = std::move(dc[0]);
   }
 
+  RETURN_IF_ERROR(CheckInterruption(ctx, "backward", self_attention_->name()));
   ASSIGN_OR_RETURN(BdaGrads ga,
                    BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kSelfAttentionBda, saved.shape), bias));
   ASSIGN_OR_RETURN(std::vector<Tensor> da,

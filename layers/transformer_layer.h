@@ -29,6 +29,9 @@
 // checkpoint_core_attention (in the attention options) recomputes each attention core
 // in the backward; gradients are bit-exact against the stored path.
 //
+// Between its blocks (self attention, cross attention, MLP), forward and backward, it
+// asks the Context's Interruption whether to stop (core/context.h).
+//
 // Sub-modules and parameter names: "<name>.self_attention.*", "<name>.inter_attention.*"
 // (decoder), "<name>.layernorm_mlp.*" (layers/multihead_attention.h and
 // layers/layernorm_mlp.h list them), "<name>.layernorm.weight" / ".bias" with

@@ -66,7 +66,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory of the checkpoints (SaveCheckpoint, LoadCheckpoint, CreateSession from_checkpoint "
           "and checkpoint_every_steps); created when missing; empty = checkpoints off");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
-          "on SIGTERM, how long in-flight RPCs may run before they are cancelled");
+          "on SIGTERM, how long the stop may take: in-flight RPCs may run for all of it (with --checkpoint_dir, "
+          "training calls for the first half; the second is for final checkpoints), then the process exits 0");
 
 namespace {
 
@@ -156,17 +157,23 @@ int main(int argc, char** argv) {
                                         reloaded.ToString()));
   }
   const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
-  // The CPU backend computes on gRPC's threads and can't be interrupted inside a layer;
-  // past the grace period (plus a margin for cancelled calls to unwind) the process
-  // exits anyway, so a stop never hangs on one long request. Sessions are in memory
-  // only, so nothing is lost that a graceful exit would have kept.
+  // The CPU backend computes on gRPC's threads and stops only between layers; past the
+  // grace period (plus a margin for cancelled calls to unwind) the process exits anyway,
+  // so a stop never hangs on one long layer or a slow checkpoint write (writes are
+  // atomic: an interrupted one leaves no checkpoint behind, and the periodic ones stay).
   std::thread([grace] {
     absl::SleepFor(absl::Seconds(grace) + absl::Seconds(2));
     Log("in-flight work outlived the grace period; exiting now");
     std::_Exit(0);
   }).detach();
-  Log(absl::StrFormat("received %s; shutting down (in-flight RPCs get %ds)",
-                      signal_number == SIGINT ? "SIGINT" : "SIGTERM", grace));
+  const char* signal_name = signal_number == SIGINT ? "SIGINT" : "SIGTERM";
+  if (options.checkpoint_dir.empty()) {
+    Log(absl::StrFormat("received %s; shutting down (in-flight RPCs get %ds)", signal_name, grace));
+  } else {
+    Log(absl::StrFormat("received %s; shutting down (in-flight RPCs get %.1fs, final checkpoints of the sessions "
+                        "configured to checkpoint until %ds)",
+                        signal_name, grace / 2.0, grace));
+  }
   (*server)->Shutdown(absl::Seconds(grace));
   (*server)->Wait();
   server->reset();

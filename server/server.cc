@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -180,8 +181,18 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   if (!options.checkpoint_dir.empty()) {
     const absl::Status clean = train::CleanCheckpointDir(options.checkpoint_dir);
     if (!clean.ok()) return clean;
+    // And each tenant's directory ("@<tenant>", TrainerService::CheckpointDirOf).
+    std::error_code ec;
+    for (const std::filesystem::directory_entry& entry :
+         std::filesystem::directory_iterator(options.checkpoint_dir, ec)) {
+      if (entry.path().filename().string().rfind('@', 0) != 0 || !entry.is_directory(ec)) continue;
+      const absl::Status tenant_clean = train::CleanCheckpointDir(entry.path().string());
+      if (!tenant_clean.ok()) return tenant_clean;
+    }
   }
   config.checkpoint_dir = options.checkpoint_dir;
+  config.session_idle_timeout = options.session_idle_timeout;
+  server->checkpoints_ = !options.checkpoint_dir.empty();
   server->service_ = std::make_unique<TrainerService>(std::move(config), server->metrics_.get());
 
   // Both are process-wide switches read by ServerBuilder; setting them again for a
@@ -250,19 +261,41 @@ absl::Status TeserveServer::ReloadCredentials() {
 }
 
 void TeserveServer::Shutdown(absl::Duration grace) {
+  const absl::Time start = absl::Now();
+  const absl::Time end = start + std::max(grace, absl::ZeroDuration());
   {
     absl::MutexLock lock(&shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
+    // With checkpoints, the second half of the grace period is for the final
+    // checkpoints: training calls still running at half time stop at their next layer
+    // boundary with UNAVAILABLE (undone, so the final checkpoint holds the state the
+    // client last saw succeed).
+    stop_calls_at_ = checkpoints_ ? start + (end - start) / 2 : end;
+    checkpoint_deadline_ = end;
   }
   if (reaper_.joinable()) reaper_.join();
-  // Also flips the health service to NOT_SERVING, so load balancers stop routing here.
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  // Health NOT_SERVING first, so load balancers stop routing here; calls that still
+  // arrive get UNAVAILABLE from the service while the running ones finish (or stop at
+  // half time, see above).
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  service_->Drain(stop_calls_at_, end);
+  // Closes the listener and the connections (clients still sending see UNAVAILABLE, or
+  // CANCELLED for a call that reaches the transport in this very instant); cancels what
+  // is left at `end`.
+  server_->Shutdown(absl::ToChronoTime(end));
 }
 
 void TeserveServer::Wait() {
   server_->Wait();
-  service_->CloseSessions();
+  absl::Time checkpoint_deadline;
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    checkpoint_deadline = checkpoint_deadline_;
+  }
+  service_->CloseSessions(checkpoint_deadline);
 }
 
 TeserveServer::~TeserveServer() {

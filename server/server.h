@@ -1,9 +1,13 @@
 // TeserveServer: the gRPC server (Trainer, health, reflection) plus the metrics
 // endpoint, as one object that main and the integration tests start the same way.
 //
-// Lifetime: Start() binds and serves; Shutdown() stops accepting, lets in-flight RPCs
-// finish until the deadline and then cancels the rest; Wait() blocks until the server
-// is stopped. The destructor shuts down (with no grace period) if nobody did.
+// Lifetime: Start() binds and serves; Shutdown(grace) stops accepting, lets in-flight
+// RPCs finish (with --checkpoint_dir, training calls for the first half of `grace`, then
+// they stop at a layer boundary with UNAVAILABLE) and cancels what is left at the end of
+// `grace`; Wait() blocks until the server is stopped, then, until the end of `grace`,
+// writes the final checkpoint of each session configured to checkpoint, and deletes the
+// sessions. The destructor shuts down (with no grace period: no final checkpoints) if
+// nobody did.
 #ifndef TESERVE_SERVER_SERVER_H_
 #define TESERVE_SERVER_SERVER_H_
 
@@ -111,8 +115,13 @@ class TeserveServer {
   std::unique_ptr<TrainerService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  bool checkpoints_ = false;  // --checkpoint_dir set
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  // Set by Shutdown: when running training calls stop, and until when Wait() writes
+  // final checkpoints.
+  absl::Time stop_calls_at_ = absl::InfiniteFuture();
+  absl::Time checkpoint_deadline_ ABSL_GUARDED_BY(shutdown_mu_) = absl::InfinitePast();
   std::thread reaper_;  // idle-session expiry; joinable only with --session_idle_timeout
 };
 

@@ -176,20 +176,22 @@ std::vector<std::pair<std::string, std::shared_ptr<train::Session>>> SessionRegi
   return out;
 }
 
-std::vector<std::string> SessionRegistry::RemoveIdle(absl::Duration idle, absl::Time now) {
-  std::vector<std::string> removed;
-  std::vector<std::shared_ptr<train::Session>> doomed;  // freed after the lock is released
-  absl::MutexLock lock(&mu_);
-  for (auto it = sessions_.begin(); it != sessions_.end();) {
-    // use_count 1: only the registry holds it, so no call is using the session now.
-    if (now - it->second.last_used >= idle && it->second.session.use_count() == 1) {
-      removed.push_back(it->first);
-      doomed.push_back(std::move(it->second.session));
-      sessions_.erase(it++);
-    } else {
-      ++it;
+std::vector<std::pair<std::string, std::shared_ptr<train::Session>>> SessionRegistry::RemoveIdle(
+    absl::Duration idle, absl::Time now) {
+  std::vector<std::pair<std::string, std::shared_ptr<train::Session>>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      // use_count 1: only the registry holds it, so no call is using the session now.
+      if (now - it->second.last_used >= idle && it->second.session.use_count() == 1) {
+        removed.emplace_back(it->first, std::move(it->second.session));
+        sessions_.erase(it++);
+      } else {
+        ++it;
+      }
     }
   }
+  std::sort(removed.begin(), removed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return removed;
 }
 

@@ -74,8 +74,10 @@ class SessionRegistry {
   // Every tenant's sessions (shutdown).
   std::vector<std::pair<std::string, std::shared_ptr<train::Session>>> ListAll() const;
   // Removes the sessions not used for `idle` or longer (as of `now`) and not in use by a
-  // call right now; returns their ids.
-  std::vector<std::string> RemoveIdle(absl::Duration idle, absl::Time now);
+  // call right now; returns them, sorted by id (the caller's references are then the
+  // last: no call can reach them any more).
+  std::vector<std::pair<std::string, std::shared_ptr<train::Session>>> RemoveIdle(absl::Duration idle,
+                                                                                  absl::Time now);
 
   int64_t size() const;
   int64_t size_of(absl::string_view tenant) const;

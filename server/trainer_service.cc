@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <new>
@@ -33,12 +34,34 @@ namespace teserve {
 namespace server {
 namespace {
 
+// A tenant's checkpoint directory under --checkpoint_dir: "@<tenant>"
+// (TrainerService::CheckpointDirOf).
+constexpr char kTenantDirPrefix[] = "@";
+
+// A checkpoint as the log names it: "<name>", or "@<tenant>/<name>" for a tenant's.
+std::string LoggedName(absl::string_view tenant, absl::string_view name) {
+  return tenant.empty() ? std::string(name) : absl::StrCat(kTenantDirPrefix, tenant, "/", name);
+}
+
+// How long a stopping server keeps answering UNAVAILABLE after the last call it saw
+// (TrainerService::Drain).
+constexpr absl::Duration kDrainQuiet = absl::Milliseconds(200);
+constexpr absl::Duration kDrainQuietAtMost = absl::Seconds(1);
+
 // Auto-checkpoint names: "<prefix>-step-<9 digits>".
 constexpr char kAutoStepInfix[] = "-step-";
 constexpr size_t kAutoStepDigits = 9;
 
 std::string AutoCheckpointName(absl::string_view prefix, int64_t step) {
   return absl::StrFormat("%s%s%09d", prefix, kAutoStepInfix, step);
+}
+
+// A session's final checkpoint (idle expiry, server stop): "<prefix>-step-<9 digits>-final",
+// which sorts right after the periodic one of the same step. Keep-last pruning leaves it.
+constexpr char kFinalSuffix[] = "-final";
+
+std::string FinalCheckpointName(absl::string_view prefix, int64_t step) {
+  return absl::StrCat(AutoCheckpointName(prefix, step), kFinalSuffix);
 }
 
 void LogLine(const std::string& line) {
@@ -206,6 +229,37 @@ absl::Status CallAbandoned(const grpc::CallbackServerContext& context, absl::str
   return absl::OkStatus();
 }
 
+// What train::Session asks between layers: whether this call's client is still waiting.
+// Cheap when it is (a flag and a clock read); the message is built only when not.
+// While the server stops, also whether the time for calls is over (StopCallsAt): then
+// UNAVAILABLE, so the client retries where the session is resumed.
+class CallInterruption final : public Interruption {
+ public:
+  CallInterruption(const grpc::CallbackServerContext& context, absl::string_view method,
+                   const std::atomic<int64_t>& stop_calls_at_ns)
+      : context_(context), method_(method), stop_calls_at_ns_(stop_calls_at_ns) {}
+
+  absl::Status Check(absl::string_view pass, absl::string_view next) const override {
+    const bool abandoned = const_cast<grpc::CallbackServerContext&>(context_).IsCancelled() ||
+                           context_.deadline() <= std::chrono::system_clock::now();
+    const bool stopping = absl::GetCurrentTimeNanos() >= stop_calls_at_ns_.load(std::memory_order_relaxed);
+    if (!abandoned && !stopping) return absl::OkStatus();
+    const std::string where = next.empty() ? absl::StrCat("after the ", pass)
+                                           : absl::StrCat("in the ", pass, " before ", Quoted(next));
+    if (abandoned) {
+      return CallAbandoned(context_, method_, absl::StrCat(where, "; the session is as it was before the call"));
+    }
+    return absl::UnavailableError(absl::StrCat(method_, ": the server is shutting down; the call stopped ", where,
+                                               "; the session is as it was before the call (and so is its final "
+                                               "checkpoint, if it has one)"));
+  }
+
+ private:
+  const grpc::CallbackServerContext& context_;
+  const std::string method_;
+  const std::atomic<int64_t>& stop_calls_at_ns_;
+};
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -235,10 +289,64 @@ absl::StatusOr<std::shared_ptr<train::Session>> TrainerService::Find(const grpc:
   return registry_.Get(id, tenant);
 }
 
+bool TrainerService::Drain(absl::Time stop_calls_at, absl::Time deadline) {
+  stop_calls_at_ns_.store(absl::ToUnixNanos(stop_calls_at), std::memory_order_relaxed);
+  stopping_.store(true);
+  // Quiet: no call running and none arriving, so that the clients that were sending have
+  // heard UNAVAILABLE before the transport closes (a call that reaches a closing
+  // transport is cancelled instead). Clients that keep sending hold this only for
+  // kDrainQuietAtMost (and never past stop_calls_at).
+  const absl::Time quiet_until = std::min({stop_calls_at, deadline, absl::Now() + kDrainQuietAtMost});
+  while (absl::Now() < quiet_until) {
+    {
+      absl::MutexLock lock(&calls_mu_);
+      if (calls_in_flight_ == 0 && absl::Now() - last_call_ >= kDrainQuiet) break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::MutexLock lock(&calls_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_in_flight_ == 0; };
+  return calls_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void TrainerService::Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed) {
+  for (const auto& [id, session] : removed) {
+    metrics_->RemoveSession(id);
+    absl::MutexLock lock(&auto_mu_);
+    auto_checkpoints_.erase(id);
+  }
+  metrics_->SetSessions(registry_.size());
+}
+
+void TrainerService::FinalCheckpoint(const std::string& id, const train::Session& session, absl::string_view why) {
+  AutoCheckpoint policy;
+  {
+    absl::MutexLock lock(&auto_mu_);
+    auto it = auto_checkpoints_.find(id);
+    if (it == auto_checkpoints_.end()) return;
+    policy = it->second;
+  }
+  // The session is out of the registry (or the server has stopped): nothing changes it
+  // between these reads and the save.
+  if (session.StateVersion() == policy.saved_version) {
+    LogLine(absl::StrFormat("session %s %s: no final checkpoint needed (its latest checkpoint holds its state)",
+                            id, why));
+    return;
+  }
+  const std::string name = FinalCheckpointName(policy.prefix, session.Summary().step);
+  absl::StatusOr<Saved> saved = Save(session, policy.tenant, name, /*overwrite=*/true);  // logs either way
+  if (saved.ok()) {
+    absl::MutexLock lock(&auto_mu_);
+    auto it = auto_checkpoints_.find(id);
+    if (it != auto_checkpoints_.end()) it->second.saved_version = saved->version;
+  }
+}
+
 int64_t TrainerService::ExpireIdleSessions(absl::Duration idle) {
-  const std::vector<std::string> expired = registry_.RemoveIdle(idle, absl::Now());
-  for (const std::string& id : expired) metrics_->RemoveSession(id);
-  if (!expired.empty()) metrics_->SetSessions(registry_.size());
+  absl::MutexLock expiry(&expiry_mu_);
+  const auto expired = registry_.RemoveIdle(idle, absl::Now());
+  for (const auto& [id, session] : expired) FinalCheckpoint(id, *session, "expired (idle)");
+  if (!expired.empty()) Forget(expired);
   return static_cast<int64_t>(expired.size());
 }
 
@@ -249,10 +357,20 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
                                                 const google::protobuf::Message& response,
                                                 Handler&& handler) {
   const absl::Time start = absl::Now();
-  // Authentication first (health and reflection are other services and stay open),
-  // then the call's own state: a call whose client has gone or whose deadline has
-  // passed does no work.
-  absl::Status status = TenantOf(*context).status();
+  {
+    absl::MutexLock lock(&calls_mu_);
+    ++calls_in_flight_;
+    last_call_ = start;
+  }
+  // A stopping server takes no new work (Drain). Then authentication (health and
+  // reflection are other services and stay open), then the call's own state: a call
+  // whose client has gone or whose deadline has passed does no work.
+  absl::Status status;
+  if (stopping_.load()) {
+    status = absl::UnavailableError(
+        absl::StrCat(method, ": the server is shutting down; retry on another server or after the restart"));
+  }
+  if (status.ok()) status = TenantOf(*context).status();
   if (status.ok()) status = CallAbandoned(*context, method, "before it started");
   // Our code returns Status; this only catches what a library might still throw (an
   // allocation failure on a huge request), so that it fails one call, not the server.
@@ -279,14 +397,32 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
                       static_cast<int64_t>(request.ByteSizeLong()), sent);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc_status);
+  absl::MutexLock lock(&calls_mu_);
+  --calls_in_flight_;
   return reactor;
 }
 
-void TrainerService::CloseSessions() {
-  for (const std::string& id : registry_.RemoveIdle(absl::ZeroDuration(), absl::InfiniteFuture())) {
-    metrics_->RemoveSession(id);
+void TrainerService::CloseSessions(absl::Time checkpoint_deadline) {
+  absl::MutexLock expiry(&expiry_mu_);
+  // Sessions a call still uses (one that outlived the grace period) stay; the process
+  // exits around them.
+  const auto closed = registry_.RemoveIdle(absl::ZeroDuration(), absl::InfiniteFuture());
+  for (const auto& [id, session] : closed) {
+    if (absl::Now() < checkpoint_deadline) {
+      FinalCheckpoint(id, *session, "closed (server stop)");
+      continue;
+    }
+    bool configured = false;
+    {
+      absl::MutexLock lock(&auto_mu_);
+      configured = auto_checkpoints_.contains(id);
+    }
+    if (configured && session->StateVersion() != 0) {
+      LogLine(absl::StrFormat("session %s closed (server stop): final checkpoint not saved, the grace period is over",
+                              id));
+    }
   }
-  metrics_->SetSessions(registry_.size());
+  Forget(closed);
 }
 
 grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerContext* context,
@@ -318,7 +454,8 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     }
     if (!policy.prefix.empty()) {
       RETURN_IF_ERROR(train::ValidateCheckpointName(policy.prefix, "checkpoint_prefix"));
-      const size_t longest = train::kMaxCheckpointNameLength - strlen(kAutoStepInfix) - kAutoStepDigits;
+      const size_t longest =
+          train::kMaxCheckpointNameLength - strlen(kAutoStepInfix) - kAutoStepDigits - strlen(kFinalSuffix);
       if (policy.prefix.size() > longest) {
         return InvalidField("checkpoint_prefix", absl::StrCat("at most ", longest, " characters"),
                             policy.prefix.size());
@@ -328,7 +465,8 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     RETURN_IF_ERROR(registry_.CheckCapacity(tenant));
     std::optional<train::CheckpointContents> checkpoint;
     if (!from.empty()) {
-      ASSIGN_OR_RETURN(checkpoint, train::ReadCheckpoint(config_.checkpoint_dir, from));
+      absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
+      ASSIGN_OR_RETURN(checkpoint, train::ReadCheckpoint(CheckpointDirOf(tenant), from));
     }
     // Admission: refuse a spec that can't fit before allocating any of it.
     const MemoryEstimate estimate = EstimateSessionMemory(checkpoint.has_value() ? checkpoint->model : request->model(),
@@ -359,6 +497,10 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     ASSIGN_OR_RETURN(std::string id, registry_.Add(shared, tenant, static_cast<int64_t>(estimate.total())));
     if (policy.every_steps > 0) {
       if (policy.prefix.empty()) policy.prefix = id;
+      policy.tenant = tenant;
+      // A session restored from a checkpoint holds that checkpoint's state: until it
+      // changes, it needs no final checkpoint.
+      if (!from.empty()) policy.saved_version = shared->StateVersion();
       absl::MutexLock lock(&auto_mu_);
       auto_checkpoints_[id] = policy;
     }
@@ -418,9 +560,11 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
     // Cost bounds, on shapes the decoder has just validated, before any computation.
     RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
                                      /*outputs_in_reply=*/true, config_.request_limits));
+    const CallInterruption interruption(*context, "Forward", stop_calls_at_ns_);
     ASSIGN_OR_RETURN(train::ForwardResult result,
-                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side));
-    // Nobody will Backward a handle whose Forward the client abandoned: drop it.
+                     session->Forward(inputs, /*save_for_backward=*/!request->no_grad(), side, &interruption));
+    // The session checked the call up to its end; a client that gave up since will not
+    // Backward the handle either: drop it.
     absl::Status abandoned = CallAbandoned(*context, "Forward", "while it ran; its activations were released");
     if (!abandoned.ok()) {
       if (result.handle != 0) session->ReleaseHandle(result.handle).IgnoreError();
@@ -441,8 +585,9 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                      DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
     std::vector<train::NamedTensor> side_grads;
+    const CallInterruption interruption(*context, "Backward", stop_calls_at_ns_);
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
-                     session->Backward(request->handle(), grads, &side_grads));
+                     session->Backward(request->handle(), grads, &side_grads, &interruption));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     for (const train::NamedTensor& g : side_grads) {
       v1::NamedTensor* wire = response->add_side_grads();
@@ -465,9 +610,10 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
     ASSIGN_OR_RETURN(Tensor target, DecodeTensor(request->target(), "target"));
     RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
                                      request->return_outputs(), config_.request_limits));
+    const CallInterruption interruption(*context, "ForwardBackward", stop_calls_at_ns_);
     ASSIGN_OR_RETURN(train::ForwardBackwardResult result,
                      session->ForwardBackward(inputs, side, loss, target, request->return_input_grad(),
-                                              request->return_outputs()));
+                                              request->return_outputs(), &interruption));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     response->set_loss(result.loss);
     response->set_num_tokens(result.num_tokens);
@@ -482,8 +628,8 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
                                                v1::StepResponse* response) {
   return Serve(context, "Step", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
-    ASSIGN_OR_RETURN(train::StepResult result, session->Step());
-    if (request->zero_grad()) RETURN_IF_ERROR(session->ZeroGrad());
+    const CallInterruption interruption(*context, "Step", stop_calls_at_ns_);
+    ASSIGN_OR_RETURN(train::StepResult result, session->Step(request->zero_grad(), &interruption));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/false);
     response->set_step(result.step);
     response->set_grad_norm(result.grad_norm);
@@ -613,6 +759,14 @@ grpc::ServerUnaryReactor* TrainerService::GetServerInfo(grpc::CallbackServerCont
     response->set_max_message_bytes(config_.max_message_bytes);
     response->set_cuda_compiled(info.cuda_compiled);
     response->set_gpu_count(info.gpu_count);
+    response->set_max_sessions_per_tenant(registry_.max_sessions_per_tenant());
+    response->set_max_tokens_per_request(config_.request_limits.max_tokens_per_request);
+    response->set_max_attention_scores(config_.request_limits.max_attention_scores);
+    response->set_max_live_handles(static_cast<int64_t>(train::kMaxLiveHandles));
+    response->set_memory_budget_bytes(config_.memory_budget_bytes);
+    response->set_admission_tokens(config_.admission_tokens);
+    response->set_session_idle_timeout_seconds(absl::ToDoubleSeconds(config_.session_idle_timeout));
+    response->set_checkpoints_enabled(!config_.checkpoint_dir.empty());
     return absl::OkStatus();
   });
 }
@@ -625,36 +779,49 @@ absl::Status TrainerService::RequireCheckpointDir(absl::string_view field) const
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<int64_t, int64_t>> TrainerService::Save(const train::Session& session,
-                                                                 const std::string& name, bool overwrite) {
+std::string TrainerService::CheckpointDirOf(absl::string_view tenant) const {
+  if (tenant.empty()) return config_.checkpoint_dir;
+  return absl::StrCat(config_.checkpoint_dir, "/", kTenantDirPrefix, tenant);
+}
+
+absl::StatusOr<TrainerService::Saved> TrainerService::Save(const train::Session& session, absl::string_view tenant,
+                                                          const std::string& name, bool overwrite) {
+  const std::string dir = CheckpointDirOf(tenant);
   const absl::Time start = absl::Now();
   absl::Status status;
-  int64_t step = 0, bytes = 0;
+  Saved saved;
   {
     train::CheckpointContents contents;
     contents.model = session.model_spec();
     contents.recipe = session.recipe_spec();
     contents.optimizer = session.optimizer_spec();
-    absl::StatusOr<train::SessionState> state = session.CaptureState();
+    absl::StatusOr<train::SessionState> state = session.CaptureState(&saved.version);
     status = state.status();
     if (status.ok()) {
       contents.state = std::move(*state);
-      step = contents.state.step;
+      saved.step = contents.state.step;
       absl::MutexLock lock(&checkpoint_mu_);
-      absl::StatusOr<train::CheckpointWriteResult> written =
-          train::WriteCheckpoint(config_.checkpoint_dir, name, contents, overwrite, kTeserveVersion);
-      status = written.status();
-      if (written.ok()) bytes = written->bytes;
+      if (!prepared_dirs_.contains(dir)) {
+        status = train::CleanCheckpointDir(dir);  // creates it
+        if (status.ok()) prepared_dirs_.insert(dir);
+      }
+      if (status.ok()) {
+        absl::StatusOr<train::CheckpointWriteResult> written =
+            train::WriteCheckpoint(dir, name, contents, overwrite, kTeserveVersion);
+        status = written.status();
+        if (written.ok()) saved.bytes = written->bytes;
+      }
     }
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  metrics_->RecordCheckpointSave(status.ok(), seconds, bytes);
+  metrics_->RecordCheckpointSave(status.ok(), seconds, saved.bytes);
   if (!status.ok()) {
-    LogLine(absl::StrFormat("checkpoint '%s' not saved: %s", name, status.ToString()));
+    LogLine(absl::StrFormat("checkpoint '%s' not saved: %s", LoggedName(tenant, name), status.ToString()));
     return status;
   }
-  LogLine(absl::StrFormat("checkpoint '%s' saved: step %d, %d bytes in %.3f s", name, step, bytes, seconds));
-  return std::make_pair(step, bytes);
+  LogLine(absl::StrFormat("checkpoint '%s' saved: step %d, %d bytes in %.3f s", LoggedName(tenant, name), saved.step,
+                          saved.bytes, seconds));
+  return saved;
 }
 
 void TrainerService::AutoSave(const std::string& id, const train::Session& session, int64_t step,
@@ -669,15 +836,21 @@ void TrainerService::AutoSave(const std::string& id, const train::Session& sessi
   if (step % policy.every_steps != 0) return;
   const std::string name = AutoCheckpointName(policy.prefix, step);
   // A session resumed from an earlier checkpoint saves the same step names again.
-  absl::StatusOr<std::pair<int64_t, int64_t>> saved = Save(session, name, /*overwrite=*/true);
+  absl::StatusOr<Saved> saved = Save(session, policy.tenant, name, /*overwrite=*/true);
   if (!saved.ok()) {
     response->set_checkpoint_error(BoundedMessage(saved.status().ToString()));
     return;
   }
   response->set_checkpoint(name);
+  {
+    absl::MutexLock lock(&auto_mu_);
+    auto it = auto_checkpoints_.find(id);
+    if (it != auto_checkpoints_.end()) it->second.saved_version = saved->version;
+  }
   if (policy.keep_last <= 0) return;
   absl::MutexLock lock(&checkpoint_mu_);
-  absl::StatusOr<std::vector<train::CheckpointListing>> listing = train::ListCheckpoints(config_.checkpoint_dir);
+  const std::string dir = CheckpointDirOf(policy.tenant);
+  absl::StatusOr<std::vector<train::CheckpointListing>> listing = train::ListCheckpoints(dir);
   if (!listing.ok()) return;
   const std::string stem = absl::StrCat(policy.prefix, kAutoStepInfix);
   std::vector<std::pair<int64_t, std::string>> mine;
@@ -690,10 +863,11 @@ void TrainerService::AutoSave(const std::string& id, const train::Session& sessi
   }
   std::sort(mine.begin(), mine.end());
   for (size_t i = 0; i + policy.keep_last < mine.size(); ++i) {
-    const absl::Status deleted = train::DeleteCheckpoint(config_.checkpoint_dir, mine[i].second);
-    LogLine(deleted.ok() ? absl::StrFormat("checkpoint '%s' deleted (keep_last_checkpoints %d)", mine[i].second,
-                                           policy.keep_last)
-                         : absl::StrFormat("checkpoint '%s' not deleted: %s", mine[i].second, deleted.ToString()));
+    const absl::Status deleted = train::DeleteCheckpoint(dir, mine[i].second);
+    const std::string logged = LoggedName(policy.tenant, mine[i].second);
+    LogLine(deleted.ok()
+                ? absl::StrFormat("checkpoint '%s' deleted (keep_last_checkpoints %d)", logged, policy.keep_last)
+                : absl::StrFormat("checkpoint '%s' not deleted: %s", logged, deleted.ToString()));
   }
 }
 
@@ -702,12 +876,13 @@ grpc::ServerUnaryReactor* TrainerService::SaveCheckpoint(grpc::CallbackServerCon
                                                          v1::SaveCheckpointResponse* response) {
   return Serve(context, "SaveCheckpoint", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(RequireCheckpointDir("name"));
     RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
-    ASSIGN_OR_RETURN(const auto saved, Save(*session, request->name(), request->overwrite()));
+    ASSIGN_OR_RETURN(const Saved saved, Save(*session, tenant, request->name(), request->overwrite()));
     response->set_name(request->name());
-    response->set_step(saved.first);
-    response->set_bytes(saved.second);
+    response->set_step(saved.step);
+    response->set_bytes(saved.bytes);
     return absl::OkStatus();
   });
 }
@@ -717,13 +892,16 @@ grpc::ServerUnaryReactor* TrainerService::LoadCheckpoint(grpc::CallbackServerCon
                                                          v1::LoadCheckpointResponse* response) {
   return Serve(context, "LoadCheckpoint", *request, *response, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(RequireCheckpointDir("name"));
     RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
+    absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
     ASSIGN_OR_RETURN(train::CheckpointContents contents,
-                     train::ReadCheckpoint(config_.checkpoint_dir, request->name()));
+                     train::ReadCheckpoint(CheckpointDirOf(tenant), request->name()));
     RETURN_IF_ERROR(CheckSameSpecs(request->name(), contents, *session));
     RETURN_IF_ERROR(InCheckpoint(session->RestoreState(contents.state), request->name()));
-    LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", request->name(), contents.state.step));
+    LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", LoggedName(tenant, request->name()),
+                            contents.state.step));
     PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
     FillSessionInfo(request->session_id(), *session, response->mutable_info());
     return absl::OkStatus();
@@ -734,8 +912,13 @@ grpc::ServerUnaryReactor* TrainerService::ListCheckpoints(grpc::CallbackServerCo
                                                           const v1::ListCheckpointsRequest* request,
                                                           v1::ListCheckpointsResponse* response) {
   return Serve(context, "ListCheckpoints", *request, *response, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
     RETURN_IF_ERROR(RequireCheckpointDir("ListCheckpoints"));
-    ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(config_.checkpoint_dir));
+    const std::string dir = CheckpointDirOf(tenant);
+    absl::ReaderMutexLock expiry(&expiry_mu_);  // final checkpoints of expiring sessions are listed
+    // A tenant that never saved has no directory yet: nothing to list.
+    if (!tenant.empty() && !std::filesystem::is_directory(dir)) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(dir));
     for (const train::CheckpointListing& c : listing) {
       v1::CheckpointInfo* info = response->add_checkpoints();
       info->set_name(c.name);

@@ -9,11 +9,16 @@
 #ifndef TESERVE_SERVER_TRAINER_SERVICE_H_
 #define TESERVE_SERVER_TRAINER_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
 #include "absl/status/status.h"
@@ -51,6 +56,7 @@ struct TrainerConfig {
   // --checkpoint_dir: where SaveCheckpoint / LoadCheckpoint / from_checkpoint and
   // checkpoint_every_steps read and write (created at startup); empty: checkpoints off.
   std::string checkpoint_dir;
+  absl::Duration session_idle_timeout = absl::ZeroDuration();  // reported; the server expires
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
@@ -61,10 +67,25 @@ class TrainerService final : public v1::Trainer::CallbackService {
   TrainerService(TrainerConfig config, Metrics* metrics);
 
   // Deletes every session and its metric series (server shutdown, once no RPC runs).
-  void CloseSessions();
+  // First, until `checkpoint_deadline`, each session configured to checkpoint
+  // (checkpoint_every_steps > 0) whose state changed since its last checkpoint is saved
+  // as its final checkpoint (FinalCheckpointName); the ones left when the deadline passes
+  // are logged, not saved.
+  void CloseSessions(absl::Time checkpoint_deadline);
   // Deletes the sessions idle for `idle` or longer (no RPC named them) and not in use
-  // right now, with their metric series; returns how many.
+  // right now, with their metric series, saving the final checkpoint of each one
+  // configured to checkpoint first (as CloseSessions); returns how many. ListCheckpoints,
+  // LoadCheckpoint and CreateSession(from_checkpoint) wait while this runs, so a client
+  // that finds its session gone finds its final checkpoint listed.
   int64_t ExpireIdleSessions(absl::Duration idle);
+  // Server stop, first part: from now on every Trainer call that arrives is answered
+  // UNAVAILABLE ("the server is shutting down") without work; from `stop_calls_at` on,
+  // Forward / Backward / ForwardBackward / Step still running stop at their next check
+  // point with UNAVAILABLE, undone (train/session.h, "Interruption"). Returns once no
+  // Trainer call runs and none arrived for 200 ms (clients have heard), or, with calls
+  // still arriving, once none runs after 1 s (or `stop_calls_at`); at the latest at
+  // `deadline`. Returns whether no call runs.
+  bool Drain(absl::Time stop_calls_at, absl::Time deadline);
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
                                           const v1::CreateSessionRequest* request,
@@ -116,23 +137,46 @@ class TrainerService final : public v1::Trainer::CallbackService {
                                             v1::ListCheckpointsResponse* response) override;
 
  private:
-  // A session's checkpoint_every_steps policy.
+  // A session's checkpoint_every_steps policy, and the StateVersion its latest periodic
+  // or final checkpoint holds (a session whose version is still that needs no final one).
   struct AutoCheckpoint {
     int64_t every_steps = 0;
     int32_t keep_last = 0;
     std::string prefix;
+    std::string tenant;  // whose checkpoint directory they go to
+    uint64_t saved_version = 0;
+  };
+
+  struct Saved {
+    int64_t step = 0;
+    int64_t bytes = 0;
+    uint64_t version = 0;  // the session's StateVersion in the checkpoint
   };
 
   // FAILED_PRECONDITION when the server runs without --checkpoint_dir.
   absl::Status RequireCheckpointDir(absl::string_view field) const;
-  // Captures the session's state and writes it as checkpoint `name` (serialized with
-  // every other save of this server), logging a line and recording the metrics.
-  // Returns the step saved and the bytes written.
-  absl::StatusOr<std::pair<int64_t, int64_t>> Save(const train::Session& session, const std::string& name,
-                                                   bool overwrite);
+  // Tenants keep their checkpoints apart: tenant T's live in <checkpoint_dir>/@T ('@'
+  // starts no checkpoint name, so the top level never lists those directories, and a
+  // tenant name, [A-Za-z0-9._-]{1,64}, is one path component after it); without
+  // tokens (tenant "") they live in <checkpoint_dir> itself. Every checkpoint RPC, the
+  // periodic and the final checkpoints use the caller's (the session's) directory only.
+  std::string CheckpointDirOf(absl::string_view tenant) const;
+  // Captures the session's state and writes it as checkpoint `name` of `tenant`
+  // (serialized with every other save of this server; a tenant's directory is created
+  // and cleaned of interrupted writes at its first save), logging a line and recording
+  // the metrics.
+  absl::StatusOr<Saved> Save(const train::Session& session, absl::string_view tenant, const std::string& name,
+                             bool overwrite);
   // After a Step: the session's periodic checkpoint, when due, and the pruning of its
   // older ones.
   void AutoSave(const std::string& id, const train::Session& session, int64_t step, v1::StepResponse* response);
+  // A session leaving the server (idle expiry, shutdown; `why` says which, for the log):
+  // its final checkpoint when it is configured to checkpoint and changed since its
+  // latest one; forgets its policy either way.
+  void FinalCheckpoint(const std::string& id, const train::Session& session, absl::string_view why);
+  // Deletes the metric series and checkpoint policies of sessions removed from the
+  // registry.
+  void Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed);
 
   // Runs `handler` (returning absl::Status), records the RPC metrics (the serialized
   // sizes of `request` and, for a successful call, `response`) and finishes the call.
@@ -153,8 +197,19 @@ class TrainerService final : public v1::Trainer::CallbackService {
   Metrics* const metrics_;
   SessionRegistry registry_;
   absl::Mutex checkpoint_mu_;  // one checkpoint write (and pruning) at a time
+  absl::flat_hash_set<std::string> prepared_dirs_ ABSL_GUARDED_BY(checkpoint_mu_);  // tenant directories
   absl::Mutex auto_mu_;
   absl::flat_hash_map<std::string, AutoCheckpoint> auto_checkpoints_ ABSL_GUARDED_BY(auto_mu_);
+  // Held (writer) while idle sessions are removed and their final checkpoints written;
+  // the RPCs that read checkpoints take it as readers. Taken before checkpoint_mu_.
+  absl::Mutex expiry_mu_;
+  // Drain: whether new calls are refused, and when running ones stop (absl::ToUnixNanos;
+  // INT64_MAX until the server stops).
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> stop_calls_at_ns_{std::numeric_limits<int64_t>::max()};
+  absl::Mutex calls_mu_;
+  int64_t calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
+  absl::Time last_call_ ABSL_GUARDED_BY(calls_mu_) = absl::InfinitePast();  // the latest call's arrival
 };
 
 }  // namespace server

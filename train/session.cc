@@ -22,10 +22,6 @@ namespace teserve {
 namespace train {
 namespace {
 
-// Forwards awaiting their backward; beyond this a Forward that saves activations is
-// refused (RESOURCE_EXHAUSTED) instead of growing memory without bound.
-constexpr size_t kMaxLiveHandles = 1024;
-
 absl::Status CheckFp32Cpu(const Tensor& t, absl::string_view field) {
   if (t.dtype() != DType::kFloat32) {
     return InvalidField(absl::StrCat(field, ".dtype"), "FLOAT32", DTypeName(t.dtype()));
@@ -145,6 +141,97 @@ struct Session::State {
   bool health_sampling = false;
   uint64_t next_handle = 1;
   absl::flat_hash_map<uint64_t, Pending> pending;
+  // Whether every gradient is zero (a new session, after ZeroGrad): undoing a backward
+  // then needs no copy of them.
+  bool grads_zero = true;
+  // Counts the calls that changed the state (Session::StateVersion).
+  uint64_t version = 0;
+
+  // What a training call changes besides its results, taken before it computes when the
+  // call may be interrupted, so that an interrupted (or otherwise failed) call leaves the
+  // session exactly as it was: quantizer state (scales, amax histories, counters, NVFP4
+  // draws), random-stream counters and, for calls that accumulate, the gradients.
+  struct Undo {
+    std::vector<recipes::QuantizerState> quantizers;
+    std::vector<uint64_t> rng;
+    bool grads = false;               // the call accumulates gradients
+    bool grads_zero = false;          // ... into all-zero ones: zeroing restores them
+    std::vector<Tensor> grad_copies;  // else a copy per GradOwners() entry
+  };
+
+  // The parameters that own gradient memory, each once: a row view (parameters_split)
+  // contributes its owner.
+  std::vector<layers::Parameter*> GradOwners() const {
+    std::vector<layers::Parameter*> owners;
+    absl::flat_hash_set<const layers::Parameter*> seen;
+    for (layers::Parameter* p : params) {
+      layers::Parameter* owner = p->view_of != nullptr ? p->view_of : p;
+      if (seen.insert(owner).second) owners.push_back(owner);
+    }
+    return owners;
+  }
+
+  absl::StatusOr<Undo> Mark(bool grads) const {
+    Undo undo;
+    for (const layers::NamedQuantizer& q : quantizers) undo.quantizers.push_back(q.quantizer->ExportState());
+    for (const layers::RngCounter& c : stack->RngCounters()) undo.rng.push_back(*c.value);
+    undo.grads = grads;
+    undo.grads_zero = grads_zero;
+    if (grads && !grads_zero) {
+      for (const layers::Parameter* p : GradOwners()) {
+        ASSIGN_OR_RETURN(Tensor copy, p->grad.Clone(ctx.stream));
+        undo.grad_copies.push_back(std::move(copy));
+      }
+    }
+    return undo;
+  }
+
+  absl::Status Rewind(const Undo& undo) {
+    for (size_t i = 0; i < quantizers.size() && i < undo.quantizers.size(); ++i) {
+      quantizers[i].quantizer->ImportState(undo.quantizers[i]);
+    }
+    const std::vector<layers::RngCounter> rng = stack->RngCounters();
+    for (size_t i = 0; i < rng.size() && i < undo.rng.size(); ++i) *rng[i].value = undo.rng[i];
+    if (!undo.grads) return absl::OkStatus();
+    const std::vector<layers::Parameter*> owners = GradOwners();
+    for (size_t i = 0; i < owners.size(); ++i) {
+      if (undo.grads_zero) {
+        RETURN_IF_ERROR(kernels::FillZero(ctx, &owners[i]->grad));
+      } else {
+        RETURN_IF_ERROR(kernels::CopyInto(ctx, undo.grad_copies[i], &owners[i]->grad));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs `body` (a training call after its validation) as one transaction: with an
+  // interruption, everything the call changes is marked first and put back when the
+  // body fails, whether the interruption stopped it or anything else did. Without one
+  // the body runs as it is (no interruption can come; errors past validation are
+  // allocation failures).
+  template <typename Result, typename Body>
+  absl::StatusOr<Result> Transaction(const Interruption* interruption, bool grads, Body&& body) {
+    if (interruption == nullptr) return body(ctx);
+    Context call = ctx;
+    call.interruption = interruption;
+    // A call that waited for the session lock may have been abandoned meanwhile.
+    RETURN_IF_ERROR(interruption->Check("wait for the session", ""));
+    ASSIGN_OR_RETURN(const Undo undo, Mark(grads));
+    absl::StatusOr<Result> result = body(call);
+    if (result.ok()) return result;
+    const absl::Status rewound = Rewind(undo);
+    if (!rewound.ok()) {
+      return absl::InternalError(absl::StrCat(result.status().message(), "; undoing the call failed too: ",
+                                              rewound.message()));
+    }
+    return result;
+  }
+
+  absl::Status ZeroGrads() {
+    for (layers::Parameter* p : params) RETURN_IF_ERROR(kernels::FillZero(ctx, &p->grad));
+    grads_zero = true;
+    return absl::OkStatus();
+  }
 
   // Quantizers whose region ends with a Forward (true) or a Backward (false).
   void EndRegion(bool forward) {
@@ -380,7 +467,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
 }
 
 absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs, bool save_for_backward,
-                                               const layers::SideInputs& side) {
+                                               const layers::SideInputs& side, const Interruption* interruption) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
   ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.ValidateForward(inputs, side));
@@ -393,15 +480,23 @@ absl::StatusOr<ForwardResult> Session::Forward(const std::vector<Tensor>& inputs
   layers::ForwardOptions options;
   options.save_for_backward = save_for_backward;
   options.side = &side;
-  ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
-  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, device_inputs, options));
-  s.EndRegion(/*forward=*/true);
-
-  ForwardResult result;
-  ASSIGN_OR_RETURN(result.outputs, s.ToHost(std::move(out.outputs)));
+  std::unique_ptr<layers::SavedActivations> saved;
+  auto forward = [&](const Context& ctx) -> absl::StatusOr<ForwardResult> {
+    ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
+    ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(ctx, device_inputs, options));
+    s.EndRegion(/*forward=*/true);
+    ForwardResult r;
+    ASSIGN_OR_RETURN(r.outputs, s.ToHost(std::move(out.outputs)));
+    RETURN_IF_ERROR(CheckInterruption(ctx, "forward", ""));
+    saved = std::move(out.saved);
+    return r;
+  };
+  ASSIGN_OR_RETURN(ForwardResult result, s.Transaction<ForwardResult>(interruption, /*grads=*/false, forward));
+  // Kept: the handle is the last thing a Forward changes.
+  ++s.version;
   if (save_for_backward) {
     result.handle = s.next_handle++;
-    s.pending[result.handle] = State::Pending{std::move(out.saved), std::move(output_shapes)};
+    s.pending[result.handle] = State::Pending{std::move(saved), std::move(output_shapes)};
   }
   return result;
 }
@@ -415,14 +510,16 @@ absl::Status Session::ReleaseHandle(uint64_t handle) {
 }
 
 absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs,
-                                                      std::vector<NamedTensor>* side_grads) {
+                                                      std::vector<NamedTensor>* side_grads,
+                                                      const Interruption* interruption) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
   auto it = s.pending.find(handle);
   if (it == s.pending.end()) {
     if (handle != 0 && handle < s.next_handle) {
       return absl::NotFoundError(absl::StrCat("handle: activation handle ", handle,
-                                              " was already used by a Backward (each Forward allows one)"));
+                                              " was already used by a Backward, or released because the client "
+                                              "abandoned its Forward (each Forward allows one Backward)"));
     }
     return absl::NotFoundError(absl::StrCat("handle: no activation handle ", handle,
                                             " in this session (expected a handle returned by Forward)"));
@@ -441,24 +538,39 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
                           ShapeToString(grad_outputs[i].shape()));
     }
   }
-  layers::SideGrads layer_side_grads;
-  ASSIGN_OR_RETURN(std::vector<Tensor> device_grads, s.ToDevice(grad_outputs));
-  ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
-                   s.stack->Backward(s.ctx, *it->second.saved, device_grads, &layer_side_grads));
-  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
-  if (side_grads != nullptr && layer_side_grads.encoder_output.defined()) {
-    ASSIGN_OR_RETURN(std::vector<Tensor> encoder_grad, s.ToHost({std::move(layer_side_grads.encoder_output)}));
-    side_grads->push_back(NamedTensor{"encoder_output", std::move(encoder_grad[0])});
-  }
+  std::vector<NamedTensor> new_side_grads;
+  auto backward = [&](const Context& ctx) -> absl::StatusOr<std::vector<Tensor>> {
+    layers::SideGrads layer_side_grads;
+    ASSIGN_OR_RETURN(std::vector<Tensor> device_grads, s.ToDevice(grad_outputs));
+    ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
+                     s.stack->Backward(ctx, *it->second.saved, device_grads, &layer_side_grads));
+    ASSIGN_OR_RETURN(std::vector<Tensor> host_grads, s.ToHost(std::move(device_grad_inputs)));
+    if (side_grads != nullptr && layer_side_grads.encoder_output.defined()) {
+      ASSIGN_OR_RETURN(std::vector<Tensor> encoder_grad, s.ToHost({std::move(layer_side_grads.encoder_output)}));
+      new_side_grads.push_back(NamedTensor{"encoder_output", std::move(encoder_grad[0])});
+    }
+    s.EndRegion(/*forward=*/false);
+    RETURN_IF_ERROR(CheckInterruption(ctx, "backward", ""));
+    return host_grads;
+  };
+  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
+                   s.Transaction<std::vector<Tensor>>(interruption, /*grads=*/true, backward));
+  // Kept: the handle is consumed only by a Backward that completed (an undone one leaves
+  // it pending, so the client may run it again).
   s.pending.erase(it);
-  s.EndRegion(/*forward=*/false);
+  s.grads_zero = false;
+  ++s.version;
+  if (side_grads != nullptr) {
+    for (NamedTensor& g : new_side_grads) side_grads->push_back(std::move(g));
+  }
   return grad_inputs;
 }
 
 absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector<Tensor>& inputs,
                                                                const layers::SideInputs& side,
                                                                const LossOptions& loss, const Tensor& target,
-                                                               bool return_input_grad, bool return_outputs) {
+                                                               bool return_input_grad, bool return_outputs,
+                                                               const Interruption* interruption) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
   ASSIGN_OR_RETURN(std::vector<Shape> output_shapes, s.ValidateForward(inputs, side));
@@ -470,47 +582,60 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
 
   layers::ForwardOptions options;
   options.side = &side;
-  ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
-  ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(s.ctx, device_inputs, options));
-  s.EndRegion(/*forward=*/true);
-  // The loss runs on the CPU reference: its output must be read anyway, and MSE has
-  // no CUDA kernel yet. On a device that is one copy of the output out and of its
-  // gradient in.
-  ASSIGN_OR_RETURN(std::vector<Tensor> host_output, s.ToHost({out.outputs[0]}));
-  Context host_ctx = Context::Cpu();
-  host_ctx.kernel_timing = s.ctx.kernel_timing;  // the loss kernels are timed as before
-  // A 16-bit params_dtype hands over 16-bit logits; the loss reads their FP32 values.
-  ASSIGN_OR_RETURN(const Tensor logits, kernels::Convert(host_ctx, host_output[0], DType::kFloat32));
-  ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(host_ctx, loss, logits, target));
-  ASSIGN_OR_RETURN(std::vector<Tensor> grad_output, s.ToDevice({loss_result.grad_output}));
-  layers::SideGrads layer_side_grads;
-  ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
-                   s.stack->Backward(s.ctx, *out.saved, grad_output, &layer_side_grads));
-  ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
-  s.EndRegion(/*forward=*/false);
+  auto forward_backward = [&](const Context& ctx) -> absl::StatusOr<ForwardBackwardResult> {
+    ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
+    ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(ctx, device_inputs, options));
+    s.EndRegion(/*forward=*/true);
+    // The loss runs on the CPU reference: its output must be read anyway, and MSE has
+    // no CUDA kernel yet. On a device that is one copy of the output out and of its
+    // gradient in.
+    ASSIGN_OR_RETURN(std::vector<Tensor> host_output, s.ToHost({out.outputs[0]}));
+    Context host_ctx = Context::Cpu();
+    host_ctx.kernel_timing = s.ctx.kernel_timing;  // the loss kernels are timed as before
+    // A 16-bit params_dtype hands over 16-bit logits; the loss reads their FP32 values.
+    ASSIGN_OR_RETURN(const Tensor logits, kernels::Convert(host_ctx, host_output[0], DType::kFloat32));
+    ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(host_ctx, loss, logits, target));
+    RETURN_IF_ERROR(CheckInterruption(ctx, "forward", ""));
+    ASSIGN_OR_RETURN(std::vector<Tensor> grad_output, s.ToDevice({loss_result.grad_output}));
+    layers::SideGrads layer_side_grads;
+    ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
+                     s.stack->Backward(ctx, *out.saved, grad_output, &layer_side_grads));
+    ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
+    s.EndRegion(/*forward=*/false);
+    RETURN_IF_ERROR(CheckInterruption(ctx, "backward", ""));
 
-  s.has_loss = true;
-  s.last_loss = loss_result.loss;
-  ForwardBackwardResult result;
-  result.loss = loss_result.loss;
-  result.num_tokens = loss_result.num_tokens;
-  if (return_input_grad) {
-    result.grad_inputs = std::move(grad_inputs);
-    if (layer_side_grads.encoder_output.defined()) {
-      result.side_grads.push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
+    ForwardBackwardResult r;
+    r.loss = loss_result.loss;
+    r.num_tokens = loss_result.num_tokens;
+    if (return_input_grad) {
+      r.grad_inputs = std::move(grad_inputs);
+      if (layer_side_grads.encoder_output.defined()) {
+        r.side_grads.push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
+      }
     }
-  }
-  // The model has exactly one output (checked above), the one the loss read.
-  if (return_outputs) result.outputs = std::move(host_output);
+    // The model has exactly one output (checked above), the one the loss read.
+    if (return_outputs) r.outputs = std::move(host_output);
+    return r;
+  };
+  ASSIGN_OR_RETURN(ForwardBackwardResult result,
+                   s.Transaction<ForwardBackwardResult>(interruption, /*grads=*/true, forward_backward));
+  s.has_loss = true;
+  s.last_loss = result.loss;
+  s.grads_zero = false;
+  ++s.version;
   return result;
 }
 
-absl::StatusOr<StepResult> Session::Step() {
+absl::StatusOr<StepResult> Session::Step(bool zero_grad, const Interruption* interruption) {
   absl::MutexLock lock(&mu_);
   State& s = *state_;
+  if (interruption != nullptr) RETURN_IF_ERROR(interruption->Check("wait for the session", ""));
   std::vector<Tensor> grads;
   for (const layers::Parameter* p : s.params) grads.push_back(p->grad);
   ASSIGN_OR_RETURN(const double sum_squares, kernels::SumOfSquares(s.ctx, grads));
+  // The last point where the step may stop; from here on it runs to its end (an update
+  // is never half applied).
+  if (interruption != nullptr) RETURN_IF_ERROR(interruption->Check("gradient norm", ""));
   StepResult result;
   result.grad_norm = static_cast<float>(std::sqrt(sum_squares));
   s.has_grad_norm = true;
@@ -519,21 +644,23 @@ absl::StatusOr<StepResult> Session::Step() {
     result.step = s.step;
     result.skipped = true;
     ++s.skipped_steps;
-    return result;
+  } else {
+    if (s.max_grad_norm > 0.0f && result.grad_norm > s.max_grad_norm) {
+      const float factor = s.max_grad_norm / (result.grad_norm + 1e-6f);
+      for (layers::Parameter* p : s.params) RETURN_IF_ERROR(kernels::Scale(s.ctx, factor, &p->grad));
+    }
+    RETURN_IF_ERROR(s.optimizer->Apply(s.ctx, s.params, s.step + 1));
+    result.step = ++s.step;
   }
-  if (s.max_grad_norm > 0.0f && result.grad_norm > s.max_grad_norm) {
-    const float factor = s.max_grad_norm / (result.grad_norm + 1e-6f);
-    for (layers::Parameter* p : s.params) RETURN_IF_ERROR(kernels::Scale(s.ctx, factor, &p->grad));
-  }
-  RETURN_IF_ERROR(s.optimizer->Apply(s.ctx, s.params, s.step + 1));
-  result.step = ++s.step;
+  ++s.version;
+  if (zero_grad) RETURN_IF_ERROR(s.ZeroGrads());
   return result;
 }
 
 absl::Status Session::ZeroGrad() {
   absl::MutexLock lock(&mu_);
-  for (layers::Parameter* p : state_->params) RETURN_IF_ERROR(kernels::FillZero(state_->ctx, &p->grad));
-  return absl::OkStatus();
+  ++state_->version;
+  return state_->ZeroGrads();
 }
 
 
@@ -580,6 +707,7 @@ absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) 
     }
     targets.push_back(p);
   }
+  ++state_->version;  // even a copy that fails halfway has changed something
   for (size_t i = 0; i < targets.size(); ++i) {
     RETURN_IF_ERROR(kernels::CopyInto(state_->ctx, parameters[i].tensor, &targets[i]->value));
   }
@@ -651,9 +779,15 @@ void Session::SetHealthSampling(bool on) {
   }
 }
 
-absl::StatusOr<SessionState> Session::CaptureState() const {
+uint64_t Session::StateVersion() const {
+  absl::MutexLock lock(&mu_);
+  return state_->version;
+}
+
+absl::StatusOr<SessionState> Session::CaptureState(uint64_t* version) const {
   absl::MutexLock lock(&mu_);
   const State& s = *state_;
+  if (version != nullptr) *version = s.version;
   SessionState out;
   out.step = s.step;
   ASSIGN_OR_RETURN(out.parameters, s.CopyTensors({}, /*grads=*/false));
@@ -742,6 +876,8 @@ absl::Status Session::RestoreState(const SessionState& in) {
   s.step = step;
   s.skipped_steps = skipped;
   s.pending.clear();
+  s.grads_zero = false;  // whatever the checkpoint held
+  ++s.version;
   return absl::OkStatus();
 }
 

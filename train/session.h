@@ -6,6 +6,16 @@
 // Failure atomicity: a call that returns an error leaves parameters, gradients,
 // optimizer state, scaling state and live handles as they were (except that Backward
 // with a bad gradient keeps its handle alive so the client can retry).
+// Interruption: Forward, Backward, ForwardBackward and Step take an optional
+// Interruption (core/context.h), asked once the session lock is held, between layers
+// (and TransformerLayer blocks), and once more when the computation is done, before
+// anything is kept. When it says stop, the call returns its status (CANCELLED,
+// DEADLINE_EXCEEDED) and the session is exactly as before the call: the quantizer state,
+// random-stream counters and gradients the call changed are put back (the gradients
+// from a copy taken before it, or by zeroing when they were all zero), no handle is made
+// and a Backward's handle stays pending. The same undo covers any other error past
+// validation. Step stops only before it updates anything (after the gradient norm);
+// once the update starts it runs to its end.
 #ifndef TESERVE_TRAIN_SESSION_H_
 #define TESERVE_TRAIN_SESSION_H_
 
@@ -38,6 +48,10 @@ struct TensorLayout {
   Shape shape;
   int64_t nbytes = 0;
 };
+
+// Forwards a session keeps awaiting their Backward; beyond this a Forward that saves
+// activations is refused (RESOURCE_EXHAUSTED) instead of growing memory without bound.
+inline constexpr size_t kMaxLiveHandles = 1024;
 
 struct ForwardResult {
   std::vector<Tensor> outputs;  // FP32
@@ -134,12 +148,14 @@ class Session {
   // lists the names); unknown names and inputs the layers reject fail with
   // INVALID_ARGUMENT naming "side_inputs.<name>".
   absl::StatusOr<ForwardResult> Forward(const std::vector<Tensor>& inputs, bool save_for_backward,
-                                        const layers::SideInputs& side = layers::SideInputs());
+                                        const layers::SideInputs& side = layers::SideInputs(),
+                                        const Interruption* interruption = nullptr);
   // NOT_FOUND for an unknown handle or one already consumed (the message says which).
   // Gradients of side inputs that have one (encoder_output) go to `side_grads` when
   // given.
   absl::StatusOr<std::vector<Tensor>> Backward(uint64_t handle, const std::vector<Tensor>& grad_outputs,
-                                               std::vector<NamedTensor>* side_grads = nullptr);
+                                               std::vector<NamedTensor>* side_grads = nullptr,
+                                               const Interruption* interruption = nullptr);
   // Forward (saving activations), the loss on the single output, Backward with its
   // gradient, in one locked call; regions end as after Forward then Backward. The
   // inputs, side inputs, loss and target are all validated first (errors name
@@ -148,8 +164,11 @@ class Session {
   absl::StatusOr<ForwardBackwardResult> ForwardBackward(const std::vector<Tensor>& inputs,
                                                         const layers::SideInputs& side, const LossOptions& loss,
                                                         const Tensor& target, bool return_input_grad,
-                                                        bool return_outputs);
-  absl::StatusOr<StepResult> Step();
+                                                        bool return_outputs,
+                                                        const Interruption* interruption = nullptr);
+  // The optimizer step, then, with `zero_grad`, ZeroGrad, under one lock (no call on
+  // this session runs between the two).
+  absl::StatusOr<StepResult> Step(bool zero_grad = false, const Interruption* interruption = nullptr);
   absl::Status ZeroGrad();
   // Drops the saved activations of `handle` without a Backward (the server does this
   // when the client abandoned the Forward that made it). NOT_FOUND when not pending.
@@ -181,8 +200,13 @@ class Session {
   void SetHealthSampling(bool on);
 
   // A consistent copy of the SessionState (taken under the session's lock, so between
-  // two calls, never inside one).
-  absl::StatusOr<SessionState> CaptureState() const;
+  // two calls, never inside one); `version`, when given, receives the StateVersion the
+  // copy has.
+  absl::StatusOr<SessionState> CaptureState(uint64_t* version = nullptr) const;
+  // Counts the calls that changed the session's state so far (Forward, Backward,
+  // ForwardBackward, Step, ZeroGrad, SetParameters, RestoreState; an undone or rejected
+  // call counts nothing): equal versions mean equal states. 0 for a new session.
+  uint64_t StateVersion() const;
   // All-or-nothing: checks that `state` fits this session (every tensor of every group
   // present once with this session's name, dtype and shape, no others; the optimizer
   // group complete or empty; counters >= 0; quantizer histories of the recipe's length)

@@ -5,6 +5,7 @@
 #include <functional>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -271,6 +272,87 @@ TEST_F(CheckpointRpcTest, PeriodicCheckpointsKeepTheLastK) {
   const std::string other = NewSession(request);
   for (int step = 1; step <= 2; ++step) ASSERT_TRUE(CheckpointedRunStep(*s_.client, other, step).ok());
   EXPECT_TRUE(std::filesystem::exists(absl::StrCat(dir_, "/", other, "-step-000000002")));
+}
+
+// With bearer tokens each tenant has its own checkpoints (<checkpoint_dir>/@<tenant>):
+// another tenant's cannot be listed, loaded, resumed, overwritten or pruned, even under
+// the same name; a tenant named ".." stays inside the directory.
+TEST(CheckpointTenants, ATenantSeesOnlyItsOwnCheckpoints) {
+  const std::string dir = FreshDir("tenant_checkpoints");
+  constexpr char kAlice[] = "alice-checkpoint-token-0123456789";
+  constexpr char kBob[] = "bob-checkpoint-token-0123456789ab";
+  constexpr char kDots[] = "dots-checkpoint-token-0123456789a";
+  const std::string tokens = absl::StrCat(dir, "-tokens.txt");
+  WriteFile(tokens, absl::StrCat(kAlice, " alice\n", kBob, " bob\n", kDots, " ..\n"));
+  server::ServerOptions options = testing::LoopbackOptions();
+  options.checkpoint_dir = dir;
+  options.auth_tokens_file = tokens;
+  testing::LoopbackServer s = testing::StartLoopbackServer(options);
+  ASSERT_NE(s.server, nullptr);
+  auto connect = [&](const char* token) {
+    client::ClientOptions client_options;
+    client_options.token = token;
+    return std::make_unique<client::Client>(s.address, client_options);
+  };
+  auto alice = connect(kAlice), bob = connect(kBob), dots = connect(kDots);
+  auto names = [](client::Client& c) {
+    std::vector<std::string> out;
+    absl::StatusOr<v1::ListCheckpointsResponse> listing = c.ListCheckpoints();
+    EXPECT_TRUE(listing.ok()) << listing.status();
+    if (listing.ok()) {
+      for (const v1::CheckpointInfo& info : listing->checkpoints()) out.push_back(info.name());
+    }
+    return out;
+  };
+  auto save = [](client::Client& c, const std::string& id, const std::string& name) {
+    v1::SaveCheckpointRequest request;
+    request.set_session_id(id);
+    request.set_name(name);
+    return c.SaveCheckpoint(request).status();
+  };
+
+  v1::CreateSessionRequest periodic = CheckpointedRunRequest();
+  periodic.set_checkpoint_every_steps(1);
+  periodic.set_keep_last_checkpoints(1);
+  periodic.set_checkpoint_prefix("run");
+  auto a = alice->CreateSession(periodic);
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (int step = 1; step <= 2; ++step) ASSERT_TRUE(CheckpointedRunStep(*alice, a->session_id(), step).ok());
+  ASSERT_TRUE(save(*alice, a->session_id(), "shared").ok());
+  EXPECT_THAT(names(*alice), ::testing::ElementsAre("run-step-000000002", "shared"));
+  EXPECT_TRUE(names(*bob).empty()) << "bob sees alice's checkpoints";
+
+  // Bob cannot load or resume alice's checkpoints; NOT_FOUND as for names that don't exist.
+  auto b = bob->CreateSession(periodic);
+  ASSERT_TRUE(b.ok()) << b.status();
+  v1::LoadCheckpointRequest load;
+  load.set_session_id(b->session_id());
+  load.set_name("shared");
+  EXPECT_EQ(bob->LoadCheckpoint(load).status().code(), absl::StatusCode::kNotFound);
+  v1::CreateSessionRequest resume;
+  resume.set_from_checkpoint("run-step-000000002");
+  EXPECT_EQ(bob->CreateSession(resume).status().code(), absl::StatusCode::kNotFound);
+  // Bob's own "shared" and periodic checkpoints neither collide with alice's nor prune them.
+  ASSERT_TRUE(CheckpointedRunStep(*bob, b->session_id(), 1).ok());
+  EXPECT_TRUE(save(*bob, b->session_id(), "shared").ok()) << "no ALREADY_EXISTS from alice's";
+  for (int step = 2; step <= 3; ++step) ASSERT_TRUE(CheckpointedRunStep(*bob, b->session_id(), step).ok());
+  EXPECT_THAT(names(*bob), ::testing::ElementsAre("run-step-000000003", "shared"));
+  EXPECT_THAT(names(*alice), ::testing::ElementsAre("run-step-000000002", "shared"));
+  auto resumed = alice->CreateSession(resume);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->info().step(), 2);
+  EXPECT_EQ(ParameterBytes(*alice, resumed->session_id()).value(), ParameterBytes(*alice, a->session_id()).value());
+
+  // A tenant named ".." is a directory "@.." inside, not the parent.
+  auto d = dots->CreateSession(CheckpointedRunRequest());
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(save(*dots, d->session_id(), "mine").ok());
+  EXPECT_THAT(names(*dots), ::testing::ElementsAre("mine"));
+  EXPECT_TRUE(std::filesystem::is_directory(absl::StrCat(dir, "/@../mine")));
+  std::vector<std::string> top;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) top.push_back(e.path().filename().string());
+  EXPECT_THAT(top, ::testing::UnorderedElementsAre("@alice", "@bob", "@.."));
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat(dir, "/../mine")));
 }
 
 TEST(CheckpointRpcOff, WithoutCheckpointDirTheRpcsSaySo) {

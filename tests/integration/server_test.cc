@@ -1,5 +1,6 @@
 // The server around the Trainer: health, reflection, GetServerInfo, session lifecycle,
 // --max_sessions, metrics, and shutdown.
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string>
@@ -107,6 +108,15 @@ TEST(Server, ServerInfoOnCpu) {
   EXPECT_EQ(info->default_recipe(), "delayed");
   EXPECT_EQ(info->max_sessions(), 64);
   EXPECT_EQ(info->max_message_bytes(), int64_t{1} << 30);
+  // The limits, at their defaults (LoopbackOptions changes none).
+  EXPECT_EQ(info->max_sessions_per_tenant(), 64);
+  EXPECT_EQ(info->max_tokens_per_request(), 65536);
+  EXPECT_EQ(info->max_attention_scores(), int64_t{1} << 27);
+  EXPECT_EQ(info->max_live_handles(), 1024);
+  EXPECT_GT(info->memory_budget_bytes(), 0);  // the cgroup limit or MemTotal
+  EXPECT_EQ(info->admission_tokens(), 8192);
+  EXPECT_EQ(info->session_idle_timeout_seconds(), 0.0);
+  EXPECT_FALSE(info->checkpoints_enabled());
   std::vector<std::string> recipes;
   for (const v1::RecipeAvailability& r : info->recipes()) {
     recipes.push_back(r.recipe());
@@ -115,6 +125,28 @@ TEST(Server, ServerInfoOnCpu) {
   EXPECT_EQ(recipes, (std::vector<std::string>{"delayed", "current", "mxfp8", "block", "nvfp4"}));
   EXPECT_EQ(info->recipes(0).availability(), v1::EMULATED);
   for (const v1::RecipeAvailability& r : info->recipes()) EXPECT_EQ(r.availability(), v1::EMULATED) << r.recipe();
+}
+
+TEST(Server, ServerInfoReportsTheLimitsSet) {
+  server::ServerOptions options = testing::LoopbackOptions();
+  options.max_sessions_per_tenant = 3;
+  options.max_tokens_per_request = 1000;
+  options.max_attention_scores = 4096;
+  options.memory_budget_bytes = -1;
+  options.admission_tokens = 512;
+  options.session_idle_timeout = absl::Seconds(90);
+  options.checkpoint_dir = absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/info_ckpt");
+  testing::LoopbackServer s = testing::StartLoopbackServer(options);
+  ASSERT_NE(s.server, nullptr);
+  absl::StatusOr<v1::ServerInfo> info = s.client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->max_sessions_per_tenant(), 3);
+  EXPECT_EQ(info->max_tokens_per_request(), 1000);
+  EXPECT_EQ(info->max_attention_scores(), 4096);
+  EXPECT_EQ(info->memory_budget_bytes(), -1);
+  EXPECT_EQ(info->admission_tokens(), 512);
+  EXPECT_EQ(info->session_idle_timeout_seconds(), 90.0);
+  EXPECT_TRUE(info->checkpoints_enabled());
 }
 
 TEST(Server, SessionLifecycle) {

@@ -41,6 +41,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"teserve {info.version} on {info.device} ({info.device_name or 'no device name'})")
         print(f"max_sessions {info.max_sessions}, max_message_bytes {info.max_message_bytes}, "
               f"cuda_compiled {info.cuda_compiled}, gpus {info.gpu_count}")
+        idle = f"{info.session_idle_timeout_seconds:g}s" if info.session_idle_timeout_seconds else "never"
+        print(f"max_sessions_per_tenant {info.max_sessions_per_tenant}, "
+              f"max_tokens_per_request {info.max_tokens_per_request}, "
+              f"max_attention_scores {info.max_attention_scores}, max_live_handles {info.max_live_handles}, "
+              f"memory_budget_bytes {info.memory_budget_bytes}, admission_tokens {info.admission_tokens}, "
+              f"session_idle_timeout {idle}, checkpoints {'on' if info.checkpoints_enabled else 'off'}")
         for r in info.recipes:
             reason = f"  {r.reason}" if r.reason else ""
             print(f"  {r.recipe:<8} {service_pb2.Availability.Name(r.availability):<12}{reason}")

@@ -37,4 +37,9 @@ def test_server_info_lists_recipes(server):
     assert r.returncode == 0, r.stderr
     for recipe in ("delayed", "current", "mxfp8", "block", "nvfp4"):
         assert recipe in r.stdout
-    assert teserve.connect(server.address).server_info().version in r.stdout
+    info = teserve.connect(server.address).server_info()
+    assert info.version in r.stdout
+    # The limits travel too (the fixture's server runs with the defaults).
+    assert info.max_tokens_per_request == 65536 and "max_tokens_per_request 65536" in r.stdout
+    assert info.max_attention_scores == 1 << 27
+    assert info.max_live_handles == 1024

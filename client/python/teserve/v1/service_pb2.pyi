@@ -333,7 +333,9 @@ class SaveCheckpointResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., step: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ["compute_capability", "cublaslt_version", "cuda_compiled", "cuda_runtime_version", "cudnn_version", "default_recipe", "device", "device_name", "gpu_count", "max_message_bytes", "max_sessions", "nccl_version", "recipes", "version"]
+    __slots__ = ["admission_tokens", "checkpoints_enabled", "compute_capability", "cublaslt_version", "cuda_compiled", "cuda_runtime_version", "cudnn_version", "default_recipe", "device", "device_name", "gpu_count", "max_attention_scores", "max_live_handles", "max_message_bytes", "max_sessions", "max_sessions_per_tenant", "max_tokens_per_request", "memory_budget_bytes", "nccl_version", "recipes", "session_idle_timeout_seconds", "version"]
+    ADMISSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_ENABLED_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     CUBLASLT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CUDA_COMPILED_FIELD_NUMBER: _ClassVar[int]
@@ -343,11 +345,19 @@ class ServerInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTENTION_SCORES_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIVE_HANDLES_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_PER_TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     NCCL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RECIPES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    admission_tokens: int
+    checkpoints_enabled: bool
     compute_capability: str
     cublaslt_version: str
     cuda_compiled: bool
@@ -357,12 +367,18 @@ class ServerInfo(_message.Message):
     device: str
     device_name: str
     gpu_count: int
+    max_attention_scores: int
+    max_live_handles: int
     max_message_bytes: int
     max_sessions: int
+    max_sessions_per_tenant: int
+    max_tokens_per_request: int
+    memory_budget_bytes: int
     nccl_version: str
     recipes: _containers.RepeatedCompositeFieldContainer[RecipeAvailability]
+    session_idle_timeout_seconds: float
     version: str
-    def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_capability: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., cublaslt_version: _Optional[str] = ..., cudnn_version: _Optional[str] = ..., nccl_version: _Optional[str] = ..., recipes: _Optional[_Iterable[_Union[RecipeAvailability, _Mapping]]] = ..., default_recipe: _Optional[str] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., cuda_compiled: bool = ..., gpu_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., device: _Optional[str] = ..., device_name: _Optional[str] = ..., compute_capability: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., cublaslt_version: _Optional[str] = ..., cudnn_version: _Optional[str] = ..., nccl_version: _Optional[str] = ..., recipes: _Optional[_Iterable[_Union[RecipeAvailability, _Mapping]]] = ..., default_recipe: _Optional[str] = ..., max_sessions: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., cuda_compiled: bool = ..., gpu_count: _Optional[int] = ..., max_sessions_per_tenant: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_attention_scores: _Optional[int] = ..., max_live_handles: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., admission_tokens: _Optional[int] = ..., session_idle_timeout_seconds: _Optional[float] = ..., checkpoints_enabled: bool = ...) -> None: ...
 
 class SessionInfo(_message.Message):
     __slots__ = ["attention", "device", "device_note", "layers", "live_handles", "model", "num_parameters", "optimizer", "recipe", "recipe_name", "session_id", "state_bytes", "step"]

@@ -1,0 +1,324 @@
+// Final checkpoints against the real server binary: a session created with
+// checkpoint_every_steps > 0 ("configured to checkpoint") is saved as
+// "<prefix>-step-<N>-final" when it expires idle and when the server stops on SIGTERM,
+// unless its latest checkpoint already holds its state. Under load, SIGTERM lets calls
+// finish or answers UNAVAILABLE, saves every such session and exits 0 within the grace
+// period; each final checkpoint equals a replay of exactly the calls its client saw
+// succeed.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/checkpoint_training.h"
+#include "tests/integration/server_process.h"
+
+namespace teserve {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+using testing::CheckpointedRunRequest;
+using testing::kCkptBatch;
+using testing::kCkptHidden;
+using testing::kCkptSeq;
+
+std::string FreshDir(const std::string& leaf) {
+  const std::string dir = testing::TempPath(leaf);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  return names;
+}
+
+v1::CreateSessionRequest Configured(const std::string& prefix, int64_t every_steps) {
+  v1::CreateSessionRequest request = CheckpointedRunRequest();
+  request.set_checkpoint_every_steps(every_steps);
+  request.set_checkpoint_prefix(prefix);
+  return request;
+}
+
+// ForwardBackward on the data of step `k` of tests/integration/checkpoint_training.h.
+absl::Status ForwardBackward(client::Client& c, const std::string& id, int k) {
+  const int64_t n = kCkptSeq * kCkptBatch * kCkptHidden;
+  v1::ForwardBackwardRequest request;
+  request.set_session_id(id);
+  *request.add_inputs() = client::MakeFloatTensor(testing::PseudoRandomFloats(n, 1000 + k), {kCkptSeq, kCkptBatch, kCkptHidden});
+  request.mutable_loss()->mutable_mse();
+  *request.mutable_target() =
+      client::MakeFloatTensor(testing::PseudoRandomFloats(n, 2000 + k), {kCkptSeq, kCkptBatch, kCkptHidden});
+  return c.ForwardBackward(request).status();
+}
+
+// Every parameter and gradient, by name, as bytes.
+std::vector<std::pair<std::string, std::string>> StateBytes(client::Client& c, const std::string& id) {
+  v1::GetParametersRequest request;
+  request.set_session_id(id);
+  request.set_include_grads(true);
+  absl::StatusOr<v1::GetParametersResponse> response = c.GetParameters(request);
+  EXPECT_TRUE(response.ok()) << response.status();
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!response.ok()) return out;
+  for (const v1::NamedTensor& p : response->parameters()) out.emplace_back(p.name(), p.tensor().data());
+  for (const v1::NamedTensor& g : response->grads()) out.emplace_back("grad:" + g.name(), g.tensor().data());
+  return out;
+}
+
+absl::StatusOr<std::string> Resume(client::Client& c, const std::string& name, v1::SessionInfo* info = nullptr) {
+  v1::CreateSessionRequest request;
+  request.set_from_checkpoint(name);
+  ASSIGN_OR_RETURN(v1::CreateSessionResponse created, c.CreateSession(request));
+  if (info != nullptr) *info = created.info();
+  return created.session_id();
+}
+
+TEST(FinalCheckpoint, IdleExpirySavesTheSessionsConfiguredToCheckpoint) {
+  const std::string dir = FreshDir("idle_checkpoints");
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start({absl::StrCat("--checkpoint_dir=", dir), "--session_idle_timeout=1s"},
+                           testing::TempPath("idle_final.log")))
+      << server.Log();
+  client::Client c(server.address());
+  // dirty: three steps and a ForwardBackward more (mid-accumulation), never saved.
+  // clean: saved by its periodic checkpoint after its only step. plain: not configured.
+  auto dirty = c.CreateSession(Configured("dirty", 100));
+  auto clean = c.CreateSession(Configured("clean", 1));
+  auto plain = c.CreateSession(CheckpointedRunRequest());
+  ASSERT_TRUE(dirty.ok() && clean.ok() && plain.ok());
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(testing::CheckpointedRunStep(c, dirty->session_id(), step).ok());
+  }
+  ASSERT_TRUE(ForwardBackward(c, dirty->session_id(), 4).ok());
+  const auto dirty_state = StateBytes(c, dirty->session_id());
+  ASSERT_TRUE(testing::CheckpointedRunStep(c, clean->session_id(), 1).ok());
+  ASSERT_TRUE(testing::CheckpointedRunStep(c, plain->session_id(), 1).ok());
+
+  // ListSessions does not count as use; the sessions expire within about 1.25 s.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (c.ListSessions()->sessions_size() > 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_EQ(c.ListSessions()->sessions_size(), 0);
+  EXPECT_EQ(c.GetSession(dirty->session_id()).status().code(), absl::StatusCode::kNotFound);
+
+  absl::StatusOr<v1::ListCheckpointsResponse> listing = c.ListCheckpoints();
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  std::vector<std::string> names;
+  for (const v1::CheckpointInfo& info : listing->checkpoints()) names.push_back(info.name());
+  EXPECT_THAT(names, UnorderedElementsAre("clean-step-000000001", "dirty-step-000000003-final")) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr(absl::StrCat("session ", clean->session_id(),
+                                                   " expired (idle): no final checkpoint needed")));
+
+  // The final checkpoint is the session as it was, gradients mid-accumulation included.
+  v1::SessionInfo info;
+  absl::StatusOr<std::string> resumed = Resume(c, "dirty-step-000000003-final", &info);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(info.step(), 3);
+  EXPECT_EQ(StateBytes(c, *resumed), dirty_state);
+
+  // A session restored from a checkpoint and configured to checkpoint has nothing new to
+  // save until it changes: SIGTERM writes no second final checkpoint.
+  v1::CreateSessionRequest again = Configured("dirty", 100);
+  again.clear_model();
+  again.clear_recipe();
+  again.clear_optimizer();
+  again.set_from_checkpoint("dirty-step-000000003-final");
+  ASSERT_TRUE(c.CreateSession(again).ok());
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.WaitExit(absl::Seconds(20)), 0) << server.Log();
+  EXPECT_THAT(Entries(dir), UnorderedElementsAre("clean-step-000000001", "dirty-step-000000003-final"));
+}
+
+// One client's calls: ForwardBackward on step-k data (fb_step = k) or Step (fb_step 0),
+// the ones that succeeded, in order.
+struct ClientRun {
+  std::string id;
+  std::string prefix;  // empty: not configured to checkpoint
+  std::vector<int> succeeded;
+  int steps = 0;
+  std::vector<absl::Status> failures;
+};
+
+TEST(FinalCheckpoint, SigtermUnderLoadSavesEveryConfiguredSessionAndExitsZeroWithinTheGracePeriod) {
+  const std::string dir = FreshDir("sigterm_checkpoints");
+  constexpr int kGraceSeconds = 6;
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start({absl::StrCat("--checkpoint_dir=", dir), absl::StrCat("--shutdown_grace_seconds=", kGraceSeconds)},
+                           testing::TempPath("sigterm_final.log")))
+      << server.Log();
+  // Six sessions configured to checkpoint (never periodically within this run), two not.
+  std::vector<ClientRun> runs(8);
+  {
+    client::Client c(server.address());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      runs[i].prefix = i < 6 ? absl::StrCat("load", i) : "";
+      auto created = c.CreateSession(i < 6 ? Configured(runs[i].prefix, 1000) : CheckpointedRunRequest());
+      ASSERT_TRUE(created.ok()) << created.status();
+      runs[i].id = created->session_id();
+    }
+  }
+  std::vector<std::thread> threads;
+  for (ClientRun& run : runs) {
+    threads.emplace_back([&run, address = server.address()] {
+      client::ClientOptions options;
+      options.rpc_timeout = absl::Seconds(30);
+      client::Client c(address, options);
+      for (int k = 1;; ++k) {
+        absl::Status status = ForwardBackward(c, run.id, k);
+        if (!status.ok()) {
+          run.failures.push_back(status);
+          return;
+        }
+        run.succeeded.push_back(k);
+        status = c.Step(run.id, /*zero_grad=*/true).status();
+        if (!status.ok()) {
+          run.failures.push_back(status);
+          return;
+        }
+        run.succeeded.push_back(0);
+        ++run.steps;
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  const absl::Time stop = absl::Now();
+  server.Signal(SIGTERM);
+  const int code = server.WaitExit(absl::Seconds(30));
+  const absl::Duration took = absl::Now() - stop;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(code, 0) << server.Log();
+  EXPECT_LT(took, absl::Seconds(kGraceSeconds)) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr("shutdown complete"));
+  for (const ClientRun& run : runs) {
+    EXPECT_GT(run.steps, 0) << run.id;
+    for (const absl::Status& status : run.failures) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    }
+  }
+
+  // A second server on the directory: each configured session's final checkpoint holds
+  // exactly the calls its client saw succeed.
+  std::vector<std::string> expected;
+  for (const ClientRun& run : runs) {
+    if (!run.prefix.empty()) expected.push_back(absl::StrFormat("%s-step-%09d-final", run.prefix, run.steps));
+  }
+  EXPECT_THAT(Entries(dir), ::testing::UnorderedElementsAreArray(expected)) << server.Log();
+  testing::ServerProcess second;
+  ASSERT_TRUE(second.Start({absl::StrCat("--checkpoint_dir=", dir)}, testing::TempPath("sigterm_final_2.log")))
+      << second.Log();
+  client::Client c(second.address());
+  for (const ClientRun& run : runs) {
+    if (run.prefix.empty()) continue;
+    v1::SessionInfo info;
+    absl::StatusOr<std::string> resumed = Resume(c, absl::StrFormat("%s-step-%09d-final", run.prefix, run.steps), &info);
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(info.step(), run.steps);
+    auto replay = c.CreateSession(CheckpointedRunRequest());
+    ASSERT_TRUE(replay.ok());
+    for (int k : run.succeeded) {
+      ASSERT_TRUE((k > 0 ? ForwardBackward(c, replay->session_id(), k)
+                         : c.Step(replay->session_id(), /*zero_grad=*/true).status())
+                      .ok());
+    }
+    EXPECT_EQ(StateBytes(c, *resumed), StateBytes(c, replay->session_id())) << run.prefix;
+  }
+  second.Signal(SIGTERM);
+  EXPECT_EQ(second.WaitExit(absl::Seconds(20)), 0) << second.Log();
+}
+
+// Sixteen TransformerLayers over 512 positions: one ForwardBackward takes seconds on the
+// CPU backend, with check points between its layers.
+v1::CreateSessionRequest SlowSession() {
+  v1::CreateSessionRequest request;
+  v1::ModelSpec* model = request.mutable_model();
+  model->set_seed(5);
+  for (int i = 0; i < 16; ++i) {
+    v1::LayerSpec* layer = model->add_layers();
+    layer->set_name(absl::StrCat("block", i));
+    v1::TransformerLayerSpec* t = layer->mutable_transformer_layer();
+    t->set_hidden_size(64);
+    t->set_ffn_hidden_size(256);
+    t->set_num_attention_heads(4);
+  }
+  request.mutable_recipe()->mutable_delayed()->set_amax_history_len(4);
+  request.mutable_optimizer()->mutable_adamw()->set_lr(1e-3f);
+  request.set_checkpoint_every_steps(1000);
+  request.set_checkpoint_prefix("slow");
+  return request;
+}
+
+v1::ForwardBackwardRequest SlowForwardBackward(const std::string& id, uint64_t seed) {
+  constexpr int64_t kSeq = 512, kBatch = 2, kHidden = 64;
+  v1::ForwardBackwardRequest request;
+  request.set_session_id(id);
+  *request.add_inputs() = client::MakeFloatTensor(testing::PseudoRandomFloats(kSeq * kBatch * kHidden, seed),
+                                                  {kSeq, kBatch, kHidden});
+  request.mutable_loss()->mutable_mse();
+  *request.mutable_target() = client::MakeFloatTensor(testing::PseudoRandomFloats(kSeq * kBatch * kHidden, seed + 1),
+                                                      {kSeq, kBatch, kHidden});
+  return request;
+}
+
+TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointIsTheStateBeforeIt) {
+  const std::string dir = FreshDir("long_call_checkpoints");
+  constexpr int kGraceSeconds = 2;  // training calls get 1 s, final checkpoints the rest
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start({absl::StrCat("--checkpoint_dir=", dir), absl::StrCat("--shutdown_grace_seconds=", kGraceSeconds)},
+                           testing::TempPath("long_call.log")))
+      << server.Log();
+  client::Client c(server.address());
+  auto created = c.CreateSession(SlowSession());
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->session_id();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(c.ForwardBackward(SlowForwardBackward(id, 1)).ok());
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(c.Step(id, /*zero_grad=*/true).ok());
+  const auto before = StateBytes(c, id);
+  if (took < absl::Seconds(kGraceSeconds) * 0.8) {
+    server.Signal(SIGKILL);
+    GTEST_SKIP() << "a ForwardBackward takes only " << took << " here; it would end before the calls' time is up";
+  }
+
+  absl::Status long_call;
+  std::thread in_flight([&] { long_call = c.ForwardBackward(SlowForwardBackward(id, 2)).status(); });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time stop = absl::Now();
+  server.Signal(SIGTERM);
+  const int code = server.WaitExit(absl::Seconds(20));
+  const absl::Duration stop_took = absl::Now() - stop;
+  in_flight.join();
+  EXPECT_EQ(code, 0) << server.Log();
+  EXPECT_LT(stop_took, absl::Seconds(kGraceSeconds) + absl::Milliseconds(500)) << server.Log();
+  EXPECT_EQ(long_call.code(), absl::StatusCode::kUnavailable) << long_call;
+  EXPECT_THAT(std::string(long_call.message()), HasSubstr("the server is shutting down"));
+  EXPECT_THAT(server.Log(), HasSubstr("checkpoint 'slow-step-000000001-final' saved: step 1"));
+
+  testing::ServerProcess second;
+  ASSERT_TRUE(second.Start({absl::StrCat("--checkpoint_dir=", dir)}, testing::TempPath("long_call_2.log")))
+      << second.Log();
+  client::Client c2(second.address());
+  absl::StatusOr<std::string> resumed = Resume(c2, "slow-step-000000001-final");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(StateBytes(c2, *resumed), before) << "the stopped call left no trace";
+  second.Signal(SIGTERM);
+  EXPECT_EQ(second.WaitExit(absl::Seconds(20)), 0) << second.Log();
+}
+
+}  // namespace
+}  // namespace teserve
