@@ -36,12 +36,10 @@ using testing::CheckpointedRunStep;
 using testing::ParameterBytes;
 namespace fs = std::filesystem;
 
-// The server's flags for this test: its checkpoint directory, and the device
-// (TESERVE_TEST_DEVICE, e.g. cuda:0 on a GPU host; cpu by default).
+// The server's flags for this test: its checkpoint directory (the device is
+// testing::TestDevice(): cuda:0 on a GPU host with TESERVE_TEST_DEVICE=cuda:0).
 std::vector<std::string> ServerFlags(const std::string& checkpoint_dir) {
-  const char* device = std::getenv("TESERVE_TEST_DEVICE");
-  return {absl::StrCat("--checkpoint_dir=", checkpoint_dir), "--shutdown_grace_seconds=5",
-          absl::StrCat("--device=", device != nullptr && *device != '\0' ? device : "cpu")};
+  return {absl::StrCat("--checkpoint_dir=", checkpoint_dir), "--shutdown_grace_seconds=5"};
 }
 
 constexpr int kSteps = 12;
@@ -262,7 +260,9 @@ TEST(CheckpointKill, KillDuringSaveLeavesThePreviousCheckpointLoadable) {
     EXPECT_EQ(server->WaitExit(absl::Seconds(30)), -1);
     saver.join();
     // A save the client saw succeed survives the crash.
-    if (save_status.ok()) EXPECT_TRUE(fs::exists(dir / a.name)) << a.name;
+    if (save_status.ok()) {
+      EXPECT_TRUE(fs::exists(dir / a.name)) << a.name;
+    }
     const bool interrupted = server->Log().find(absl::StrCat("checkpoint '", a.name, "' saved")) == std::string::npos;
     const bool leftovers = !Hidden(dir, ".tmp-", a.name).empty() || !Hidden(dir, ".old-", a.name).empty();
     if (seen && interrupted && leftovers) ++mid_save;

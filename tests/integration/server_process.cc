@@ -23,6 +23,11 @@ std::string Runfile(const std::string& path) {
   return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "teserve", "/", path);
 }
 
+std::string TestDevice() {
+  const char* device = std::getenv("TESERVE_TEST_DEVICE");
+  return device != nullptr && *device != '\0' ? device : "cpu";
+}
+
 std::string TempPath(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
@@ -64,7 +69,7 @@ std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", p
 bool ServerProcess::Start(const std::vector<std::string>& flags, const std::string& log_path) {
   log_path_ = log_path;
   const std::string binary = Runfile("server/teserve");
-  std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0", "--device=cpu"};
+  std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0", "--device=" + TestDevice()};
   args.insert(args.end(), flags.begin(), flags.end());
   // The default metrics port (9464) would collide between tests running in parallel.
   bool metrics_port_given = false;

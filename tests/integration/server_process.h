@@ -28,6 +28,10 @@ struct CommandResult {
 // Runs a shell command line.
 CommandResult RunCommand(const std::string& command);
 
+// The device the integration tests run their servers on: TESERVE_TEST_DEVICE (e.g.
+// cuda:0, for the one run of the reliability cases on a GPU host), cpu by default.
+std::string TestDevice();
+
 class ServerProcess {
  public:
   ServerProcess() = default;
@@ -35,7 +39,7 @@ class ServerProcess {
   ServerProcess& operator=(const ServerProcess&) = delete;
   ~ServerProcess();  // SIGKILL if still running
 
-  // Starts teserve with --host=127.0.0.1 --port=0 --device=cpu plus `flags` (and
+  // Starts teserve with --host=127.0.0.1 --port=0 --device=<TestDevice()> plus `flags` (and
   // --metrics_port=-1 unless `flags` set it), its stderr
   // in `log_path`, and waits (up to 30 s) for the "gRPC listening on" line; false if it
   // exited or never said so. port() and metrics_port() come from the log.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/integration/server_process.h"
 
 namespace teserve {
 namespace testing {
@@ -13,7 +14,7 @@ server::ServerOptions LoopbackOptions() {
   options.host = "127.0.0.1";
   options.port = 0;
   options.metrics_port = -1;
-  options.device = "cpu";
+  options.device = TestDevice();
   return options;
 }
 
