@@ -15,6 +15,7 @@
 #include "layers/spec.h"
 #include "recipes/recipe.h"
 #include "tests/layers/layer_test_util.h"
+#include "tests/recipe_specs.h"
 
 namespace teserve {
 namespace layers {
@@ -47,13 +48,7 @@ v1::ModelSpec OneLinear(int64_t in, int64_t out, v1::DType params_dtype) {
 }
 
 recipes::Recipe RecipeOf(const std::string& name) {
-  v1::RecipeSpec spec;
-  if (name == "delayed") spec.mutable_delayed();
-  if (name == "current") spec.mutable_current();
-  if (name == "block") spec.mutable_block();
-  if (name == "mxfp8") spec.mutable_mxfp8();
-  if (name == "nvfp4") spec.mutable_nvfp4();
-  return recipes::RecipeFromProto(spec).value();
+  return recipes::RecipeFromProto(testing_util::RecipeSpecNamed(name)).value();
 }
 
 TEST(ParamsDType, LinearReadsItsWeightRoundedToBf16) {

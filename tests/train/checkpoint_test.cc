@@ -21,6 +21,7 @@
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/recipe_specs.h"
 #include "google/protobuf/util/json_util.h"
 #include "layers/init.h"
 #include "teserve/v1/checkpoint.pb.h"
@@ -80,15 +81,7 @@ v1::ModelSpec Model() {
   return spec;
 }
 
-v1::RecipeSpec Recipe(const std::string& name) {
-  v1::RecipeSpec r;
-  if (name == "delayed") r.mutable_delayed()->set_amax_history_len(4);
-  if (name == "current") r.mutable_current();
-  if (name == "mxfp8") r.mutable_mxfp8();
-  if (name == "block") r.mutable_block();
-  if (name == "nvfp4") r.mutable_nvfp4();
-  return r;
-}
+v1::RecipeSpec Recipe(const std::string& name) { return testing_util::RecipeSpecNamed(name); }
 
 v1::OptimizerSpec AdamW() {
   v1::OptimizerSpec o;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/recipe_specs.h"
 #include "layers/init.h"
 #include "train/session.h"
 
@@ -69,15 +70,7 @@ v1::ModelSpec Model() {
   return spec;
 }
 
-v1::RecipeSpec Recipe(const std::string& name) {
-  v1::RecipeSpec r;
-  if (name == "delayed") r.mutable_delayed()->set_amax_history_len(4);
-  if (name == "current") r.mutable_current();
-  if (name == "mxfp8") r.mutable_mxfp8();
-  if (name == "block") r.mutable_block();
-  if (name == "nvfp4") r.mutable_nvfp4();
-  return r;
-}
+v1::RecipeSpec Recipe(const std::string& name) { return testing_util::RecipeSpecNamed(name); }
 
 // `param`: a recipe name, with "/bf16" for params_dtype BFLOAT16 on every layer.
 std::unique_ptr<Session> Make(const std::string& param) {
