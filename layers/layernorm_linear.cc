@@ -52,8 +52,9 @@ absl::Status ValidateParametersSplit(const ParametersSplit& split, int64_t out_f
 
 absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string& layer, NormKind kind,
                                                                int64_t hidden_size, float eps,
-                                                               bool zero_centered_gamma) {
+                                                               bool zero_centered_gamma, DType params_dtype) {
   NormOptions options;
+  options.params_dtype = params_dtype;
   options.kind = kind;
   options.hidden_size = hidden_size;
   options.eps = eps;
@@ -73,7 +74,7 @@ absl::StatusOr<std::unique_ptr<LayerNormLinear>> LayerNormLinear::Create(std::st
   RETURN_IF_ERROR(ValidateParametersSplit(options.parameters_split, options.out_features, "parameters_split"));
   std::unique_ptr<LayerNormLinear> layer(new LayerNormLinear(name, options));
   ASSIGN_OR_RETURN(layer->norm_, CreateLayerNorm(name, options.normalization, options.in_features, options.eps,
-                                                 options.zero_centered_gamma));
+                                                 options.zero_centered_gamma, options.params_dtype));
   LinearOptions linear;
   linear.in_features = options.in_features;
   linear.out_features = options.out_features;
@@ -81,6 +82,7 @@ absl::StatusOr<std::unique_ptr<LayerNormLinear>> LayerNormLinear::Create(std::st
   linear.return_bias = options.return_bias;
   linear.init_std = options.init_std;
   linear.seed = options.seed;
+  linear.params_dtype = options.params_dtype;
   ASSIGN_OR_RETURN(layer->linear_, Linear::Create(name, linear, recipe));
 
   if (!options.parameters_split.empty()) {
@@ -132,8 +134,13 @@ absl::StatusOr<std::vector<Tensor>> LayerNormLinear::Backward(const Context& ctx
   if (returns_bias()) linear_grads.push_back(grad_outputs[1]);
   ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, linear_->Backward(ctx, *saved.linear, linear_grads));
   // d_ln[0] is a fresh tensor of Linear's, so the returned ln_out's gradient can be
-  // added in place.
-  if (options_.return_layernorm_output) RETURN_IF_ERROR(kernels::AddInto(ctx, grad_outputs.back(), &d_ln[0]));
+  // added in place (in FP32: a 16-bit params_dtype hands a 16-bit d_ln over, and the
+  // norm's backward takes any dtype).
+  if (options_.return_layernorm_output) {
+    ASSIGN_OR_RETURN(d_ln[0], kernels::Convert(ctx, d_ln[0], DType::kFloat32));
+    ASSIGN_OR_RETURN(const Tensor ln_out_grad, kernels::Convert(ctx, grad_outputs.back(), DType::kFloat32));
+    RETURN_IF_ERROR(kernels::AddInto(ctx, ln_out_grad, &d_ln[0]));
+  }
   return norm_->Backward(ctx, *saved.norm, d_ln);
 }
 

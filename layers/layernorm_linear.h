@@ -48,6 +48,8 @@ struct LayerNormLinearOptions {
   ParametersSplit parameters_split;      // empty: one weight and one bias
   float init_std = 0.023f;               // W ~ N(0, init_std^2), as a Linear with `seed`
   uint64_t seed = 0;
+  // TE's params_dtype, for the norm's output and the Linear (layers/linear.h).
+  DType params_dtype = DType::kFloat32;
 };
 
 // Checks a parameters_split against out_features: every name non-empty once trailing
@@ -91,7 +93,8 @@ class LayerNormLinear : public Module {
 // TE's names "<layer>.layer_norm_weight" / "<layer>.layer_norm_bias".
 absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string& layer, NormKind kind,
                                                                int64_t hidden_size, float eps,
-                                                               bool zero_centered_gamma);
+                                                               bool zero_centered_gamma,
+                                                               DType params_dtype = DType::kFloat32);
 
 
 }  // namespace layers

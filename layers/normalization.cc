@@ -56,7 +56,19 @@ absl::StatusOr<ForwardOutput> Normalization::Forward(const Context& ctx, const s
                                                      const ForwardOptions& options) {
   ASSIGN_OR_RETURN(Tensor x, inputs[0].As2D());
   kernels::NormForwardOutputs result;
-  if (has_beta()) {
+  if (x.dtype() != DType::kFloat32 || options_.params_dtype != DType::kFloat32) {
+    // 16-bit activations: the general entry point reads x in its dtype and writes y in
+    // params_dtype (statistics in FP32, as for FP32 tensors).
+    kernels::NormForwardOptions norm;
+    norm.eps = options_.eps;
+    norm.zero_centered_gamma = options_.zero_centered_gamma;
+    norm.y_dtype = options_.params_dtype;
+    ASSIGN_OR_RETURN(kernels::NormForwardResult r,
+                     kernels::NormalizationForward(ctx, Type(), x, gamma_.value, beta_.value, norm));
+    result.y = std::move(r.y);
+    result.mu = std::move(r.mu);
+    result.rsigma = std::move(r.rsigma);
+  } else if (has_beta()) {
     ASSIGN_OR_RETURN(result, kernels::LayerNormForward(ctx, x, gamma_.value, beta_.value, options_.eps,
                                                        options_.zero_centered_gamma));
   } else {
@@ -81,9 +93,17 @@ absl::StatusOr<std::vector<Tensor>> Normalization::Backward(const Context& ctx, 
                                                             const std::vector<Tensor>& grad_outputs,
                                                             SideGrads* side_grads) {
   auto& saved = static_cast<NormSaved&>(saved_base);
-  ASSIGN_OR_RETURN(Tensor dy, grad_outputs[0].As2D());
+  ASSIGN_OR_RETURN(Tensor dy2d, grad_outputs[0].As2D());
+  // dy in x's dtype, as the kernels take them (dx comes back in it too).
+  ASSIGN_OR_RETURN(const Tensor dy, kernels::Convert(ctx, dy2d, saved.x.dtype()));
   kernels::NormBackwardOutputs grads;
-  if (has_beta()) {
+  if (saved.x.dtype() != DType::kFloat32) {
+    kernels::NormBackwardOptions norm;
+    norm.zero_centered_gamma = options_.zero_centered_gamma;
+    ASSIGN_OR_RETURN(grads, kernels::NormalizationBackward(ctx, Type(), dy, saved.x, saved.mu, saved.rsigma,
+                                                           gamma_.value, norm));
+    if (has_beta()) RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dbeta, &beta_.grad));
+  } else if (has_beta()) {
     ASSIGN_OR_RETURN(grads, kernels::LayerNormBackward(ctx, dy, saved.x, saved.mu, saved.rsigma, gamma_.value,
                                                        options_.zero_centered_gamma));
     RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dbeta, &beta_.grad));

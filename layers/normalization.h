@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/normalization.h"
 #include "layers/module.h"
 
 namespace teserve {
@@ -20,6 +21,10 @@ struct NormOptions {
   int64_t hidden_size = 0;
   float eps = 1e-5f;
   bool zero_centered_gamma = false;
+  // TE's params_dtype: y comes out in it (FP32, BF16 or FP16); x may come in any of the
+  // three and dx goes back in x's dtype. gamma / beta and their gradients stay FP32 (the
+  // masters); the statistics are FP32 whatever the dtypes.
+  DType params_dtype = DType::kFloat32;
 };
 
 class Normalization : public Module {
@@ -39,6 +44,9 @@ class Normalization : public Module {
  private:
   Normalization(std::string name, const NormOptions& options) : Module(std::move(name)), options_(options) {}
   bool has_beta() const { return options_.kind == NormKind::kLayerNorm; }
+  kernels::NormType Type() const {
+    return has_beta() ? kernels::NormType::kLayerNorm : kernels::NormType::kRmsNorm;
+  }
 
   NormOptions options_;
   Parameter gamma_;

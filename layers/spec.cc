@@ -196,6 +196,19 @@ absl::StatusOr<std::unique_ptr<Module>> CreateSeeded(absl::StatusOr<Options> opt
   return Layer::Create(name, *options, recipe);
 }
 
+// A LayerNorm or RMSNorm layer's options (checked by PlanLayer).
+NormOptions NormOptionsFromSpec(const v1::LayerSpec& layer, DType params_dtype) {
+  const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
+  NormOptions options;
+  options.kind = ln ? NormKind::kLayerNorm : NormKind::kRmsNorm;
+  options.hidden_size = ln ? layer.layer_norm().hidden_size() : layer.rms_norm().hidden_size();
+  const bool has_eps = ln ? layer.layer_norm().has_eps() : layer.rms_norm().has_eps();
+  if (has_eps) options.eps = ln ? layer.layer_norm().eps() : layer.rms_norm().eps();
+  options.zero_centered_gamma = ln ? layer.layer_norm().zero_centered_gamma() : layer.rms_norm().zero_centered_gamma();
+  options.params_dtype = params_dtype;
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& layer, const std::string& name,
                                                          uint64_t seed, const recipes::Recipe& recipe) {
   switch (layer.kind_case()) {
@@ -227,33 +240,38 @@ absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& la
       return DotProductAttention::Create(name, options);
     }
     case v1::LayerSpec::kLayerNorm:
-    case v1::LayerSpec::kRmsNorm: {
-      const bool ln = layer.kind_case() == v1::LayerSpec::kLayerNorm;
-      NormOptions options;
-      options.kind = ln ? NormKind::kLayerNorm : NormKind::kRmsNorm;
-      options.hidden_size = ln ? layer.layer_norm().hidden_size() : layer.rms_norm().hidden_size();
-      const bool has_eps = ln ? layer.layer_norm().has_eps() : layer.rms_norm().has_eps();
-      if (has_eps) options.eps = ln ? layer.layer_norm().eps() : layer.rms_norm().eps();
-      options.zero_centered_gamma =
-          ln ? layer.layer_norm().zero_centered_gamma() : layer.rms_norm().zero_centered_gamma();
-      return Normalization::Create(name, options);
-    }
+    case v1::LayerSpec::kRmsNorm:
+      return Normalization::Create(name, NormOptionsFromSpec(layer, DType::kFloat32));
     case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
   return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
-// The layer in its params_dtype: Linear computes in it; every other layer computes in
-// FP32 behind a PrecisionBoundary that hands its activations over in params_dtype.
+// The layer in its params_dtype: Linear, LayerNorm / RMSNorm and LayerNormLinear compute
+// in it; every other layer computes in FP32 behind a PrecisionBoundary that hands its
+// activations over in params_dtype.
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
   ASSIGN_OR_RETURN(const DType dtype, ParamsDType(layer, name));
   if (dtype == DType::kFloat32) return MakeFloat32Layer(layer, name, seed, recipe);
-  if (layer.kind_case() == v1::LayerSpec::kLinear) {
-    LinearOptions options = LinearOptionsFromSpec(layer.linear(), LinearOptions());
-    options.params_dtype = dtype;
-    return CreateSeeded<Linear, LinearOptions>(options, name, seed, recipe);
+  switch (layer.kind_case()) {
+    case v1::LayerSpec::kLinear: {
+      LinearOptions options = LinearOptionsFromSpec(layer.linear(), LinearOptions());
+      options.params_dtype = dtype;
+      return CreateSeeded<Linear, LinearOptions>(options, name, seed, recipe);
+    }
+    case v1::LayerSpec::kLayerNorm:
+    case v1::LayerSpec::kRmsNorm:
+      return Normalization::Create(name, NormOptionsFromSpec(layer, dtype));
+    case v1::LayerSpec::kLayerNormLinear: {
+      ASSIGN_OR_RETURN(LayerNormLinearOptions options,
+                       LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"));
+      options.params_dtype = dtype;
+      return CreateSeeded<LayerNormLinear, LayerNormLinearOptions>(options, name, seed, recipe);
+    }
+    default:
+      break;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Module> inner, MakeFloat32Layer(layer, name, seed, recipe));
   return std::unique_ptr<Module>(new PrecisionBoundary(std::move(inner), dtype));

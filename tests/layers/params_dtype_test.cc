@@ -187,6 +187,47 @@ TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
   }
 }
 
+// LayerNormLinear computes in the 16-bit dtype too (its norm writes BF16, its Linear reads
+// it), also with return_layernorm_output, whose gradient is added in FP32.
+TEST(ParamsDType, LayerNormLinearComputesInBf16) {
+  v1::ModelSpec spec;
+  spec.set_seed(4);
+  auto* lnl = spec.add_layers()->mutable_layer_norm_linear();
+  lnl->set_in_features(64);
+  lnl->set_out_features(32);
+  lnl->set_return_layernorm_output(true);
+  v1::ModelSpec low_spec = spec;
+  low_spec.mutable_layers(0)->set_params_dtype(v1::BFLOAT16);
+  const recipes::Recipe recipe = RecipeOf("delayed");
+  auto low = BuildStack(low_spec, recipe).value();
+  auto full = BuildStack(spec, recipe).value();
+  EXPECT_EQ(low->modules()[0]->kind(), "LayerNormLinear");
+  const Tensor x = Random({32, 64}, 8);
+  auto y_low = low->Forward(kCpu, {x}, ForwardOptions());
+  auto y_full = full->Forward(kCpu, {x}, ForwardOptions());
+  ASSERT_TRUE(y_low.ok()) << y_low.status();
+  ASSERT_TRUE(y_full.ok()) << y_full.status();
+  ASSERT_EQ(y_low->outputs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(y_low->outputs[i].dtype(), DType::kBFloat16) << i;
+    EXPECT_LT(RelativeError(As(y_low->outputs[i], DType::kFloat32), y_full->outputs[i]), 5e-2) << i;
+  }
+  // The norm's output is the FP32 one rounded once.
+  EXPECT_TRUE(BitwiseEqual(y_low->outputs[1], As(y_full->outputs[1], DType::kBFloat16)));
+  const std::vector<Tensor> dy = {Random({32, 32}, 9, 0.1f), Random({32, 64}, 10, 0.1f)};
+  auto dx_low = low->Backward(kCpu, *y_low->saved, dy);
+  auto dx_full = full->Backward(kCpu, *y_full->saved, dy);
+  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
+  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
+  ASSERT_EQ((*dx_low)[0].dtype(), DType::kFloat32);
+  EXPECT_LT(RelativeError((*dx_low)[0], (*dx_full)[0]), 0.1);
+  const std::vector<Parameter*> pl = low->Parameters(), pf = full->Parameters();
+  for (size_t i = 0; i < pl.size(); ++i) {
+    ASSERT_EQ(pl[i]->grad.dtype(), DType::kFloat32) << pl[i]->name;
+    EXPECT_LT(RelativeError(pl[i]->grad, pf[i]->grad), 0.1) << pl[i]->name;
+  }
+}
+
 TEST(ParamsDType, RejectsOtherDTypes) {
   for (v1::DType bad : {v1::FLOAT8_E4M3, v1::INT32, v1::BOOL}) {
     v1::ModelSpec spec = OneLinear(16, 16, bad);
