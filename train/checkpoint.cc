@@ -41,18 +41,6 @@ absl::Status IoError(absl::string_view what, absl::string_view file, int err) {
   return absl::InternalError(message);
 }
 
-std::string Sha256Hex(absl::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < size; ++i) {
-    out.push_back(hex[digest[i] >> 4]);
-    out.push_back(hex[digest[i] & 15]);
-  }
-  return out;
-}
 
 // Writes `bytes` to a new file `path` and fsyncs it.
 absl::Status WriteFileSynced(const std::string& path, absl::string_view file, absl::string_view bytes) {
@@ -251,6 +239,19 @@ absl::Status CheckGroupMetadata(absl::string_view file, absl::string_view group,
 }
 
 }  // namespace
+
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < size; ++i) {
+    out.push_back(hex[digest[i] >> 4]);
+    out.push_back(hex[digest[i] & 15]);
+  }
+  return out;
+}
 
 absl::Status ValidateCheckpointName(absl::string_view name, absl::string_view field) {
   bool ok = !name.empty() && name.size() <= kMaxCheckpointNameLength && absl::ascii_isalnum(name[0]) &&

@@ -93,6 +93,9 @@ absl::Status DeleteCheckpoint(const std::string& dir, const std::string& name);
 // A checkpoint directory belongs to one server process at a time.
 absl::Status CleanCheckpointDir(const std::string& dir);
 
+// Lowercase hex SHA-256 of `bytes`, as the manifest records each file's.
+std::string Sha256Hex(absl::string_view bytes);
+
 }  // namespace train
 }  // namespace teserve
 

@@ -16,7 +16,6 @@
 // DATA_LOSS, FAILED_PRECONDITION or NOT_FOUND naming the checkpoint; Create and
 // RestoreState refuse with client errors only; a restored session's CaptureState gives
 // back exactly the tensors it was restored from.
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -53,18 +52,6 @@ constexpr const char* kFiles[] = {"model.json",
 constexpr int kNumFiles = 7;
 constexpr char kName[] = "fuzz";
 
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < size; ++i) {
-    out.push_back(hex[digest[i] >> 4]);
-    out.push_back(hex[digest[i] & 15]);
-  }
-  return out;
-}
 
 void WriteFile(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -135,7 +122,7 @@ void Load(const std::vector<std::string>& parts) {
     v1::CheckpointFile* entry = manifest.add_files();
     entry->set_name(kFiles[i]);
     entry->set_bytes(static_cast<int64_t>(bytes.size()));
-    entry->set_sha256(Sha256Hex(bytes));
+    entry->set_sha256(train::Sha256Hex(bytes));
   }
   int64_t step = 0;
   const bool raw_manifest = parts.size() > kNumFiles && !absl::SimpleAtoi(parts[kNumFiles], &step);

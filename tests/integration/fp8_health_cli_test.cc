@@ -19,38 +19,20 @@
 #include "client/fp8_health.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/server_process.h"
 #include "tests/integration/test_server.h"
 
 namespace teserve {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::RunCommand;
+using testing::Runfile;
 
 constexpr int64_t kRows = 32;
 constexpr int64_t kFeatures = 32;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "teserve", "/", path);
-}
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult RunCommand(const std::string& command) {
-  CommandResult run;
-  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
 
 std::string Cli(const testing::LoopbackServer& s, const std::string& arguments) {
   return absl::StrCat(Runfile("client/teserve_cli"), " --server=", s.address, " ", arguments);
