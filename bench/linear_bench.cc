@@ -173,13 +173,19 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
   results->push_back(r);
 }
 
+// LINEAR_BENCH_ONLY=<op> runs that variant alone (for profilers that should see one).
 void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* results) {
-  RunOne("linear_fp32_fwd_bwd", v1::RecipeSpec(), DType::kFloat32, rows, cols, flags, results);
+  const char* only = std::getenv("LINEAR_BENCH_ONLY");
+  auto run = [only](const char* op, const v1::RecipeSpec& recipe, DType dtype, int64_t r, int64_t c,
+                       const Flags& f, std::vector<Result>* out) {
+    if (only == nullptr || std::string(only) == op) RunOne(op, recipe, dtype, r, c, f, out);
+  };
+  run("linear_fp32_fwd_bwd", v1::RecipeSpec(), DType::kFloat32, rows, cols, flags, results);
   v1::RecipeSpec delayed;
   delayed.mutable_delayed()->set_amax_history_len(1024);
-  RunOne("linear_fp8_delayed_fwd_bwd", delayed, DType::kFloat32, rows, cols, flags, results);
-  RunOne("linear_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results);
-  RunOne("linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results);
+  run("linear_fp8_delayed_fwd_bwd", delayed, DType::kFloat32, rows, cols, flags, results);
+  run("linear_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results);
+  run("linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <map>
@@ -228,6 +229,39 @@ bool GemmAutotuneEnabled() {
     return v != nullptr && std::string(v) == "1";
   }();
   return enabled;
+}
+
+// TESERVE_GEMM_LOG=1 prints, once per problem, the heuristic's candidates and the
+// algorithm kept (stderr): which kernel configuration a shape runs.
+bool GemmLogEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TESERVE_GEMM_LOG");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
+  // The attributes are 16- or 32-bit; cuBLASLt wants the exact size, which a first call
+  // with no buffer reports.
+  auto get = [&algo](cublasLtMatmulAlgoConfigAttributes_t attribute) -> int64_t {
+    size_t size = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, nullptr, 0, &size);
+    uint64_t value = 0;
+    size_t written = 0;
+    if (size == 0 || size > sizeof(value) ||
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, size, &written) != CUBLAS_STATUS_SUCCESS) {
+      return -1;
+    }
+    return written == 2 ? static_cast<int64_t>(value & 0xffff) : static_cast<int64_t>(value & 0xffffffff);
+  };
+  return absl::StrCat("id=", get(CUBLASLT_ALGO_CONFIG_ID), " tile=", get(CUBLASLT_ALGO_CONFIG_TILE_ID),
+                      " stages=", get(CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                      " splitk=", get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                      " swizzle=", get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                      " custom=", get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+                      " cluster=", get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+                      " inner=", get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
 }
 
 // Everything of one cublasLtMatmul call but C, D and the algorithm.
@@ -512,12 +546,22 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
           "Gemm: cuBLASLt has no algorithm for ", Describe(key), " (", cublasLtGetStatusString(status), ")"));
     }
     algo = results[0].algo;
+    if (GemmLogEnabled()) {
+      for (int i = 0; i < found; ++i) {
+        std::fprintf(stderr, "teserve gemm: %s candidate %d: %s waves=%.2f\n", Describe(key).c_str(), i,
+                     DescribeAlgo(results[i].algo).c_str(), results[i].wavesCount);
+      }
+    }
     // An FP8 D's amax is written by every run (the timing runs included); those keep
     // the heuristic's first choice.
     if (found > 1 && options.d_amax == nullptr && GemmAutotuneEnabled()) {
       const LtCall call{handle, desc.get(), lt_a.get(), b.data.raw_data(), lt_b.get(), a.data.raw_data(),
                         lt_c.get(), lt_d.get(), workspace, stream};
       algo = FastestAlgo(ctx, call, results, found, *d, IsFloat8(d->dtype()) ? c_ptr : nullptr);
+    }
+    if (GemmLogEnabled()) {
+      std::fprintf(stderr, "teserve gemm: %s fast_accum=%d chosen: %s\n", Describe(key).c_str(), fast ? 1 : 0,
+                   DescribeAlgo(algo).c_str());
     }
     state.StoreAlgo(key, algo);
   }
