@@ -19,8 +19,11 @@
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
 
+#include "kernels/cast.h"
+
 #if TESERVE_WITH_CUDA
 #include "kernels/cuda/attention/attention_cuda.h"
+#include "kernels/cuda/attention/cudnn_attention.h"
 #endif
 
 namespace teserve {
@@ -300,8 +303,12 @@ Shape WithoutLastDim(Shape shape) {
 absl::StatusOr<Dims> CheckCall(const Context& ctx, const AttentionConfig& config, const Tensor& q, const Tensor& k,
                                const Tensor& v, const AttentionSideTensors& side) {
   RETURN_IF_ERROR(CheckConfig(config));
+  if (q.defined() && q.dtype() != DType::kFloat32 && q.dtype() != DType::kBFloat16 && q.dtype() != DType::kFloat16) {
+    return InvalidField("q.dtype", "FLOAT32, BFLOAT16 or FLOAT16", DTypeName(q.dtype()));
+  }
+  // k and v take q's dtype.
   for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"q", q}, {"k", k}, {"v", v}}) {
-    RETURN_IF_ERROR(CheckTensor(name, t, DType::kFloat32, kAnyRank, ctx));
+    RETURN_IF_ERROR(CheckTensor(name, t, q.defined() ? q.dtype() : DType::kFloat32, kAnyRank, ctx));
   }
   ASSIGN_OR_RETURN(Dims dims, CheckQkvShapes(config, q.shape(), k.shape(), v.shape()));
   RETURN_IF_ERROR(CheckSide(ctx, config, dims, side, AttentionSideNames()));
@@ -365,13 +372,82 @@ absl::Status CheckAttentionCall(const Context& ctx, const AttentionConfig& confi
   return CheckSide(ctx, config, dims, side, names);
 }
 
+absl::Status FusedAttentionEligible(const Device& device, const AttentionConfig& config, DType dtype, int64_t d_qk,
+                                    int64_t d_v) {
+  if (device.is_cpu()) return absl::UnimplementedError("not fused: the CPU backend runs the reference");
+#if TESERVE_WITH_CUDA
+  RETURN_IF_ERROR(cuda::FusedAttentionEligible(config, dtype, d_qk, d_v));
+  const absl::StatusOr<int64_t> version = cuda::CudnnRuntimeVersion();
+  if (!version.ok()) return absl::UnimplementedError(absl::StrCat("not fused: ", version.status().message()));
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError("not fused: built without the CUDA backend");
+#endif
+}
+
+namespace {
+
+bool Is16Bit(const Tensor& t) { return t.dtype() == DType::kBFloat16 || t.dtype() == DType::kFloat16; }
+
+// The FP32 implementations (CPU reference or unfused CUDA kernels) on checked tensors.
+absl::StatusOr<AttentionForwardOutputs> ForwardFp32(const Context& ctx, const AttentionConfig& config,
+                                                    const Tensor& q, const Tensor& k, const Tensor& v,
+                                                    const AttentionSideTensors& side) {
+  return Dispatch("AttentionForward", ctx, [&] { return cpu::AttentionForward(ctx, config, q, k, v, side); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::AttentionForward(ctx, config, q, k, v, side); }));
+}
+
+absl::StatusOr<AttentionBackwardOutputs> BackwardFp32(const Context& ctx, const AttentionConfig& config,
+                                                      const Tensor& q, const Tensor& k, const Tensor& v,
+                                                      const AttentionSideTensors& side, const Tensor& out,
+                                                      const Tensor& softmax_lse, const Tensor& dout) {
+  return Dispatch("AttentionBackward", ctx,
+                  [&] { return cpu::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); },
+                  TESERVE_CUDA_KERNEL(
+                      [&] { return cuda::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); }));
+}
+
+absl::StatusOr<std::vector<Tensor>> Widen(const Context& ctx, std::initializer_list<const Tensor*> tensors) {
+  std::vector<Tensor> out;
+  for (const Tensor* t : tensors) {
+    ASSIGN_OR_RETURN(Tensor wide, Convert(ctx, *t, DType::kFloat32));
+    out.push_back(std::move(wide));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, const AttentionConfig& config,
                                                          const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const AttentionSideTensors& side) {
   RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionForward);
-  return Dispatch("AttentionForward", ctx, [&] { return cpu::AttentionForward(ctx, config, q, k, v, side); },
-                  TESERVE_CUDA_KERNEL([&] { return cuda::AttentionForward(ctx, config, q, k, v, side); }));
+  const AttentionPath unfused = ctx.device.is_cpu() ? AttentionPath::kCpuReference : AttentionPath::kCudaUnfused;
+  if (!Is16Bit(q)) {
+    ASSIGN_OR_RETURN(AttentionForwardOutputs result, ForwardFp32(ctx, config, q, k, v, side));
+    result.path = unfused;
+    return result;
+  }
+  std::string why = "not fused: the CPU backend runs the reference";
+#if TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) {
+    absl::StatusOr<AttentionForwardOutputs> fused = cuda::FusedAttentionForward(ctx, config, q, k, v);
+    if (fused.ok()) {
+      fused->path = AttentionPath::kCudnnFused;
+      return fused;
+    }
+    if (!absl::IsUnimplemented(fused.status())) return fused.status();
+    why = std::string(fused.status().message());
+  }
+#endif
+  // 16-bit inputs the fused path does not take: FP32 computation, out rounded to q's dtype.
+  ASSIGN_OR_RETURN(const std::vector<Tensor> wide, Widen(ctx, {&q, &k, &v}));
+  ASSIGN_OR_RETURN(AttentionForwardOutputs result, ForwardFp32(ctx, config, wide[0], wide[1], wide[2], side));
+  ASSIGN_OR_RETURN(result.out, Convert(ctx, result.out, q.dtype()));
+  result.path = unfused;
+  result.unfused_reason = std::move(why);
+  return result;
 }
 
 absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, const AttentionConfig& config,
@@ -380,14 +456,25 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
                                                            const Tensor& softmax_lse, const Tensor& dout) {
   RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
   const Shape out_shape = WithLastDim(q.shape(), v.dim(-1));
-  RETURN_IF_ERROR(CheckTensorOfShape("out", out, DType::kFloat32, out_shape, ctx));
+  RETURN_IF_ERROR(CheckTensorOfShape("out", out, q.dtype(), out_shape, ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("softmax_lse", softmax_lse, DType::kFloat32, WithoutLastDim(q.shape()), ctx));
-  RETURN_IF_ERROR(CheckTensorOfShape("dout", dout, DType::kFloat32, out_shape, ctx));
+  RETURN_IF_ERROR(CheckTensorOfShape("dout", dout, q.dtype(), out_shape, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionBackward);
-  return Dispatch("AttentionBackward", ctx,
-                  [&] { return cpu::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); },
-                  TESERVE_CUDA_KERNEL(
-                      [&] { return cuda::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); }));
+  if (!Is16Bit(q)) return BackwardFp32(ctx, config, q, k, v, side, out, softmax_lse, dout);
+#if TESERVE_WITH_CUDA
+  if (!ctx.device.is_cpu()) {
+    absl::StatusOr<AttentionBackwardOutputs> fused =
+        cuda::FusedAttentionBackward(ctx, config, q, k, v, out, softmax_lse, dout);
+    if (fused.ok() || !absl::IsUnimplemented(fused.status())) return fused;
+  }
+#endif
+  ASSIGN_OR_RETURN(const std::vector<Tensor> wide, Widen(ctx, {&q, &k, &v, &out, &dout}));
+  ASSIGN_OR_RETURN(AttentionBackwardOutputs result,
+                   BackwardFp32(ctx, config, wide[0], wide[1], wide[2], side, wide[3], softmax_lse, wide[4]));
+  ASSIGN_OR_RETURN(result.dq, Convert(ctx, result.dq, q.dtype()));
+  ASSIGN_OR_RETURN(result.dk, Convert(ctx, result.dk, k.dtype()));
+  ASSIGN_OR_RETURN(result.dv, Convert(ctx, result.dv, v.dtype()));
+  return result;
 }
 
 }  // namespace kernels

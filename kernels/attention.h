@@ -74,20 +74,28 @@
 //           (pre_scale_bias), shaped like bias.
 // max_logit has no gradient.
 //
-// Precision: inputs and outputs FP32. The CPU implementation (kernels/cpu/attention_cpu.h)
-// computes scores, softmax and every sum in FP64 and rounds once; it is the unfused
-// reference and the oracle for the CUDA kernels and future fused CUDA/cuDNN ones.
+// Precision. q, k, v (and out, dout, dq, dk, dv) are FP32, BF16 or FP16, all of one
+// dtype; softmax_lse, max_logit and the side tensors are FP32. The CPU implementation
+// (kernels/cpu/attention_cpu.h) computes scores, softmax and every sum in FP64 and rounds
+// once; it is the unfused reference and the oracle for the CUDA paths. 16-bit inputs
+// that the fused path does not take are widened to FP32, run through the FP32 path, and
+// the outputs rounded back to the input dtype.
 //
-// CUDA contexts run kernels/cuda/attention: unfused as well (scores recomputed row by
-// row, never materialized), FP32 arithmetic throughout, so results agree with the CPU's
-// within FP32 rounding of the sums involved; dropout masks are the same bits. Every
-// output element is written by one warp summing in a fixed order (no atomics), so
-// results are deterministic. Device cu_seqlens are copied to the host for the value
-// checks (the only host synchronization); everything else stays on ctx.stream. Head
-// sizes D_qk and D_v above 256 are UNIMPLEMENTED on CUDA.
-//
-// Results do not depend on thread count or call order. No FP8 attention here: inputs
-// are FP32.
+// CUDA contexts run one of two paths (AttentionForwardOutputs.path says which ran):
+//   - cuDNN's fused SDPA (kernels/cuda/attention/cudnn_attention.h) for BF16 / FP16
+//     sbhd / bshd inputs with no_mask or the non-padding causal types, any window,
+//     GQA / MQA, the vanilla softmax and no bias, dropout or max_logit, when cuDNN is
+//     present and accepts the shapes. Its results agree with the reference within the
+//     16-bit rounding of its inputs and outputs (its internal sums are FP32).
+//   - the unfused kernels of kernels/cuda/attention for everything else: scores
+//     recomputed row by row, never materialized, FP32 arithmetic throughout, so results
+//     agree with the CPU's within FP32 rounding of the sums involved; dropout masks are
+//     the same bits. Every output element is written by one warp summing in a fixed order
+//     (no atomics), so results are deterministic. Device cu_seqlens are copied to the
+//     host for the value checks (the only host synchronization). Head sizes D_qk and D_v
+//     above 256 are UNIMPLEMENTED there.
+// Both are deterministic (cuDNN's backward runs its deterministic algorithm). Results do
+// not depend on thread count or call order. No FP8 attention here.
 #ifndef TESERVE_KERNELS_ATTENTION_H_
 #define TESERVE_KERNELS_ATTENTION_H_
 
@@ -172,10 +180,15 @@ struct AttentionSideTensors {
   Tensor softmax_offset;        // FP32 [H]: learnable
 };
 
+// Which implementation ran a forward.
+enum class AttentionPath { kCpuReference, kCudnnFused, kCudaUnfused };
+
 struct AttentionForwardOutputs {
-  Tensor out;          // q's layout with D_v
-  Tensor softmax_lse;  // q's layout without the head size; saved for the backward
+  Tensor out;          // q's layout with D_v, q's dtype
+  Tensor softmax_lse;  // FP32, q's layout without the head size; saved for the backward
   Tensor max_logit;    // FP32 [H], with return_max_logit
+  AttentionPath path = AttentionPath::kCpuReference;
+  std::string unfused_reason;  // 16-bit inputs that did not run fused: why
 };
 
 struct AttentionBackwardOutputs {
@@ -201,6 +214,12 @@ struct AttentionSideNames {
 absl::Status CheckAttentionCall(const Context& ctx, const AttentionConfig& config, const Shape& q, const Shape& k,
                                 const Shape& v, const AttentionSideTensors& side,
                                 const AttentionSideNames& names = AttentionSideNames());
+
+// OK when a call with this configuration, dtype and head sizes on `device` is in the
+// fused path's set and cuDNN is present (cuDNN's verdict on the shapes comes with the
+// call); else UNIMPLEMENTED whose message says why ("not fused: ...").
+absl::Status FusedAttentionEligible(const Device& device, const AttentionConfig& config, DType dtype, int64_t d_qk,
+                                    int64_t d_v);
 
 // Validates every shape, dtype, device, option and cu_seqlens value (INVALID_ARGUMENT
 // naming the argument: "k.shape", "cu_seqlens_q", "config.window_right", ...), then runs.

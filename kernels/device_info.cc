@@ -23,6 +23,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/cuda_allocator.h"
+#include "kernels/cuda/attention/cudnn_attention.h"
 #include "kernels/cuda/gemm/gemm_cuda.h"
 #endif
 
@@ -186,6 +187,7 @@ DeviceStream::~DeviceStream() {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   cudaStreamSynchronize(stream);
   cuda::ReleaseGemmWorkspace(device_index_, stream_);
+  cuda::ReleaseCudnnHandle(device_index_, stream_);
   cudaStreamDestroy(stream);
 #endif
 }

@@ -4,6 +4,7 @@
 // and dropout; backward (dq, dk, dv, dbias, dsoftmax_offset) against central finite
 // differences of that double reference; dropout statistics; metadata errors.
 #include "kernels/attention.h"
+#include "kernels/cast.h"
 
 #include <cmath>
 #include <limits>
@@ -591,4 +592,63 @@ TEST_F(AttentionErrors, BackwardChecksTheSavedTensors) {
 
 }  // namespace
 }  // namespace kernels
+}  // namespace teserve
+
+namespace teserve {
+namespace {
+
+// 16-bit q, k, v on the CPU run the FP32 reference on the widened values; out and the
+// gradients come back in the input dtype (the rounding of the FP32 results), softmax_lse
+// stays FP32, and the path says the reference ran.
+TEST(Attention16Bit, CpuWidensRunsTheReferenceAndRoundsTheOutputs) {
+  Context cpu;
+  kernels::AttentionConfig config;
+  config.qkv_format = kernels::QkvFormat::kBshd;
+  config.mask_type = kernels::AttnMaskType::kCausal;
+  config.window_right = 0;
+  config.softmax_scale = 0.5f;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    auto narrow = [&](const Tensor& x) { return kernels::Convert(cpu, x, dtype).value(); };
+    auto widen = [&](const Tensor& x) { return kernels::Convert(cpu, x, DType::kFloat32).value(); };
+    const Tensor q = narrow(testing_kernels::RandomTensor({2, 6, 2, 4}, -1.0f, 1.0f, 1));
+    const Tensor k = narrow(testing_kernels::RandomTensor({2, 6, 2, 4}, -1.0f, 1.0f, 2));
+    const Tensor v = narrow(testing_kernels::RandomTensor({2, 6, 2, 4}, -1.0f, 1.0f, 3));
+    const Tensor dout = narrow(testing_kernels::RandomTensor({2, 6, 2, 4}, -1.0f, 1.0f, 4));
+    const auto got = kernels::AttentionForward(cpu, config, q, k, v, kernels::AttentionSideTensors());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->path, kernels::AttentionPath::kCpuReference);
+    const auto want =
+        kernels::AttentionForward(cpu, config, widen(q), widen(k), widen(v), kernels::AttentionSideTensors());
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ(got->out.dtype(), dtype);
+    EXPECT_EQ(widen(got->out).floats(), widen(narrow(want->out)).floats());
+    EXPECT_EQ(got->softmax_lse.floats(), want->softmax_lse.floats());
+
+    const auto grads = kernels::AttentionBackward(cpu, config, q, k, v, kernels::AttentionSideTensors(), got->out,
+                                                  got->softmax_lse, dout);
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    const auto want_grads = kernels::AttentionBackward(cpu, config, widen(q), widen(k), widen(v),
+                                                       kernels::AttentionSideTensors(), widen(got->out),
+                                                       got->softmax_lse, widen(dout));
+    ASSERT_TRUE(want_grads.ok()) << want_grads.status();
+    ASSERT_EQ(grads->dq.dtype(), dtype);
+    EXPECT_EQ(widen(grads->dq).floats(), widen(narrow(want_grads->dq)).floats());
+    EXPECT_EQ(widen(grads->dk).floats(), widen(narrow(want_grads->dk)).floats());
+    EXPECT_EQ(widen(grads->dv).floats(), widen(narrow(want_grads->dv)).floats());
+  }
+}
+
+TEST(Attention16Bit, MixedDtypesAreRejectedNamingTheTensor) {
+  Context cpu;
+  kernels::AttentionConfig config;
+  config.qkv_format = kernels::QkvFormat::kBshd;
+  const Tensor q = kernels::Convert(cpu, testing_kernels::RandomTensor({1, 2, 1, 4}, -1, 1, 1), DType::kBFloat16).value();
+  const Tensor k = testing_kernels::RandomTensor({1, 2, 1, 4}, -1, 1, 2);
+  const auto got = kernels::AttentionForward(cpu, config, q, k, k, kernels::AttentionSideTensors());
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("k"), std::string::npos) << got.status();
+}
+
+}  // namespace
 }  // namespace teserve

@@ -22,7 +22,7 @@ def _cuda_configure_impl(repository_ctx):
 
     if cuda_path == None:
         print("teserve: no CUDA toolkit found (CUDA_PATH, /usr/local/cuda); building the CPU backend only")
-        repository_ctx.file("defs.bzl", "CUDA_FOUND = False\nCUDA_PATH = \"\"\n")
+        repository_ctx.file("defs.bzl", "CUDA_FOUND = False\nCUDA_PATH = \"\"\nCUDNN_FRONTEND_FOUND = False\n")
         repository_ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
 cc_library(name = "headers")
@@ -33,14 +33,16 @@ cc_library(name = "cudnn_frontend")
         return
 
     # The cuDNN frontend headers (pip package nvidia-cudnn-frontend), found the way
-    # TE's build finds them. Optional until the fused attention path needs them.
+    # TE's build finds them. Without them the fused attention path is not built
+    # (kernels/cuda/attention/cudnn_attention.cc answers UNIMPLEMENTED).
     frontend = repository_ctx.execute([
         "python3",
         "-c",
         "import importlib.metadata as m; print(m.distribution('nvidia-cudnn-frontend').locate_file('include'))",
     ])
     frontend_dir = frontend.stdout.strip() if frontend.return_code == 0 else ""
-    if frontend_dir and repository_ctx.path(frontend_dir + "/cudnn_frontend.h").exists:
+    frontend_found = bool(frontend_dir) and repository_ctx.path(frontend_dir + "/cudnn_frontend.h").exists
+    if frontend_found:
         repository_ctx.symlink(frontend_dir, "cudnn_frontend_include")
         frontend_rule = """
 cc_library(
@@ -58,7 +60,10 @@ cc_library(
     real = str(repository_ctx.path(cuda_path).realpath)
     repository_ctx.symlink(real + "/include", "include")
     lib_dir = real + "/lib64"
-    repository_ctx.file("defs.bzl", "CUDA_FOUND = True\nCUDA_PATH = \"%s\"\n" % real)
+    repository_ctx.file("defs.bzl", "CUDA_FOUND = True\nCUDA_PATH = \"%s\"\nCUDNN_FRONTEND_FOUND = %s\n" % (
+        real,
+        "True" if frontend_found else "False",
+    ))
     repository_ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
 

@@ -114,6 +114,21 @@ cudaError_t LaunchAttentionBackwardDbias(const AttentionLaunchParams& p, const f
                                          const float* v, const float* dout, const float* lse, const float* delta,
                                          float* dbias, cudaStream_t stream);
 
+// softmax_lse in a layout given by strides (q's layout without the head size) <->
+// cuDNN's packed [B, H, S_q] statistics (cudnn_attention.cc).
+struct LseLayout {
+  int64_t batch = 0;
+  int64_t heads = 0;
+  int64_t seq = 0;
+  int64_t stride_b = 0;  // elements, in the strided layout
+  int64_t stride_h = 0;
+  int64_t stride_s = 0;
+};
+
+// to_layout: packed [B, H, S] `in` -> strided `out`; else strided `in` -> packed `out`.
+cudaError_t LaunchLsePermute(const LseLayout& layout, const float* in, float* out, bool to_layout,
+                             cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

@@ -1,0 +1,60 @@
+// Fused scaled dot-product attention through cuDNN's SDPA graphs (the cuDNN frontend),
+// forward and backward, for BF16 / FP16 q, k, v on a CUDA device. Contract
+// kernels/attention.h; the dispatcher (kernels/attention.cc) has checked the call and
+// chooses between this path and the unfused kernels of attention_cuda.h.
+//
+// What runs fused (everything else answers UNIMPLEMENTED with the reason, and the
+// dispatcher runs the unfused path):
+//   - sbhd and bshd layouts, given to cuDNN as strides of [B, H, S, D] views (no copies);
+//   - no_mask, causal and causal_bottom_right with any window (cuDNN's diagonal band:
+//     left bound window_left + 1, right bound window_right, aligned top-left for causal
+//     and bottom-right otherwise, as kernels/attention.h defines the offset o);
+//   - GQA / MQA (K and V with fewer heads), D_qk == D_v;
+//   - the vanilla softmax, no bias, no dropout, no max_logit.
+// Padding masks and thd (cuDNN's sequence-length and ragged-offset tensors), post-scale
+// bias, ALiBi and dropout are cuDNN features not wired yet; dropout also needs our
+// counter-based masks bit for bit, which cuDNN's generator does not produce.
+//
+// cuDNN is loaded at run time (dlopen of libcudnn.so.9): a host without it runs the
+// unfused path, and the binaries link no cuDNN library. Each problem's graph (shapes,
+// strides, dtype, mask, scale) is built once and cached; a cuDNN handle is kept per
+// (device, stream). softmax_lse is FP32 in q's layout without the head size, as the
+// contract says: cuDNN's [B, H, S_q] statistics (natural-log logsumexp of the scaled
+// scores) are permuted into it after the forward and back before the backward.
+// The backward runs cuDNN's deterministic algorithm, so results repeat bit for bit.
+#ifndef TESERVE_KERNELS_CUDA_ATTENTION_CUDNN_ATTENTION_H_
+#define TESERVE_KERNELS_CUDA_ATTENTION_CUDNN_ATTENTION_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "kernels/attention.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+
+// OK when the configuration and dtype are in the fused set above (not yet whether cuDNN
+// is present or accepts the shapes); else UNIMPLEMENTED saying why.
+absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, int64_t d_qk, int64_t d_v);
+
+// The cuDNN runtime's version (e.g. 91900), or UNIMPLEMENTED when it cannot be loaded.
+absl::StatusOr<int64_t> CudnnRuntimeVersion();
+
+absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx, const AttentionConfig& config,
+                                                              const Tensor& q, const Tensor& k, const Tensor& v);
+
+absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& ctx, const AttentionConfig& config,
+                                                                const Tensor& q, const Tensor& k, const Tensor& v,
+                                                                const Tensor& out, const Tensor& softmax_lse,
+                                                                const Tensor& dout);
+
+// Destroys the cuDNN handle bound to (device, stream), if any (the stream is going away).
+void ReleaseCudnnHandle(int device_index, void* stream);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CUDA_ATTENTION_CUDNN_ATTENTION_H_

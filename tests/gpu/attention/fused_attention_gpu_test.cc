@@ -1,0 +1,238 @@
+// cuDNN's fused attention (kernels/cuda/attention/cudnn_attention.h) through
+// kernels::AttentionForward / Backward with BF16 and FP16 q, k, v, against the CPU
+// reference run on the same 16-bit values widened to FP32 (exact), forward and backward:
+// sbhd / bshd, no_mask, causal, causal_bottom_right, a sliding window, GQA and MQA, head
+// sizes 64 and 128, odd sequence lengths. Also: which path ran (fused for these, unfused
+// with the reason for a padding mask), the dtypes of every output, and that a repeated
+// backward gives the same bits (cuDNN's deterministic algorithm).
+//
+// Tolerances. The inputs are exact on both sides; the fused kernels round the
+// probabilities P to the input dtype before P V and dP, and round out and the gradients
+// to it. So every element must satisfy
+//   |got - want| <= rtol * (max |want| over the tensor + |want|)
+// with rtol 2e-2 for BF16 (8 significant bits) and 4e-3 for FP16 (11): a few units of the
+// 16-bit rounding of the tensor's scale, while a mask, offset, head-mapping or scale
+// mistake moves values by a sizeable fraction of it. softmax_lse (FP32, natural-log
+// logsumexp of the scaled scores) is compared with 1e-3 absolute.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/elementwise.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/attention_reference.h"
+#include "tests/kernels/test_util.h"
+
+#if TESERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/attention/cudnn_attention.h"
+#endif
+
+namespace teserve {
+namespace {
+
+using kernels::AttentionPath;
+using kernels::AttnMaskType;
+using kernels::QkvFormat;
+using testing_kernels::AttentionProblem;
+using testing_kernels::RandomTensor;
+
+struct FusedCase {
+  std::string name;
+  AttentionProblem problem;
+  DType dtype;
+};
+
+void PrintTo(const FusedCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<FusedCase> Cases() {
+  using F = QkvFormat;
+  using M = AttnMaskType;
+  std::vector<FusedCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const std::string t = dtype == DType::kBFloat16 ? "Bf16" : "Fp16";
+    auto add = [&](std::string name, AttentionProblem p) { cases.push_back({t + "_" + name, std::move(p), dtype}); };
+    AttentionProblem p;
+    p.format = F::kBshd, p.mask = M::kNoMask, p.batch = 2, p.s_q = 128, p.s_kv = 128, p.heads = 4, p.groups = 4;
+    p.d_qk = 64, p.d_v = 64;
+    add("Bshd_NoMask_D64", p);
+    p.format = F::kSbhd, p.mask = M::kCausal, p.window_right = 0, p.s_q = 200, p.s_kv = 200, p.d_qk = 128;
+    p.d_v = 128, p.groups = 2;
+    add("Sbhd_Causal_GQA4x2_D128_S200", p);
+    p.format = F::kBshd, p.mask = M::kCausalBottomRight, p.s_q = 96, p.s_kv = 160, p.groups = 1;
+    add("Bshd_CausalBottomRight_MQA_Sq96_Skv160", p);
+    p.format = F::kBshd, p.mask = M::kCausal, p.s_q = 192, p.s_kv = 192, p.groups = 4, p.window_left = 31;
+    p.d_qk = 64, p.d_v = 64;
+    add("Bshd_Causal_Window31", p);
+  }
+  return cases;
+}
+
+::testing::AssertionResult Close(const Tensor& got, const Tensor& want, double rtol, double atol,
+                                 const std::string& what) {
+  if (got.shape() != want.shape()) {
+    return ::testing::AssertionFailure() << what << ": shape " << ShapeToString(got.shape()) << " vs "
+                                         << ShapeToString(want.shape());
+  }
+  const absl::Span<const float> g = got.floats();
+  const absl::Span<const float> w = want.floats();
+  double scale = 0.0;
+  for (float x : w) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+  int64_t failures = 0;
+  std::string report;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double allowed = rtol * (scale + std::fabs(static_cast<double>(w[i]))) + atol;
+    if (std::fabs(static_cast<double>(g[i]) - w[i]) <= allowed) continue;  // NaN fails
+    if (++failures <= 5) absl::StrAppend(&report, "\n  [", i, "] got ", g[i], " want ", w[i], " (allowed ", allowed, ")");
+  }
+  if (failures == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << failures << " of " << w.size() << " values differ" << report;
+}
+
+class FusedAttentionGpuTest : public ::testing::TestWithParam<FusedCase> {};
+
+#if TESERVE_WITH_CUDA
+
+kernels::AttentionConfig ConfigOf(const AttentionProblem& p) {
+  kernels::AttentionConfig config;
+  config.qkv_format = p.format;
+  config.mask_type = p.mask;
+  config.window_left = p.window_left;
+  config.window_right = p.window_right;
+  config.softmax_scale = p.softmax_scale();
+  return config;
+}
+
+// A host tensor rounded to `dtype` and widened back: the values both sides compute on.
+Tensor Rounded(const Context& cpu, const Tensor& x, DType dtype) {
+  return kernels::Convert(cpu, kernels::Convert(cpu, x, dtype).value(), DType::kFloat32).value();
+}
+
+Tensor WideHost(const Context& gpu, const Tensor& device_tensor) {
+  const Tensor host = kernels::CopyTo(gpu, device_tensor, Device::Cpu()).value();
+  Context cpu;
+  return host.dtype() == DType::kFloat32 ? host : kernels::Convert(cpu, host, DType::kFloat32).value();
+}
+
+TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  if (const auto version = kernels::cuda::CudnnRuntimeVersion(); !version.ok()) {
+    GTEST_SKIP() << version.status().message();
+  }
+  const FusedCase& c = GetParam();
+  const AttentionProblem& p = c.problem;
+  const kernels::AttentionConfig config = ConfigOf(p);
+  const double rtol = c.dtype == DType::kBFloat16 ? 2e-2 : 4e-3;
+  Context cpu;
+  const Tensor q = Rounded(cpu, RandomTensor(p.q_shape(), -1.0f, 1.0f, 11), c.dtype);
+  const Tensor k = Rounded(cpu, RandomTensor(p.k_shape(), -1.0f, 1.0f, 12), c.dtype);
+  const Tensor v = Rounded(cpu, RandomTensor(p.v_shape(), -1.0f, 1.0f, 13), c.dtype);
+  const Tensor dout = Rounded(cpu, RandomTensor(p.out_shape(), -1.0f, 1.0f, 14), c.dtype);
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs want,
+                       kernels::AttentionForward(cpu, config, q, k, v, kernels::AttentionSideTensors()));
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs want_grads,
+                       kernels::AttentionBackward(cpu, config, q, k, v, kernels::AttentionSideTensors(), want.out,
+                                                  want.softmax_lse, dout));
+
+  testing::ScopedStream stream;
+  ASSERT_TRUE(stream.ok());
+  Context gpu;
+  gpu.device = Device::Cuda(0);
+  gpu.stream = stream.get();
+  auto narrow = [&](const Tensor& x) {
+    return kernels::CopyTo(gpu, kernels::Convert(cpu, x, c.dtype).value(), gpu.device).value();
+  };
+  const Tensor dq16 = narrow(q), dk16 = narrow(k), dv16 = narrow(v), ddout16 = narrow(dout);
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs got,
+                       kernels::AttentionForward(gpu, config, dq16, dk16, dv16, kernels::AttentionSideTensors()));
+  EXPECT_EQ(got.path, AttentionPath::kCudnnFused) << got.unfused_reason;
+  EXPECT_EQ(got.out.dtype(), c.dtype);
+  EXPECT_EQ(got.softmax_lse.dtype(), DType::kFloat32);
+  EXPECT_TRUE(Close(WideHost(gpu, got.out), want.out, rtol, 0.0, "out"));
+  EXPECT_TRUE(Close(WideHost(gpu, got.softmax_lse), want.softmax_lse, 0.0, 1e-3, "softmax_lse"));
+
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs grads,
+                       kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, kernels::AttentionSideTensors(),
+                                                  got.out, got.softmax_lse, ddout16));
+  EXPECT_EQ(grads.dq.dtype(), c.dtype);
+  // dq, dk, dv sum over keys / queries with P and dP rounded to 16 bits: twice the
+  // forward's tolerance.
+  EXPECT_TRUE(Close(WideHost(gpu, grads.dq), want_grads.dq, 2 * rtol, 0.0, "dq"));
+  EXPECT_TRUE(Close(WideHost(gpu, grads.dk), want_grads.dk, 2 * rtol, 0.0, "dk"));
+  EXPECT_TRUE(Close(WideHost(gpu, grads.dv), want_grads.dv, 2 * rtol, 0.0, "dv"));
+
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs again,
+                       kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, kernels::AttentionSideTensors(),
+                                                  got.out, got.softmax_lse, ddout16));
+  const Tensor a = WideHost(gpu, grads.dq), b = WideHost(gpu, again.dq);
+  EXPECT_TRUE(std::equal(a.floats().begin(), a.floats().end(), b.floats().begin())) << "dq differs between runs";
+  const Tensor ak = WideHost(gpu, grads.dk), bk = WideHost(gpu, again.dk);
+  EXPECT_TRUE(std::equal(ak.floats().begin(), ak.floats().end(), bk.floats().begin())) << "dk differs between runs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, FusedAttentionGpuTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<FusedCase>& info) { return info.param.name; });
+
+// A configuration outside the fused set runs unfused in FP32 and says why; the outputs
+// still have the input dtype and match the reference.
+TEST(FusedAttentionFallback, PaddingMaskRunsUnfusedAndSaysWhy) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  AttentionProblem p;
+  p.format = QkvFormat::kBshd, p.mask = AttnMaskType::kPadding, p.s_q = 8, p.s_kv = 8, p.d_qk = 16, p.d_v = 16;
+  p.cu_q = {0, 5, 13}, p.cu_kv = {0, 6, 14};
+  kernels::AttentionConfig config = ConfigOf(p);
+  Context cpu;
+  const Tensor q = Rounded(cpu, RandomTensor(p.q_shape(), -1.0f, 1.0f, 21), DType::kBFloat16);
+  const Tensor k = Rounded(cpu, RandomTensor(p.k_shape(), -1.0f, 1.0f, 22), DType::kBFloat16);
+  const Tensor v = Rounded(cpu, RandomTensor(p.v_shape(), -1.0f, 1.0f, 23), DType::kBFloat16);
+  kernels::AttentionSideTensors side;
+  side.cu_seqlens_q = Tensor::Zeros(DType::kInt32, {3}).value();
+  side.cu_seqlens_kv = Tensor::Zeros(DType::kInt32, {3}).value();
+  std::copy(p.cu_q.begin(), p.cu_q.end(), side.cu_seqlens_q.data<int32_t>());
+  std::copy(p.cu_kv.begin(), p.cu_kv.end(), side.cu_seqlens_kv.data<int32_t>());
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs want, kernels::AttentionForward(cpu, config, q, k, v, side));
+
+  testing::ScopedStream stream;
+  ASSERT_TRUE(stream.ok());
+  Context gpu;
+  gpu.device = Device::Cuda(0);
+  gpu.stream = stream.get();
+  auto narrow = [&](const Tensor& x) {
+    return kernels::CopyTo(gpu, kernels::Convert(cpu, x, DType::kBFloat16).value(), gpu.device).value();
+  };
+  kernels::AttentionSideTensors device_side;
+  device_side.cu_seqlens_q = kernels::CopyTo(gpu, side.cu_seqlens_q, gpu.device).value();
+  device_side.cu_seqlens_kv = kernels::CopyTo(gpu, side.cu_seqlens_kv, gpu.device).value();
+  ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs got,
+                       kernels::AttentionForward(gpu, config, narrow(q), narrow(k), narrow(v), device_side));
+  EXPECT_EQ(got.path, AttentionPath::kCudaUnfused);
+  EXPECT_NE(got.unfused_reason.find("padding"), std::string::npos) << got.unfused_reason;
+  EXPECT_EQ(got.out.dtype(), DType::kBFloat16);
+  // The unfused path computes in FP32 and rounds out once: within BF16's half ulp.
+  EXPECT_TRUE(Close(WideHost(gpu, got.out), want.out, 4e-3, 0.0, "out"));
+  const absl::Status eligible =
+      kernels::FusedAttentionEligible(gpu.device, config, DType::kBFloat16, p.d_qk, p.d_v);
+  EXPECT_TRUE(absl::IsUnimplemented(eligible)) << eligible;
+}
+
+#else
+
+TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) { TESERVE_SKIP_WITHOUT_GPU(); }
+INSTANTIATE_TEST_SUITE_P(Fused, FusedAttentionGpuTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<FusedCase>& info) { return info.param.name; });
+
+#endif  // TESERVE_WITH_CUDA
+
+}  // namespace
+}  // namespace teserve
