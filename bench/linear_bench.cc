@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_status.h"
 #include "bench/bench_util.h"
 #include "core/context.h"
 #include "core/tensor.h"
@@ -32,22 +33,6 @@
 namespace teserve {
 namespace bench {
 namespace {
-
-template <typename T>
-T OrDie(absl::StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, v.status().ToString().c_str());
-    std::exit(1);
-  }
-  return *std::move(v);
-}
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 // Where the time of one quantized forward + backward goes: the forward alone, the
 // backward alone (repeated on one forward's saved operands), and each of the three GEMMs

@@ -523,7 +523,32 @@ def _torch_linear_fwd_bwd(rows, cols):
 
 BENCHES.append("linear_bench")
 
+
+def _torch_sdpa(backward):
+    def build(seq, head_dim):
+        torch = _torch()
+        import torch.nn.functional as F
+        shape = (4, 32, seq, head_dim)  # [B, H, S, D]; attention_bench's B and H
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, dout = (torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+        if not backward:
+            return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), \
+                "F.scaled_dot_product_attention BF16 causal forward"
+        q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+
+        def run():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            q.grad = k.grad = v.grad = None
+            out.backward(dout)
+        return run, "F.scaled_dot_product_attention BF16 causal forward + backward (dq, dk, dv)"
+    return build
+
+
+BENCHES.append("attention_bench")
+
 TORCH_EQUIVALENTS.update({
+    "attention_bf16_causal_fwd": _torch_sdpa(False),
+    "attention_bf16_causal_fwd_bwd": _torch_sdpa(True),
     "linear_fp32_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_fp8_delayed_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_bf16_fwd_bwd": _torch_linear_fwd_bwd,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
@@ -297,11 +298,31 @@ absl::StatusOr<ForwardOutput> DotProductAttention::Forward(const Context& ctx, c
   ASSIGN_OR_RETURN(kernels::AttentionForwardOutputs result,
                    kernels::AttentionForward(ctx, config, inputs[0], inputs[1], inputs[2], side));
   if (dropout) ++dropout_calls_;
+  switch (result.path) {
+    case kernels::AttentionPath::kCudnnFused:
+      last_path_ = "cudnn_fused";
+      last_reason_ = "cuDNN fused SDPA (flash attention) on the last forward";
+      break;
+    case kernels::AttentionPath::kCudaUnfused:
+      last_path_ = "cuda_unfused";
+      last_reason_ = absl::StrCat("unfused FP32 CUDA kernels on the last forward",
+                                  result.unfused_reason.empty() ? "" : ": ", result.unfused_reason);
+      break;
+    case kernels::AttentionPath::kCpuReference:
+      last_path_.clear();
+      break;
+  }
 
   ForwardOutput out;
   ASSIGN_OR_RETURN(Tensor flat, result.out.Reshape(out_shapes[0]));
   out.outputs.push_back(std::move(flat));
-  if (options_.return_max_logit) out.outputs.push_back(result.max_logit);
+  if (options_.return_max_logit) {
+    // Every output travels in the activations' dtype.
+    if (inputs[0].dtype() != DType::kFloat32) {
+      ASSIGN_OR_RETURN(result.max_logit, kernels::Convert(ctx, result.max_logit, inputs[0].dtype()));
+    }
+    out.outputs.push_back(result.max_logit);
+  }
   if (options.save_for_backward) {
     auto saved = std::make_unique<DotProductAttentionSaved>();
     saved->q = inputs[0];
@@ -333,6 +354,9 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
     saved.softmax_lse = std::move(again.softmax_lse);
   }
   ASSIGN_OR_RETURN(Tensor dout, grad_outputs[0].Reshape(saved.out.shape()));
+  if (dout.dtype() != saved.out.dtype()) {
+    ASSIGN_OR_RETURN(dout, kernels::Convert(ctx, dout, saved.out.dtype()));
+  }
   ASSIGN_OR_RETURN(kernels::AttentionBackwardOutputs grads,
                    kernels::AttentionBackward(ctx, saved.config, saved.q, saved.k, saved.v, saved.side, saved.out,
                                               saved.softmax_lse, dout));
@@ -352,15 +376,24 @@ void DotProductAttention::DescribeAttention(const Device& device, std::vector<At
   if (device.is_cpu()) {
     info.path = "cpu_reference";
     info.reason = "the CPU backend's reference (scores, softmax and sums in FP64)";
+  } else if (!last_path_.empty()) {
+    info.path = last_path_;
+    info.reason = last_reason_;
+  } else if (const absl::Status fused =
+                 kernels::FusedAttentionEligible(device, config_, options_.activation_dtype, d_qk, d_v);
+             fused.ok()) {
+    info.path = "cudnn_fused";
+    info.reason = absl::StrCat("cuDNN fused SDPA for ", DTypeName(options_.activation_dtype),
+                               " q, k, v (the unfused kernels take over if cuDNN refuses a call's shapes)");
   } else if (d_qk > kCudaMaxHeadSize || d_v > kCudaMaxHeadSize) {
     info.path = "unavailable";
     info.reason = absl::StrCat("the CUDA attention kernels take head sizes up to ", kCudaMaxHeadSize, "; this layer has D_qk ",
                                d_qk, ", D_v ", d_v, " (its Forward answers UNIMPLEMENTED)");
   } else {
     info.path = "cuda_unfused";
-    info.reason =
-        "unfused FP32 CUDA kernels (kernels/cuda/attention: every mask, bias, softmax and dropout variant); the "
-        "cuDNN fused BF16 path is not built yet";
+    info.reason = absl::StrCat("unfused FP32 CUDA kernels (kernels/cuda/attention: every mask, bias, softmax and "
+                               "dropout variant); ",
+                               fused.message());
   }
   out->push_back(std::move(info));
 }

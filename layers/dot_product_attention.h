@@ -80,6 +80,10 @@ struct DotProductAttentionOptions {
   // may point its inner attention at "enc_dec_attention_mask".
   std::string attention_mask_input = "attention_mask";
   uint64_t seed = 0;  // keys the dropout streams of this layer
+  // The dtype q, k, v arrive in (the stack's params_dtype): FLOAT32, or BFLOAT16 /
+  // FLOAT16, which the kernels take as they are (cuDNN's fused SDPA where it applies).
+  // Used to say which path runs before the first forward.
+  DType activation_dtype = DType::kFloat32;
 };
 
 // Checks the options; INVALID_ARGUMENT names "<field>.<option>" with TE's argument
@@ -121,6 +125,9 @@ class DotProductAttention : public Module {
   DotProductAttentionOptions options_;
   kernels::AttentionConfig config_;
   Parameter softmax_offset_;  // learnable only
+  // The path the last forward took and why (empty before the first), for GetSession.
+  std::string last_path_;
+  std::string last_reason_;
   uint64_t dropout_calls_ = 0;
 };
 

@@ -55,7 +55,7 @@ absl::Status PlaceParameters(const Context& ctx, const std::vector<Parameter*>& 
 // How one attention core computes on a device (SessionInfo.attention).
 struct AttentionPathInfo {
   std::string layer;
-  std::string path;  // "cpu_reference", "cuda_unfused", "unavailable"
+  std::string path;  // "cpu_reference", "cudnn_fused", "cuda_unfused", "unavailable"
   std::string reason;
 };
 

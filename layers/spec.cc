@@ -248,8 +248,8 @@ absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& la
   return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
-// The layer in its params_dtype: Linear, LayerNorm / RMSNorm and LayerNormLinear compute
-// in it; every other layer computes in FP32 behind a PrecisionBoundary that hands its
+// The layer in its params_dtype: Linear, LayerNorm / RMSNorm, LayerNormLinear and
+// DotProductAttention compute in it; every other layer computes in FP32 behind a PrecisionBoundary that hands its
 // activations over in params_dtype.
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
@@ -269,6 +269,15 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
                        LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"));
       options.params_dtype = dtype;
       return CreateSeeded<LayerNormLinear, LayerNormLinearOptions>(options, name, seed, recipe);
+    }
+    case v1::LayerSpec::kDotProductAttention: {
+      // q, k, v go to the attention kernels in params_dtype (cuDNN's fused SDPA where it
+      // applies); the learnable softmax offset stays an FP32 parameter.
+      ASSIGN_OR_RETURN(DotProductAttentionOptions options,
+                       DotProductAttentionOptionsFromSpec(layer.dot_product_attention(), "dot_product_attention"));
+      options.seed = seed;
+      options.activation_dtype = dtype;
+      return DotProductAttention::Create(name, options);
     }
     default:
       break;

@@ -1,6 +1,7 @@
 // LayerSpec.params_dtype on the CPU reference: Linear computes in the 16-bit dtype
 // (x and the weight rounded to it, y and dx in it, FP32 master weights and gradients),
-// every other layer computes in FP32 behind a PrecisionBoundary that converts its
+// DotProductAttention hands 16-bit q, k, v to the attention kernels; every other layer
+// computes in FP32 behind a PrecisionBoundary that converts its
 // activations; a quantized 16-bit Linear reads the same FP8 codes as an FP32 Linear
 // given the same (16-bit representable) values.
 #include <algorithm>
@@ -185,6 +186,52 @@ TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
     const double floor = 1e-3 * std::sqrt(static_cast<double>(pf[i]->grad.numel()));
     EXPECT_LT(std::sqrt(diff) / std::max(std::sqrt(want), floor), 5e-2) << pl[i]->name;
   }
+}
+
+// DotProductAttention hands q, k, v to the attention kernels in the 16-bit dtype: on the
+// CPU they widen them, run the FP32 reference and round the outputs, so the 16-bit layer's
+// out and input gradients are the FP32 layer's (on the same 16-bit values) rounded.
+TEST(ParamsDType, DotProductAttentionTakesBf16QkvAsTheyAre) {
+  v1::ModelSpec spec;
+  spec.set_seed(4);
+  v1::LayerSpec* layer = spec.add_layers();
+  layer->set_name("attn");
+  auto* dpa = layer->mutable_dot_product_attention();
+  dpa->set_num_attention_heads(2);
+  dpa->set_kv_channels(8);
+  dpa->set_attn_mask_type("causal");
+  v1::ModelSpec low_spec = spec;
+  low_spec.mutable_layers(0)->set_params_dtype(v1::BFLOAT16);
+  auto low = BuildStack(low_spec, recipes::Recipe()).value();
+  auto full = BuildStack(spec, recipes::Recipe()).value();
+  ASSERT_EQ(low->modules()[0]->kind(), "DotProductAttention");
+  const Tensor q = Rounded(Random({6, 2, 2, 8}, 1), DType::kBFloat16);
+  const Tensor k = Rounded(Random({6, 2, 2, 8}, 2), DType::kBFloat16);
+  const Tensor v = Rounded(Random({6, 2, 2, 8}, 3), DType::kBFloat16);
+  auto y_low = low->modules()[0]->Forward(kCpu, {As(q, DType::kBFloat16), As(k, DType::kBFloat16),
+                                                 As(v, DType::kBFloat16)},
+                                          ForwardOptions());
+  auto y_full = full->modules()[0]->Forward(kCpu, {q, k, v}, ForwardOptions());
+  ASSERT_TRUE(y_low.ok()) << y_low.status();
+  ASSERT_TRUE(y_full.ok()) << y_full.status();
+  ASSERT_EQ(y_low->outputs[0].dtype(), DType::kBFloat16);
+  EXPECT_TRUE(BitwiseEqual(y_low->outputs[0], As(y_full->outputs[0], DType::kBFloat16)));
+  const Tensor dy = Rounded(Random({6, 2, 16}, 4), DType::kBFloat16);
+  auto dx_low = low->modules()[0]->Backward(kCpu, *y_low->saved, {As(dy, DType::kBFloat16)});
+  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
+  ASSERT_EQ(dx_low->size(), 3u);
+  for (const Tensor& g : *dx_low) EXPECT_EQ(g.dtype(), DType::kBFloat16);
+  std::vector<AttentionPathInfo> paths;
+  low->modules()[0]->DescribeAttention(Device::Cpu(), &paths);
+  ASSERT_EQ(paths.size(), 1u);
+  EXPECT_EQ(paths[0].path, "cpu_reference");
+#if !TESERVE_WITH_CUDA
+  paths.clear();
+  low->modules()[0]->DescribeAttention(Device::Cuda(0), &paths);
+  ASSERT_EQ(paths.size(), 1u);
+  EXPECT_EQ(paths[0].path, "cuda_unfused");
+  EXPECT_THAT(paths[0].reason, testing::HasSubstr("not fused: built without the CUDA backend"));
+#endif
 }
 
 // LayerNormLinear computes in the 16-bit dtype too (its norm writes BF16, its Linear reads

@@ -1,0 +1,106 @@
+// kernels::AttentionForward / AttentionBackward on the GPU as a session's attention layer
+// runs them: BF16 q, k, v in bshd ([B, S, H, D]), causal mask, softmax scale 1/sqrt(D),
+// B = 4 sequences and H = 32 heads; `--shapes=SxD` gives the sequence length and the head
+// size (default 4096x128). BF16 runs cuDNN's fused SDPA (the op's config says which path
+// ran); the torch side is F.scaled_dot_product_attention(is_causal=True) on [B, H, S, D].
+//   attention_bf16_causal_fwd      forward
+//   attention_bf16_causal_fwd_bwd  forward + backward (dq, dk, dv)
+// FLOPs count the causal half of the score matrix: forward 2 * 2 * B * H * S^2 * D / 2,
+// backward 2.5x the forward.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_status.h"
+#include "bench/bench_util.h"
+#include "absl/strings/str_cat.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/device_info.h"
+#include "kernels/elementwise.h"
+#include "layers/init.h"
+
+namespace teserve {
+namespace bench {
+namespace {
+
+constexpr int64_t kBatch = 4;
+constexpr int64_t kHeads = 32;
+
+const char* PathName(kernels::AttentionPath path) {
+  switch (path) {
+    case kernels::AttentionPath::kCudnnFused:
+      return "cudnn_fused";
+    case kernels::AttentionPath::kCudaUnfused:
+      return "cuda_unfused";
+    case kernels::AttentionPath::kCpuReference:
+      return "cpu_reference";
+  }
+  return "?";
+}
+
+void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>* results) {
+  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  ctx.stream = stream->get();
+  const Shape shape = {kBatch, seq, kHeads, head_dim};
+  auto random_bf16 = [&](uint64_t seed) {
+    Tensor host = OrDie(Tensor::Zeros(DType::kFloat32, shape), "host");
+    layers::FillNormal(seed, 1.0f, host.mutable_floats());
+    return OrDie(kernels::Convert(ctx, OrDie(kernels::CopyTo(ctx, host, ctx.device), "to the GPU"), DType::kBFloat16),
+                 "bf16");
+  };
+  const Tensor q = random_bf16(1), k = random_bf16(2), v = random_bf16(3), dout = random_bf16(4);
+  kernels::AttentionConfig config;
+  config.qkv_format = kernels::QkvFormat::kBshd;
+  config.mask_type = kernels::AttnMaskType::kCausal;
+  config.window_right = 0;
+  config.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const kernels::AttentionSideTensors side;
+  kernels::AttentionForwardOutputs fwd =
+      OrDie(kernels::AttentionForward(ctx, config, q, k, v, side), "attention forward");
+  const std::string path = PathName(fwd.path);
+  const std::string config_text =
+      absl::StrCat("kernels::Attention ", path, fwd.unfused_reason.empty() ? "" : " (", fwd.unfused_reason,
+                   fwd.unfused_reason.empty() ? "" : ")", ", bshd BF16 causal, B=", kBatch, " H=", kHeads);
+  const int64_t forward_flops = 2 * 2 * kBatch * kHeads * seq * seq * head_dim / 2;
+  const int64_t qkvo_bytes = 4 * kBatch * seq * kHeads * head_dim * 2;
+
+  Timing t_fwd = TimeLaunches(
+      [&]() -> cudaError_t {
+        Check(kernels::AttentionForward(ctx, config, q, k, v, side).status(), "forward");
+        return cudaSuccess;
+      },
+      flags);
+  Result r_fwd{"attention_bf16_causal_fwd", seq, head_dim, "bf16", t_fwd, qkvo_bytes, config_text};
+  r_fwd.flops = forward_flops;
+  results->push_back(r_fwd);
+
+  Timing t_fb = TimeLaunches(
+      [&]() -> cudaError_t {
+        auto out = kernels::AttentionForward(ctx, config, q, k, v, side);
+        Check(out.status(), "forward");
+        Check(kernels::AttentionBackward(ctx, config, q, k, v, side, out->out, out->softmax_lse, dout).status(),
+              "backward");
+        return cudaSuccess;
+      },
+      flags);
+  Result r_fb{"attention_bf16_causal_fwd_bwd", seq, head_dim, "bf16", t_fb, 2 * qkvo_bytes, config_text};
+  r_fb.flops = forward_flops + forward_flops * 5 / 2;
+  results->push_back(r_fb);
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace teserve
+
+int main(int argc, char** argv) {
+  return teserve::bench::RunPerShape(argc, argv, "attention_bench", teserve::bench::Run);
+}
