@@ -4,7 +4,8 @@
 // size (default 4096x128). BF16 runs cuDNN's fused SDPA (the op's config says which path
 // ran); the torch side is F.scaled_dot_product_attention(is_causal=True) on [B, H, S, D].
 //   attention_bf16_causal_fwd      forward
-//   attention_bf16_causal_fwd_bwd  forward + backward (dq, dk, dv)
+//   attention_bf16_causal_fwd_bwd  forward + backward (dq, dk, dv), deterministic
+//   attention_bf16_causal_fwd_bwd_nondeterministic  the same with config.deterministic false
 // FLOPs count the causal half of the score matrix: forward 2 * 2 * B * H * S^2 * D / 2,
 // backward 2.5x the forward.
 #include <cuda_runtime_api.h>
@@ -95,6 +96,22 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
   Result r_fb{"attention_bf16_causal_fwd_bwd", seq, head_dim, "bf16", t_fb, 2 * qkvo_bytes, config_text};
   r_fb.flops = forward_flops + forward_flops * 5 / 2;
   results->push_back(r_fb);
+
+  kernels::AttentionConfig fast = config;
+  fast.deterministic = false;
+  Timing t_nd = TimeLaunches(
+      [&]() -> cudaError_t {
+        auto out = kernels::AttentionForward(ctx, fast, q, k, v, side);
+        Check(out.status(), "forward");
+        Check(kernels::AttentionBackward(ctx, fast, q, k, v, side, out->out, out->softmax_lse, dout).status(),
+              "backward");
+        return cudaSuccess;
+      },
+      flags);
+  Result r_nd{"attention_bf16_causal_fwd_bwd_nondeterministic", seq, head_dim, "bf16", t_nd, 2 * qkvo_bytes,
+              config_text + ", deterministic = false (cuDNN's atomic dq)"};
+  r_nd.flops = r_fb.flops;
+  results->push_back(r_nd);
 }
 
 }  // namespace

@@ -549,6 +549,7 @@ BENCHES.append("attention_bench")
 TORCH_EQUIVALENTS.update({
     "attention_bf16_causal_fwd": _torch_sdpa(False),
     "attention_bf16_causal_fwd_bwd": _torch_sdpa(True),
+    "attention_bf16_causal_fwd_bwd_nondeterministic": _torch_sdpa(True),
     "linear_fp32_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_fp8_delayed_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_bf16_fwd_bwd": _torch_linear_fwd_bwd,

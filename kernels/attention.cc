@@ -5,6 +5,7 @@
 // host for the value checks: the one host synchronization of a CUDA call.
 #include "kernels/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -372,6 +373,13 @@ absl::Status CheckAttentionCall(const Context& ctx, const AttentionConfig& confi
   return CheckSide(ctx, config, dims, side, names);
 }
 
+namespace {
+std::atomic<bool> allow_nondeterministic_attention{false};
+}  // namespace
+
+void AllowNondeterministicAttention(bool allow) { allow_nondeterministic_attention.store(allow); }
+bool NondeterministicAttentionAllowed() { return allow_nondeterministic_attention.load(); }
+
 absl::Status FusedAttentionEligible(const Device& device, const AttentionConfig& config, DType dtype, int64_t d_qk,
                                     int64_t d_v) {
   if (device.is_cpu()) return absl::UnimplementedError("not fused: the CPU backend runs the reference");
@@ -463,8 +471,10 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   if (!Is16Bit(q)) return BackwardFp32(ctx, config, q, k, v, side, out, softmax_lse, dout);
 #if TESERVE_WITH_CUDA
   if (!ctx.device.is_cpu()) {
+    AttentionConfig fused_config = config;
+    if (NondeterministicAttentionAllowed()) fused_config.deterministic = false;
     absl::StatusOr<AttentionBackwardOutputs> fused =
-        cuda::FusedAttentionBackward(ctx, config, q, k, v, out, softmax_lse, dout);
+        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, out, softmax_lse, dout);
     if (fused.ok() || !absl::IsUnimplemented(fused.status())) return fused;
   }
 #endif

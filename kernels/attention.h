@@ -166,6 +166,10 @@ struct AttentionConfig {
   uint64_t dropout_seed = 0;
   uint64_t dropout_stream = 0;
   bool return_max_logit = false;
+  // false lets cuDNN's fused backward use its non-deterministic algorithm (dq summed with
+  // atomics: faster, results vary in the last bits between runs). The unfused kernels and
+  // the CPU reference are deterministic either way.
+  bool deterministic = true;
 };
 
 // The optional tensors of one call; leave undefined what the config does not read.
@@ -214,6 +218,12 @@ struct AttentionSideNames {
 absl::Status CheckAttentionCall(const Context& ctx, const AttentionConfig& config, const Shape& q, const Shape& k,
                                 const Shape& v, const AttentionSideTensors& side,
                                 const AttentionSideNames& names = AttentionSideNames());
+
+// Process-wide switch (the server's --allow_nondeterministic_attention): when set, every
+// fused backward runs cuDNN's non-deterministic algorithm whatever config.deterministic
+// says. Off by default, so a restarted run reproduces its losses bit for bit.
+void AllowNondeterministicAttention(bool allow);
+bool NondeterministicAttentionAllowed();
 
 // OK when a call with this configuration, dtype and head sizes on `device` is in the
 // fused path's set and cuDNN is present (cuDNN's verdict on the shapes comes with the

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/attention.h"
 #include "server/server.h"
 #include "server/trainer_service.h"
 
@@ -59,6 +60,9 @@ ABSL_FLAG(int64_t, fp8_stats_interval, 10,
 ABSL_FLAG(int64_t, kernel_timing_interval, 16,
           "time every Nth call of each kernel op for teserve_kernel_duration_seconds; 0 = never");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
+ABSL_FLAG(bool, allow_nondeterministic_attention, false,
+          "let cuDNN's fused attention backward use its faster non-deterministic algorithm (dq summed with "
+          "atomics); off: results repeat bit for bit, so a run restarted from a checkpoint reproduces its losses");
 ABSL_FLAG(int64_t, max_sessions, 64, "most sessions alive at once");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "largest gRPC message sent or received, in bytes");
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
   options.fp8_stats_interval = absl::GetFlag(FLAGS_fp8_stats_interval);
   options.kernel_timing_interval = absl::GetFlag(FLAGS_kernel_timing_interval);
   options.device = absl::GetFlag(FLAGS_device);
+  kernels::AllowNondeterministicAttention(absl::GetFlag(FLAGS_allow_nondeterministic_attention));
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

@@ -224,7 +224,7 @@ std::string ProblemKey(const char* direction, int device, const AttentionConfig&
   return absl::StrCat(direction, "|", device, "|", static_cast<int>(q.dtype()), "|",
                       static_cast<int>(config.qkv_format), "|", ShapeToString(q.shape()), ShapeToString(k.shape()),
                       ShapeToString(v.shape()), "|", static_cast<int>(config.mask_type), "|", config.window_left, "|",
-                      config.window_right, "|", scale_bits);
+                      config.window_right, "|", scale_bits, "|", config.deterministic ? 1 : 0);
 }
 
 absl::Status Execute(CachedGraph& cached, cudnnHandle_t handle, const Context& ctx,
@@ -365,7 +365,7 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
                                     .set_dim({b, h, s_q, 1})
                                     .set_stride({h * s_q, s_q, 1, 1}));
     fe::graph::SDPA_backward_attributes attributes;
-    attributes.set_name("sdpa_backward").set_attn_scale(config.softmax_scale).set_deterministic_algorithm(true);
+    attributes.set_name("sdpa_backward").set_attn_scale(config.softmax_scale).set_deterministic_algorithm(config.deterministic);
     SetMask(config, attributes);
     auto [dq, dk, dv] = graph->sdpa_backward(tq, tk, tv, to, tdo, tstats, attributes);
     SetOutput(dq, kDq, qv);

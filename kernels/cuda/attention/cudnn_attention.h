@@ -21,7 +21,8 @@
 // (device, stream). softmax_lse is FP32 in q's layout without the head size, as the
 // contract says: cuDNN's [B, H, S_q] statistics (natural-log logsumexp of the scaled
 // scores) are permuted into it after the forward and back before the backward.
-// The backward runs cuDNN's deterministic algorithm, so results repeat bit for bit.
+// The backward runs cuDNN's deterministic algorithm unless config.deterministic is false
+// (then dq is summed with atomics: faster, not repeatable bit for bit).
 #ifndef TESERVE_KERNELS_CUDA_ATTENTION_CUDNN_ATTENTION_H_
 #define TESERVE_KERNELS_CUDA_ATTENTION_CUDNN_ATTENTION_H_
 
