@@ -14,7 +14,8 @@
 // deleted): before the first rename, between the two, and after the second. Renames
 // microseconds apart can't be hit from outside, so the server runs with rename_pause.so
 // preloaded (tests/integration/rename_pause.c), which blocks it at the chosen rename.
-// After each restart the name holds the old or the new checkpoint, whole.
+// After each restart the name holds the old or the new checkpoint, whole. And, without a
+// kill, reads of the name while an overwrite is held between its renames find it whole.
 #include <signal.h>
 
 #include <cstdio>
@@ -460,6 +461,99 @@ TEST(CheckpointKill, KillWhileOverwritingLeavesTheOldOrTheNewCheckpointUnderItsN
     server.Signal(SIGTERM);
     EXPECT_EQ(server.WaitExit(absl::Seconds(30)), 0) << server.Log();
   }
+}
+
+// Not a kill: RPCs that read "base" while an overwrite of it has moved the old checkpoint
+// aside and not yet renamed the new one in (the server held there 1.5 s by
+// rename_pause.so) find it whole, the old or the new checkpoint, never missing and never
+// half of each: LoadCheckpoint, CreateSession(from_checkpoint) and ListCheckpoints, all
+// three at once.
+TEST(CheckpointKill, ReadsDuringAnOverwriteFindTheNameWhole) {
+  const std::string shim = testing::Runfile("tests/integration/rename_pause.so");
+  ASSERT_TRUE(fs::exists(shim)) << shim << " is missing (//tests/integration:rename_pause.so, a data dependency)";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base_dir = tmp ? tmp : "/tmp";
+  const fs::path dir = fs::path(base_dir) / "read-during-overwrite";
+  fs::remove_all(dir);
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(ServerFlags(dir.string()), absl::StrCat(base_dir, "/read-during-overwrite.log"),
+                           {absl::StrCat("LD_PRELOAD=", shim), "TESERVE_TEST_RENAME_PAUSE=after:.old-base-*",
+                            "TESERVE_TEST_RENAME_PAUSE_MS=1500"}))
+      << server.Log();
+  {
+    client::Client client(server.address());
+    auto session = client.CreateSession(WideRequest());
+    auto reader = client.CreateSession(WideRequest());
+    ASSERT_TRUE(session.ok() && reader.ok()) << session.status() << " " << reader.status();
+    ASSERT_TRUE(WideStep(client, session->session_id(), 1).ok());
+    v1::SaveCheckpointRequest save;
+    save.set_session_id(session->session_id());
+    save.set_name("base");
+    ASSERT_TRUE(client.SaveCheckpoint(save).ok());  // a new name: nothing moved aside, no pause
+    const auto old_params = ParameterBytes(client, session->session_id()).value();
+    ASSERT_TRUE(WideStep(client, session->session_id(), 2).ok());
+    const auto new_params = ParameterBytes(client, session->session_id()).value();
+    ASSERT_NE(old_params, new_params);
+
+    absl::Status save_status = absl::UnknownError("not returned");
+    std::thread saver([&] {
+      save.set_overwrite(true);
+      save_status = client.SaveCheckpoint(save).status();
+    });
+    ASSERT_TRUE(server.WaitForLog("rename_pause: paused after", absl::Seconds(30))) << server.Log();
+    EXPECT_FALSE(fs::exists(dir / "base")) << "the overwrite is between its renames";
+
+    // What each read found: the step and parameters it loaded, or its error.
+    absl::StatusOr<int64_t> loaded_step = absl::UnknownError("not returned"), resumed_step = loaded_step;
+    std::vector<std::pair<std::string, std::string>> loaded_params, resumed_params;
+    absl::StatusOr<v1::ListCheckpointsResponse> listing = absl::UnknownError("not returned");
+    std::thread load([&] {
+      v1::LoadCheckpointRequest request;
+      request.set_session_id(reader->session_id());
+      request.set_name("base");
+      auto loaded = client.LoadCheckpoint(request);
+      if (!loaded.ok()) {
+        loaded_step = loaded.status();
+        return;
+      }
+      loaded_step = loaded->info().step();
+      loaded_params = ParameterBytes(client, reader->session_id()).value();
+    });
+    std::thread resume([&] {
+      v1::CreateSessionRequest request;
+      request.set_from_checkpoint("base");
+      auto resumed = client.CreateSession(request);
+      if (!resumed.ok()) {
+        resumed_step = resumed.status();
+        return;
+      }
+      resumed_step = resumed->info().step();
+      resumed_params = ParameterBytes(client, resumed->session_id()).value();
+    });
+    std::thread list([&] { listing = client.ListCheckpoints(); });
+    load.join();
+    resume.join();
+    list.join();
+    saver.join();
+    EXPECT_TRUE(save_status.ok()) << save_status;
+    EXPECT_THAT(server.Log(), HasSubstr("checkpoint 'base' saved: step 2"));
+
+    auto whole = [&](const absl::StatusOr<int64_t>& step, const std::vector<std::pair<std::string, std::string>>& params,
+                     const std::string& what) {
+      ASSERT_TRUE(step.ok()) << what << ": " << step.status();
+      ASSERT_TRUE(*step == 1 || *step == 2) << what << ": step " << *step;
+      EXPECT_EQ(params, *step == 1 ? old_params : new_params) << what << " at step " << *step;
+      std::printf("%s during the overwrite: step %lld\n", what.c_str(), static_cast<long long>(*step));
+    };
+    whole(loaded_step, loaded_params, "LoadCheckpoint");
+    whole(resumed_step, resumed_params, "CreateSession(from_checkpoint)");
+    ASSERT_TRUE(listing.ok()) << listing.status();
+    ASSERT_EQ(listing->checkpoints_size(), 1) << "ListCheckpoints during the overwrite";
+    EXPECT_EQ(listing->checkpoints(0).name(), "base");
+    EXPECT_EQ(listing->checkpoints(0).error(), "");
+  }  // the connection closed, so that SIGTERM need not wait for it
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.WaitExit(absl::Seconds(30)), 0) << server.Log();
 }
 
 }  // namespace

@@ -9,13 +9,15 @@
 // The first rename whose destination's last path component is <name> (starts with it,
 // with the trailing '*') writes "rename_pause: paused <before|after> renaming <from> to
 // <to>" to stderr and blocks the calling thread for good (the test kills the process):
-// "before" when the rename has not happened, "after" when it has succeeded. Every other
-// rename runs as it would without the library.
+// "before" when the rename has not happened, "after" when it has succeeded. With
+// TESERVE_TEST_RENAME_PAUSE_MS=<n> it blocks n milliseconds instead and goes on. Every
+// other rename runs as it would without the library.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int (*RenameFn)(const char*, const char*);
@@ -39,7 +41,14 @@ static void PauseForGood(const char* when, const char* from, const char* to) {
     ssize_t ignored = write(2, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line) - 1);
     (void)ignored;
   }
-  for (;;) pause();
+  const char* ms = getenv("TESERVE_TEST_RENAME_PAUSE_MS");
+  const long n_ms = ms != NULL ? strtol(ms, NULL, 10) : 0;
+  if (n_ms <= 0) {
+    for (;;) pause();
+  }
+  struct timespec left = {n_ms / 1000, (n_ms % 1000) * 1000000L};
+  while (nanosleep(&left, &left) != 0) {
+  }
 }
 
 int rename(const char* from, const char* to) {
