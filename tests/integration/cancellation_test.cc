@@ -172,7 +172,9 @@ TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
     ASSERT_TRUE(created_a.ok() && created_b.ok()) << created_a.status() << " " << created_b.status();
     a = created_a->session_id();
     b = created_b->session_id();
-    if (!on_cpu) EXPECT_EQ(created_a->info().device(), device) << created_a->info().device_note();
+    if (!on_cpu) {
+      EXPECT_EQ(created_a->info().device(), device) << created_a->info().device_note();
+    }
     forward_took = absl::InfiniteDuration();
     backward_took = absl::InfiniteDuration();
     for (const std::string& id : {a, b}) {

@@ -319,7 +319,9 @@ TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointI
     auto created = c.CreateSession(SlowSession(w));
     ASSERT_TRUE(created.ok()) << created.status();
     id = created->session_id();
-    if (!on_cpu) EXPECT_EQ(created->info().device(), device) << created->info().device_note();
+    if (!on_cpu) {
+      EXPECT_EQ(created->info().device(), device) << created->info().device_note();
+    }
     const absl::Time start = absl::Now();
     ASSERT_TRUE(c.ForwardBackward(SlowForwardBackward(w, id, 1)).ok());
     took = absl::Now() - start;
