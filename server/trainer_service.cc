@@ -466,6 +466,7 @@ grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerCont
     std::optional<train::CheckpointContents> checkpoint;
     if (!from.empty()) {
       absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
+      absl::ReaderMutexLock writes(&checkpoint_mu_);  // not mid-write (an overwrite is between its renames)
       ASSIGN_OR_RETURN(checkpoint, train::ReadCheckpoint(CheckpointDirOf(tenant), from));
     }
     // Admission: refuse a spec that can't fit before allocating any of it.
@@ -896,8 +897,12 @@ grpc::ServerUnaryReactor* TrainerService::LoadCheckpoint(grpc::CallbackServerCon
     RETURN_IF_ERROR(RequireCheckpointDir("name"));
     RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
     absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
-    ASSIGN_OR_RETURN(train::CheckpointContents contents,
-                     train::ReadCheckpoint(CheckpointDirOf(tenant), request->name()));
+    absl::StatusOr<train::CheckpointContents> read;
+    {
+      absl::ReaderMutexLock writes(&checkpoint_mu_);  // not mid-write (an overwrite is between its renames)
+      read = train::ReadCheckpoint(CheckpointDirOf(tenant), request->name());
+    }
+    ASSIGN_OR_RETURN(train::CheckpointContents contents, std::move(read));
     RETURN_IF_ERROR(CheckSameSpecs(request->name(), contents, *session));
     RETURN_IF_ERROR(InCheckpoint(session->RestoreState(contents.state), request->name()));
     LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", LoggedName(tenant, request->name()),
@@ -916,6 +921,7 @@ grpc::ServerUnaryReactor* TrainerService::ListCheckpoints(grpc::CallbackServerCo
     RETURN_IF_ERROR(RequireCheckpointDir("ListCheckpoints"));
     const std::string dir = CheckpointDirOf(tenant);
     absl::ReaderMutexLock expiry(&expiry_mu_);  // final checkpoints of expiring sessions are listed
+    absl::ReaderMutexLock writes(&checkpoint_mu_);  // not mid-write (an overwrite is between its renames)
     // A tenant that never saved has no directory yet: nothing to list.
     if (!tenant.empty() && !std::filesystem::is_directory(dir)) return absl::OkStatus();
     ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(dir));

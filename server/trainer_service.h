@@ -196,7 +196,10 @@ class TrainerService final : public v1::Trainer::CallbackService {
   const TrainerConfig config_;
   Metrics* const metrics_;
   SessionRegistry registry_;
-  absl::Mutex checkpoint_mu_;  // one checkpoint write (and pruning) at a time
+  // Held (writer) by each checkpoint write (and the pruning) and (reader) by the RPCs that
+  // read checkpoints, so that a read never meets a write half done: an overwrite between
+  // its two renames (the name missing) or a checkpoint half swapped. Taken after expiry_mu_.
+  absl::Mutex checkpoint_mu_;
   absl::flat_hash_set<std::string> prepared_dirs_ ABSL_GUARDED_BY(checkpoint_mu_);  // tenant directories
   absl::Mutex auto_mu_;
   absl::flat_hash_map<std::string, AutoCheckpoint> auto_checkpoints_ ABSL_GUARDED_BY(auto_mu_);

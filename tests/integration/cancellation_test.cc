@@ -6,6 +6,9 @@
 // and scaling state are equal bit for bit.
 #include <signal.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -25,9 +28,28 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Long enough sequences that one Forward takes a good fraction of a second on the CPU
-// backend, in four TransformerLayers (nine check points per pass).
-constexpr int64_t kSeq = 256, kBatch = 2, kHidden = 64, kLayers = 4;
+// The model and the request size, by device. On the CPU backend four TransformerLayers
+// over 256 x 2 tokens make a Forward take a good fraction of a second (nine check points
+// per pass). On a GPU that model's Forward takes ~5 ms (H200), too short to abandon: a
+// GPU session's time goes mostly to launching each layer's kernels and reading back its
+// amaxes, so there the model is narrow and hundreds of layers deep (a check point
+// between each) and the test deepens it until a Forward and a Backward take kGpuCallTime.
+struct Workload {
+  int64_t seq, batch, hidden, ffn_hidden, heads, layers;
+  int64_t tokens() const { return seq * batch; }
+};
+
+Workload WorkloadFor(const std::string& device) {
+  if (device == "cpu") return {256, 2, 64, 256, 4, 4};
+  return {256, 2, 32, 64, 2, 256};
+}
+
+// A call must take this long for the deadlines and the cancel below (a fifth of it) to
+// land mid-call; the CPU model above takes ~125 ms (and skips itself when faster).
+constexpr absl::Duration kMinCallTime = absl::Milliseconds(100);
+// On a GPU the layer count grows until both calls take this long, up to kMaxGpuLayers.
+constexpr absl::Duration kGpuCallTime = absl::Milliseconds(300);
+constexpr int64_t kMaxGpuLayers = 4096;
 
 std::vector<float> Floats(int64_t count, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -37,54 +59,54 @@ std::vector<float> Floats(int64_t count, uint64_t seed) {
   return values;
 }
 
-v1::Tensor Activations(uint64_t seed) {
-  return client::MakeFloatTensor(Floats(kSeq * kBatch * kHidden, seed), {kSeq, kBatch, kHidden});
+v1::Tensor Activations(const Workload& w, uint64_t seed) {
+  return client::MakeFloatTensor(Floats(w.tokens() * w.hidden, seed), {w.seq, w.batch, w.hidden});
 }
 
-v1::CreateSessionRequest Spec() {
+v1::CreateSessionRequest Spec(const Workload& w) {
   v1::CreateSessionRequest request;
   v1::ModelSpec* model = request.mutable_model();
   model->set_seed(3);
-  for (int i = 0; i < kLayers; ++i) {
+  for (int i = 0; i < w.layers; ++i) {
     v1::LayerSpec* layer = model->add_layers();
     layer->set_name(absl::StrCat("block", i));
     v1::TransformerLayerSpec* t = layer->mutable_transformer_layer();
-    t->set_hidden_size(kHidden);
-    t->set_ffn_hidden_size(4 * kHidden);
-    t->set_num_attention_heads(4);
+    t->set_hidden_size(w.hidden);
+    t->set_ffn_hidden_size(w.ffn_hidden);
+    t->set_num_attention_heads(w.heads);
     t->set_hidden_dropout(0.1f);     // random-stream counters are part of the state
     t->set_attention_dropout(0.1f);
   }
   v1::LayerSpec* head = model->add_layers();
   head->set_name("head");
-  head->mutable_linear()->set_in_features(kHidden);
-  head->mutable_linear()->set_out_features(kHidden);
+  head->mutable_linear()->set_in_features(w.hidden);
+  head->mutable_linear()->set_out_features(w.hidden);
   request.mutable_recipe()->mutable_delayed()->set_amax_history_len(4);
   request.mutable_optimizer()->mutable_adamw()->set_lr(1e-3f);
   return request;
 }
 
-v1::ForwardRequest ForwardOf(const std::string& id, uint64_t seed) {
+v1::ForwardRequest ForwardOf(const Workload& w, const std::string& id, uint64_t seed) {
   v1::ForwardRequest request;
   request.set_session_id(id);
-  *request.add_inputs() = Activations(seed);
+  *request.add_inputs() = Activations(w, seed);
   return request;
 }
 
-v1::ForwardBackwardRequest ForwardBackwardOf(const std::string& id, uint64_t seed) {
+v1::ForwardBackwardRequest ForwardBackwardOf(const Workload& w, const std::string& id, uint64_t seed) {
   v1::ForwardBackwardRequest request;
   request.set_session_id(id);
-  *request.add_inputs() = Activations(seed);
+  *request.add_inputs() = Activations(w, seed);
   request.mutable_loss()->mutable_mse();
-  *request.mutable_target() = Activations(seed + 1000);
+  *request.mutable_target() = Activations(w, seed + 1000);
   return request;
 }
 
-v1::BackwardRequest BackwardOf(const std::string& id, uint64_t handle, uint64_t seed) {
+v1::BackwardRequest BackwardOf(const Workload& w, const std::string& id, uint64_t handle, uint64_t seed) {
   v1::BackwardRequest request;
   request.set_session_id(id);
   request.set_handle(handle);
-  *request.add_grad_outputs() = Activations(seed);
+  *request.add_grad_outputs() = Activations(w, seed);
   return request;
 }
 
@@ -129,33 +151,60 @@ int64_t LiveHandles(client::Client& c, const std::string& id) {
 }
 
 TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
+  const std::string device = testing::TestDevice();
+  const bool on_cpu = device == "cpu";
+  Workload w = WorkloadFor(device);
   testing::ServerProcess server;
-  ASSERT_TRUE(server.Start({}, testing::TempPath("cancellation.log"))) << server.Log();
+  // Sessions are admitted for requests of this test's size: the default (8192 tokens)
+  // would count ~1 GB of attention scores per layer of the deep GPU model.
+  ASSERT_TRUE(server.Start({absl::StrCat("--admission_tokens=", w.tokens())}, testing::TempPath("cancellation.log")))
+      << server.Log();
   client::Client c(server.address());
-  absl::StatusOr<v1::CreateSessionResponse> created_a = c.CreateSession(Spec());
-  absl::StatusOr<v1::CreateSessionResponse> created_b = c.CreateSession(Spec());
-  ASSERT_TRUE(created_a.ok() && created_b.ok()) << created_a.status() << " " << created_b.status();
-  const std::string a = created_a->session_id(), b = created_b->session_id();
 
-  // One step on both (optimizer state and scaling history exist), timing the calls.
-  absl::Duration forward_took = absl::InfiniteDuration(), backward_took = absl::InfiniteDuration();
-  for (const std::string& id : {a, b}) {
-    absl::Time start = absl::Now();
-    absl::StatusOr<v1::ForwardResponse> out = c.Forward(ForwardOf(id, 1));
-    ASSERT_TRUE(out.ok()) << out.status();
-    forward_took = std::min(forward_took, absl::Now() - start);
-    start = absl::Now();
-    ASSERT_TRUE(c.Backward(BackwardOf(id, out->handle(), 2)).ok());
-    backward_took = std::min(backward_took, absl::Now() - start);
-    ASSERT_TRUE(c.Step(id, /*zero_grad=*/true).ok());
+  // Two sessions of one spec; one step on both (optimizer state and scaling history
+  // exist), timing the calls. On a GPU, while a call is shorter than kGpuCallTime, both
+  // sessions go and two of a deeper model take their place.
+  std::string a, b;
+  absl::Duration forward_took, backward_took;
+  for (;;) {
+    absl::StatusOr<v1::CreateSessionResponse> created_a = c.CreateSession(Spec(w));
+    absl::StatusOr<v1::CreateSessionResponse> created_b = c.CreateSession(Spec(w));
+    ASSERT_TRUE(created_a.ok() && created_b.ok()) << created_a.status() << " " << created_b.status();
+    a = created_a->session_id();
+    b = created_b->session_id();
+    if (!on_cpu) {
+      EXPECT_EQ(created_a->info().device(), device) << created_a->info().device_note();
+    }
+    forward_took = absl::InfiniteDuration();
+    backward_took = absl::InfiniteDuration();
+    for (const std::string& id : {a, b}) {
+      absl::Time start = absl::Now();
+      absl::StatusOr<v1::ForwardResponse> out = c.Forward(ForwardOf(w, id, 1));
+      ASSERT_TRUE(out.ok()) << out.status();
+      forward_took = std::min(forward_took, absl::Now() - start);
+      start = absl::Now();
+      ASSERT_TRUE(c.Backward(BackwardOf(w, id, out->handle(), 2)).ok());
+      backward_took = std::min(backward_took, absl::Now() - start);
+      ASSERT_TRUE(c.Step(id, /*zero_grad=*/true).ok());
+    }
+    std::printf("%s, %lld layers: Forward %s, Backward %s\n", device.c_str(), static_cast<long long>(w.layers),
+                absl::FormatDuration(forward_took).c_str(), absl::FormatDuration(backward_took).c_str());
+    const absl::Duration shorter = std::min(forward_took, backward_took);
+    if (on_cpu || shorter >= kGpuCallTime || w.layers >= kMaxGpuLayers) break;
+    ASSERT_TRUE(c.DeleteSession(a).ok() && c.DeleteSession(b).ok());
+    // The time per layer is about constant at these depths: aim half again past the goal.
+    const double factor = std::max(2.0, 1.5 * absl::FDivDuration(kGpuCallTime, shorter));
+    w.layers = std::min<int64_t>(kMaxGpuLayers, static_cast<int64_t>(std::ceil(w.layers * factor)));
   }
   ExpectSameParametersAndGradients(c, a, b);
-  if (forward_took < absl::Milliseconds(100) || backward_took < absl::Milliseconds(100)) {
-    GTEST_SKIP() << "a Forward takes only " << forward_took << " and a Backward " << backward_took
-                 << " here; too fast to abandon one between layers";
+  if (forward_took < kMinCallTime || backward_took < kMinCallTime) {
+    const std::string why = absl::StrCat("a Forward takes only ", absl::FormatDuration(forward_took),
+                                         " and a Backward ", absl::FormatDuration(backward_took), " on ", device,
+                                         " (", w.layers, " layers); too fast to abandon one between layers");
+    // On the CPU a fast machine skips; a GPU run exists to run this case, so it fails.
+    if (on_cpu) GTEST_SKIP() << why;
+    FAIL() << why << "; deepen WorkloadFor's model";
   }
-  std::printf("Forward %s, Backward %s\n", absl::FormatDuration(forward_took).c_str(),
-              absl::FormatDuration(backward_took).c_str());
 
   // A client whose deadline passes a fifth of the way in: the server notices at the next
   // check point, stops and undoes the call.
@@ -163,11 +212,11 @@ TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
   hasty_options.rpc_timeout = forward_took / 5;
   client::Client hasty(server.address(), hasty_options);
 
-  absl::StatusOr<v1::ForwardResponse> abandoned_forward = hasty.Forward(ForwardOf(a, 3));
+  absl::StatusOr<v1::ForwardResponse> abandoned_forward = hasty.Forward(ForwardOf(w, a, 3));
   EXPECT_EQ(abandoned_forward.status().code(), absl::StatusCode::kDeadlineExceeded) << abandoned_forward.status();
   EXPECT_EQ(LiveHandles(c, a), 0) << "an abandoned Forward leaves no handle";
 
-  absl::StatusOr<v1::ForwardBackwardResponse> abandoned_fb = hasty.ForwardBackward(ForwardBackwardOf(a, 4));
+  absl::StatusOr<v1::ForwardBackwardResponse> abandoned_fb = hasty.ForwardBackward(ForwardBackwardOf(w, a, 4));
   EXPECT_EQ(abandoned_fb.status().code(), absl::StatusCode::kDeadlineExceeded) << abandoned_fb.status();
 
   // A Forward the client cancels itself.
@@ -178,7 +227,7 @@ TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
       absl::SleepFor(forward_took / 5);
       context.TryCancel();
     });
-    const grpc::Status status = c.stub().Forward(&context, ForwardOf(a, 5), &response);
+    const grpc::Status status = c.stub().Forward(&context, ForwardOf(w, a, 5), &response);
     canceller.join();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
   }
@@ -186,23 +235,23 @@ TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
 
   // A Backward abandoned midway keeps its handle (the session is as before the call), so
   // the client can run it again.
-  absl::StatusOr<v1::ForwardResponse> fa = c.Forward(ForwardOf(a, 6));
-  absl::StatusOr<v1::ForwardResponse> fb = c.Forward(ForwardOf(b, 6));
+  absl::StatusOr<v1::ForwardResponse> fa = c.Forward(ForwardOf(w, a, 6));
+  absl::StatusOr<v1::ForwardResponse> fb = c.Forward(ForwardOf(w, b, 6));
   ASSERT_TRUE(fa.ok() && fb.ok());
   client::ClientOptions hasty_backward_options;
   hasty_backward_options.rpc_timeout = backward_took / 5;
   client::Client hasty_backward(server.address(), hasty_backward_options);
-  absl::StatusOr<v1::BackwardResponse> abandoned_backward = hasty_backward.Backward(BackwardOf(a, fa->handle(), 7));
+  absl::StatusOr<v1::BackwardResponse> abandoned_backward = hasty_backward.Backward(BackwardOf(w, a, fa->handle(), 7));
   EXPECT_EQ(abandoned_backward.status().code(), absl::StatusCode::kDeadlineExceeded) << abandoned_backward.status();
   EXPECT_EQ(LiveHandles(c, a), 1) << "the abandoned Backward's handle stays pending";
   ExpectSameParametersAndGradients(c, a, b);  // B has not run its Backward either
-  ASSERT_TRUE(c.Backward(BackwardOf(a, fa->handle(), 7)).ok());
-  ASSERT_TRUE(c.Backward(BackwardOf(b, fb->handle(), 7)).ok());
+  ASSERT_TRUE(c.Backward(BackwardOf(w, a, fa->handle(), 7)).ok());
+  ASSERT_TRUE(c.Backward(BackwardOf(w, b, fb->handle(), 7)).ok());
   EXPECT_EQ(LiveHandles(c, a), 0);
 
   // The same normal training on both from here: equal bit for bit.
   for (const std::string& id : {a, b}) ASSERT_TRUE(c.Step(id, /*zero_grad=*/true).ok());
-  for (const std::string& id : {a, b}) ASSERT_TRUE(c.ForwardBackward(ForwardBackwardOf(id, 8)).ok());
+  for (const std::string& id : {a, b}) ASSERT_TRUE(c.ForwardBackward(ForwardBackwardOf(w, id, 8)).ok());
   ExpectSameParametersAndGradients(c, a, b);
   for (const std::string& id : {a, b}) ASSERT_TRUE(c.Step(id, /*zero_grad=*/false).ok());
   ExpectSameParametersAndGradients(c, a, b);

@@ -4,10 +4,18 @@
 // GPU host with TESERVE_TEST_DEVICE=cuda:0).
 //
 // kill -9 in the middle of SaveCheckpoint, at staggered points of the write (the
-// temporary directory just made, after 3, 5 and 7 of its 8 files, mid-overwrite of an
-// existing checkpoint, and once the manifest is there): the previous checkpoint stays
-// loadable, a checkpoint is listed only when it is complete, and the restart clears the
-// leftovers.
+// temporary directory just made, after 3, 5 and 7 of its 8 files, while the replacement
+// of an existing checkpoint is being written, and once the manifest is there): the
+// previous checkpoint stays loadable, a checkpoint is listed only when it is complete,
+// and the restart clears the leftovers.
+//
+// kill -9 while an overwrite trades the old checkpoint for the new one under the same
+// name (train/checkpoint.cc: old moved aside to .old-<name>-XXXXXX, new renamed in, old
+// deleted): before the first rename, between the two, and after the second. Renames
+// microseconds apart can't be hit from outside, so the server runs with rename_pause.so
+// preloaded (tests/integration/rename_pause.c), which blocks it at the chosen rename.
+// After each restart the name holds the old or the new checkpoint, whole. And, without a
+// kill, reads of the name while an overwrite is held between its renames find it whole.
 #include <signal.h>
 
 #include <cstdio>
@@ -316,6 +324,236 @@ TEST(CheckpointKill, KillDuringSaveLeavesThePreviousCheckpointLoadable) {
   EXPECT_GE(mid_save, 4) << "kills that landed mid-save";
   server->Signal(SIGTERM);
   EXPECT_EQ(server->WaitExit(absl::Seconds(30)), 0) << server->Log();
+}
+
+// The overwrite's own window. "base" (step 1) is replaced with SaveCheckpoint(overwrite)
+// by the state one step later (step 2), and the server is killed at a rename of the
+// replacement (see the top of this file). The expected files at each point are checked
+// before the kill, so the test says where it killed; after the restart "base" is listed
+// complete and loads (from_checkpoint and LoadCheckpoint) as exactly the old or exactly
+// the new checkpoint: the old one while the new is not in place, the new one once it is.
+TEST(CheckpointKill, KillWhileOverwritingLeavesTheOldOrTheNewCheckpointUnderItsName) {
+  const std::string shim = testing::Runfile("tests/integration/rename_pause.so");
+  ASSERT_TRUE(fs::exists(shim)) << shim << " is missing (//tests/integration:rename_pause.so, a data dependency)";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base_dir = tmp ? tmp : "/tmp";
+  const fs::path dir = fs::path(base_dir) / "kill-during-overwrite";
+  fs::remove_all(dir);
+
+  std::vector<std::pair<std::string, std::string>> old_params, new_params;
+  {
+    testing::ServerProcess server;
+    ASSERT_TRUE(server.Start(ServerFlags(dir.string()), absl::StrCat(base_dir, "/overwrite-0.log"))) << server.Log();
+    {
+      client::Client client(server.address());
+      auto session = client.CreateSession(WideRequest());
+      ASSERT_TRUE(session.ok()) << session.status();
+      ASSERT_TRUE(WideStep(client, session->session_id(), 1).ok());
+      v1::SaveCheckpointRequest save;
+      save.set_session_id(session->session_id());
+      save.set_name("base");
+      ASSERT_TRUE(client.SaveCheckpoint(save).ok());
+      old_params = ParameterBytes(client, session->session_id()).value();
+      ASSERT_TRUE(WideStep(client, session->session_id(), 2).ok());
+      new_params = ParameterBytes(client, session->session_id()).value();
+      ASSERT_NE(old_params, new_params);
+    }  // the connection closed, so that SIGTERM need not wait for it
+    server.Signal(SIGTERM);
+    ASSERT_EQ(server.WaitExit(absl::Seconds(30)), 0) << server.Log();
+  }
+
+  struct Point {
+    std::string pause;  // TESERVE_TEST_RENAME_PAUSE
+    std::string window;
+    // Files under "base", in the aside directory and in the temporary one when it stops
+    // (-1: that directory does not exist).
+    int under_name, aside, temporary;
+    bool new_in_place;  // what "base" must load as after the restart
+  };
+  // In this order: "base" is still the old checkpoint until the last point.
+  const std::vector<Point> points = {
+      {"before:.old-base-*", "new complete in .tmp-base-*, old in place", 8, 0, 8, false},
+      {"after:.old-base-*", "old moved aside, nothing under 'base'", -1, 8, 8, false},
+      {"after:base", "new in place, old still aside", 8, 8, -1, true},
+  };
+  for (size_t k = 0; k < points.size(); ++k) {
+    const Point& p = points[k];
+    SCOPED_TRACE(absl::StrCat("killed at ", p.pause, " (", p.window, ")"));
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      ASSERT_NE(e.path().filename().string()[0], '.') << e.path() << " before the save";
+    }
+    {
+      testing::ServerProcess server;
+      ASSERT_TRUE(server.Start(ServerFlags(dir.string()), absl::StrCat(base_dir, "/overwrite-", k + 1, "-killed.log"),
+                               {absl::StrCat("LD_PRELOAD=", shim), absl::StrCat("TESERVE_TEST_RENAME_PAUSE=", p.pause)}))
+          << server.Log();
+      client::Client client(server.address());
+      // The new state: the old checkpoint resumed and stepped once more.
+      v1::CreateSessionRequest resume;
+      resume.set_from_checkpoint("base");
+      auto session = client.CreateSession(resume);
+      ASSERT_TRUE(session.ok()) << session.status();
+      ASSERT_EQ(ParameterBytes(client, session->session_id()).value(), old_params);
+      ASSERT_TRUE(WideStep(client, session->session_id(), 2).ok());
+      ASSERT_EQ(ParameterBytes(client, session->session_id()).value(), new_params);
+
+      absl::Status save_status = absl::UnknownError("not returned");
+      std::thread saver([&] {
+        v1::SaveCheckpointRequest save;
+        save.set_session_id(session->session_id());
+        save.set_name("base");
+        save.set_overwrite(true);
+        save_status = client.SaveCheckpoint(save).status();
+      });
+      const bool paused = server.WaitForLog("rename_pause: paused", absl::Seconds(30));
+      // The directory as the kill leaves it (the server is blocked at the rename).
+      const int under_name = fs::exists(dir / "base") ? CountFiles(dir / "base") : -1;
+      const fs::path aside = Hidden(dir, ".old-", "base"), temporary = Hidden(dir, ".tmp-", "base");
+      const int aside_files = aside.empty() ? -1 : CountFiles(aside);
+      const int temporary_files = temporary.empty() ? -1 : CountFiles(temporary);
+      server.Signal(SIGKILL);
+      EXPECT_EQ(server.WaitExit(absl::Seconds(30)), -1);
+      saver.join();
+      ASSERT_TRUE(paused) << "the save never reached " << p.pause << "\n" << server.Log();
+      EXPECT_FALSE(save_status.ok()) << "the save returned before the kill";
+      EXPECT_THAT(server.Log(), ::testing::Not(HasSubstr("checkpoint 'base' saved")));
+      EXPECT_EQ(under_name, p.under_name) << "files under 'base'";
+      EXPECT_EQ(aside_files, p.aside) << "files in the aside directory " << aside;
+      EXPECT_EQ(temporary_files, p.temporary) << "files in the temporary directory " << temporary;
+      std::printf("killed at %s: 'base' %d files, aside %d, temporary %d\n", p.pause.c_str(), under_name, aside_files,
+                  temporary_files);
+    }
+
+    // Restart: the leftovers are gone and "base" is the old or the new checkpoint, whole.
+    testing::ServerProcess server;
+    ASSERT_TRUE(server.Start(ServerFlags(dir.string()), absl::StrCat(base_dir, "/overwrite-", k + 1, "-restart.log")))
+        << server.Log();
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      EXPECT_NE(e.path().filename().string()[0], '.') << e.path() << " left after the restart";
+    }
+    {
+      client::Client client(server.address());
+      auto listing = client.ListCheckpoints();
+      ASSERT_TRUE(listing.ok()) << listing.status();
+      ASSERT_EQ(listing->checkpoints_size(), 1);
+      EXPECT_EQ(listing->checkpoints(0).name(), "base");
+      EXPECT_EQ(listing->checkpoints(0).error(), "");
+      const int64_t step = p.new_in_place ? 2 : 1;
+      const auto& expected = p.new_in_place ? new_params : old_params;
+      EXPECT_EQ(listing->checkpoints(0).step(), step);
+      v1::CreateSessionRequest resume;
+      resume.set_from_checkpoint("base");
+      auto resumed = client.CreateSession(resume);
+      ASSERT_TRUE(resumed.ok()) << resumed.status();
+      EXPECT_EQ(resumed->info().step(), step);
+      EXPECT_EQ(ParameterBytes(client, resumed->session_id()).value(), expected)
+          << (p.new_in_place ? "expected the new checkpoint" : "expected the old checkpoint");
+      auto fresh = client.CreateSession(WideRequest());
+      ASSERT_TRUE(fresh.ok()) << fresh.status();
+      v1::LoadCheckpointRequest load;
+      load.set_session_id(fresh->session_id());
+      load.set_name("base");
+      auto loaded = client.LoadCheckpoint(load);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      EXPECT_EQ(loaded->info().step(), step);
+      EXPECT_EQ(ParameterBytes(client, fresh->session_id()).value(), expected);
+    }  // the connection closed, so that SIGTERM need not wait for it
+    server.Signal(SIGTERM);
+    EXPECT_EQ(server.WaitExit(absl::Seconds(30)), 0) << server.Log();
+  }
+}
+
+// Not a kill: RPCs that read "base" while an overwrite of it has moved the old checkpoint
+// aside and not yet renamed the new one in (the server held there 1.5 s by
+// rename_pause.so) find it whole, the old or the new checkpoint, never missing and never
+// half of each: LoadCheckpoint, CreateSession(from_checkpoint) and ListCheckpoints, all
+// three at once.
+TEST(CheckpointKill, ReadsDuringAnOverwriteFindTheNameWhole) {
+  const std::string shim = testing::Runfile("tests/integration/rename_pause.so");
+  ASSERT_TRUE(fs::exists(shim)) << shim << " is missing (//tests/integration:rename_pause.so, a data dependency)";
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base_dir = tmp ? tmp : "/tmp";
+  const fs::path dir = fs::path(base_dir) / "read-during-overwrite";
+  fs::remove_all(dir);
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(ServerFlags(dir.string()), absl::StrCat(base_dir, "/read-during-overwrite.log"),
+                           {absl::StrCat("LD_PRELOAD=", shim), "TESERVE_TEST_RENAME_PAUSE=after:.old-base-*",
+                            "TESERVE_TEST_RENAME_PAUSE_MS=1500"}))
+      << server.Log();
+  {
+    client::Client client(server.address());
+    auto session = client.CreateSession(WideRequest());
+    auto reader = client.CreateSession(WideRequest());
+    ASSERT_TRUE(session.ok() && reader.ok()) << session.status() << " " << reader.status();
+    ASSERT_TRUE(WideStep(client, session->session_id(), 1).ok());
+    v1::SaveCheckpointRequest save;
+    save.set_session_id(session->session_id());
+    save.set_name("base");
+    ASSERT_TRUE(client.SaveCheckpoint(save).ok());  // a new name: nothing moved aside, no pause
+    const auto old_params = ParameterBytes(client, session->session_id()).value();
+    ASSERT_TRUE(WideStep(client, session->session_id(), 2).ok());
+    const auto new_params = ParameterBytes(client, session->session_id()).value();
+    ASSERT_NE(old_params, new_params);
+
+    absl::Status save_status = absl::UnknownError("not returned");
+    std::thread saver([&] {
+      save.set_overwrite(true);
+      save_status = client.SaveCheckpoint(save).status();
+    });
+    ASSERT_TRUE(server.WaitForLog("rename_pause: paused after", absl::Seconds(30))) << server.Log();
+    EXPECT_FALSE(fs::exists(dir / "base")) << "the overwrite is between its renames";
+
+    // What each read found: the step and parameters it loaded, or its error.
+    absl::StatusOr<int64_t> loaded_step = absl::UnknownError("not returned"), resumed_step = loaded_step;
+    std::vector<std::pair<std::string, std::string>> loaded_params, resumed_params;
+    absl::StatusOr<v1::ListCheckpointsResponse> listing = absl::UnknownError("not returned");
+    std::thread load([&] {
+      v1::LoadCheckpointRequest request;
+      request.set_session_id(reader->session_id());
+      request.set_name("base");
+      auto loaded = client.LoadCheckpoint(request);
+      if (!loaded.ok()) {
+        loaded_step = loaded.status();
+        return;
+      }
+      loaded_step = loaded->info().step();
+      loaded_params = ParameterBytes(client, reader->session_id()).value();
+    });
+    std::thread resume([&] {
+      v1::CreateSessionRequest request;
+      request.set_from_checkpoint("base");
+      auto resumed = client.CreateSession(request);
+      if (!resumed.ok()) {
+        resumed_step = resumed.status();
+        return;
+      }
+      resumed_step = resumed->info().step();
+      resumed_params = ParameterBytes(client, resumed->session_id()).value();
+    });
+    std::thread list([&] { listing = client.ListCheckpoints(); });
+    load.join();
+    resume.join();
+    list.join();
+    saver.join();
+    EXPECT_TRUE(save_status.ok()) << save_status;
+    EXPECT_THAT(server.Log(), HasSubstr("checkpoint 'base' saved: step 2"));
+
+    auto whole = [&](const absl::StatusOr<int64_t>& step, const std::vector<std::pair<std::string, std::string>>& params,
+                     const std::string& what) {
+      ASSERT_TRUE(step.ok()) << what << ": " << step.status();
+      ASSERT_TRUE(*step == 1 || *step == 2) << what << ": step " << *step;
+      EXPECT_EQ(params, *step == 1 ? old_params : new_params) << what << " at step " << *step;
+      std::printf("%s during the overwrite: step %lld\n", what.c_str(), static_cast<long long>(*step));
+    };
+    whole(loaded_step, loaded_params, "LoadCheckpoint");
+    whole(resumed_step, resumed_params, "CreateSession(from_checkpoint)");
+    ASSERT_TRUE(listing.ok()) << listing.status();
+    ASSERT_EQ(listing->checkpoints_size(), 1) << "ListCheckpoints during the overwrite";
+    EXPECT_EQ(listing->checkpoints(0).name(), "base");
+    EXPECT_EQ(listing->checkpoints(0).error(), "");
+  }  // the connection closed, so that SIGTERM need not wait for it
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.WaitExit(absl::Seconds(30)), 0) << server.Log();
 }
 
 }  // namespace

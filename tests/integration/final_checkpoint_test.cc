@@ -7,7 +7,10 @@
 // succeed.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -241,19 +244,35 @@ TEST(FinalCheckpoint, SigtermUnderLoadSavesEveryConfiguredSessionAndExitsZeroWit
   EXPECT_EQ(second.WaitExit(absl::Seconds(20)), 0) << second.Log();
 }
 
-// Sixteen TransformerLayers over 512 positions: one ForwardBackward takes seconds on the
-// CPU backend, with check points between its layers.
-v1::CreateSessionRequest SlowSession() {
+// The long call's model and request, by device. On the CPU backend sixteen
+// TransformerLayers over 512 x 2 positions make one ForwardBackward take seconds, with
+// check points between the layers. On a GPU such a call takes milliseconds; its time
+// goes mostly to launching each layer's kernels and reading back its amaxes, so there the
+// model is narrow (a small final checkpoint) and hundreds of layers deep, and the test
+// deepens it until a ForwardBackward outlasts the time calls get after SIGTERM.
+struct SlowWorkload {
+  int64_t seq, batch, hidden, ffn_hidden, heads, layers;
+  int64_t tokens() const { return seq * batch; }
+};
+
+SlowWorkload SlowWorkloadFor(const std::string& device) {
+  if (device == "cpu") return {512, 2, 64, 256, 4, 16};
+  return {256, 2, 32, 64, 2, 512};
+}
+
+constexpr int64_t kMaxGpuLayers = 4096;
+
+v1::CreateSessionRequest SlowSession(const SlowWorkload& w) {
   v1::CreateSessionRequest request;
   v1::ModelSpec* model = request.mutable_model();
   model->set_seed(5);
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < w.layers; ++i) {
     v1::LayerSpec* layer = model->add_layers();
     layer->set_name(absl::StrCat("block", i));
     v1::TransformerLayerSpec* t = layer->mutable_transformer_layer();
-    t->set_hidden_size(64);
-    t->set_ffn_hidden_size(256);
-    t->set_num_attention_heads(4);
+    t->set_hidden_size(w.hidden);
+    t->set_ffn_hidden_size(w.ffn_hidden);
+    t->set_num_attention_heads(w.heads);
   }
   request.mutable_recipe()->mutable_delayed()->set_amax_history_len(4);
   request.mutable_optimizer()->mutable_adamw()->set_lr(1e-3f);
@@ -262,41 +281,71 @@ v1::CreateSessionRequest SlowSession() {
   return request;
 }
 
-v1::ForwardBackwardRequest SlowForwardBackward(const std::string& id, uint64_t seed) {
-  constexpr int64_t kSeq = 512, kBatch = 2, kHidden = 64;
+v1::ForwardBackwardRequest SlowForwardBackward(const SlowWorkload& w, const std::string& id, uint64_t seed) {
+  const int64_t n = w.tokens() * w.hidden;
   v1::ForwardBackwardRequest request;
   request.set_session_id(id);
-  *request.add_inputs() = client::MakeFloatTensor(testing::PseudoRandomFloats(kSeq * kBatch * kHidden, seed),
-                                                  {kSeq, kBatch, kHidden});
+  *request.add_inputs() = client::MakeFloatTensor(testing::PseudoRandomFloats(n, seed), {w.seq, w.batch, w.hidden});
   request.mutable_loss()->mutable_mse();
-  *request.mutable_target() = client::MakeFloatTensor(testing::PseudoRandomFloats(kSeq * kBatch * kHidden, seed + 1),
-                                                      {kSeq, kBatch, kHidden});
+  *request.mutable_target() =
+      client::MakeFloatTensor(testing::PseudoRandomFloats(n, seed + 1), {w.seq, w.batch, w.hidden});
   return request;
 }
 
 TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointIsTheStateBeforeIt) {
   const std::string dir = FreshDir("long_call_checkpoints");
   constexpr int kGraceSeconds = 2;  // training calls get 1 s, final checkpoints the rest
+  // The long call starts 200 ms before SIGTERM and must still be running 1 s after it.
+  const absl::Duration needed = absl::Seconds(kGraceSeconds) * 0.8;
+  const absl::Duration gpu_goal = absl::Seconds(kGraceSeconds) * 1.1;  // a margin for warmer calls
+  const std::string device = testing::TestDevice();
+  const bool on_cpu = device == "cpu";
+  SlowWorkload w = SlowWorkloadFor(device);
+  // Sessions are admitted for requests of this test's size: the default (8192 tokens)
+  // would count ~1 GB of attention scores per layer of the deep GPU model.
+  const std::string admission = absl::StrCat("--admission_tokens=", w.tokens());
   testing::ServerProcess server;
-  ASSERT_TRUE(server.Start({absl::StrCat("--checkpoint_dir=", dir), absl::StrCat("--shutdown_grace_seconds=", kGraceSeconds)},
+  ASSERT_TRUE(server.Start({absl::StrCat("--checkpoint_dir=", dir), absl::StrCat("--shutdown_grace_seconds=", kGraceSeconds),
+                            admission},
                            testing::TempPath("long_call.log")))
       << server.Log();
   client::Client c(server.address());
-  auto created = c.CreateSession(SlowSession());
-  ASSERT_TRUE(created.ok()) << created.status();
-  const std::string id = created->session_id();
-  const absl::Time start = absl::Now();
-  ASSERT_TRUE(c.ForwardBackward(SlowForwardBackward(id, 1)).ok());
-  const absl::Duration took = absl::Now() - start;
+  // The session and its first ForwardBackward, timed. On a GPU, while that is shorter
+  // than gpu_goal, the session goes (a deleted session leaves no checkpoint) and one of a
+  // deeper model takes its place.
+  std::string id;
+  absl::Duration took;
+  for (;;) {
+    auto created = c.CreateSession(SlowSession(w));
+    ASSERT_TRUE(created.ok()) << created.status();
+    id = created->session_id();
+    if (!on_cpu) {
+      EXPECT_EQ(created->info().device(), device) << created->info().device_note();
+    }
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(c.ForwardBackward(SlowForwardBackward(w, id, 1)).ok());
+    took = absl::Now() - start;
+    std::printf("%s, %lld layers: ForwardBackward %s\n", device.c_str(), static_cast<long long>(w.layers),
+                absl::FormatDuration(took).c_str());
+    if (on_cpu || took >= gpu_goal || w.layers >= kMaxGpuLayers) break;
+    ASSERT_TRUE(c.DeleteSession(id).ok());
+    // The time per layer is about constant at these depths: aim a quarter past the goal.
+    const double factor = std::max(1.5, 1.25 * absl::FDivDuration(gpu_goal, took));
+    w.layers = std::min<int64_t>(kMaxGpuLayers, static_cast<int64_t>(std::ceil(w.layers * factor)));
+  }
   ASSERT_TRUE(c.Step(id, /*zero_grad=*/true).ok());
   const auto before = StateBytes(c, id);
-  if (took < absl::Seconds(kGraceSeconds) * 0.8) {
+  if (took < needed) {
     server.Signal(SIGKILL);
-    GTEST_SKIP() << "a ForwardBackward takes only " << took << " here; it would end before the calls' time is up";
+    const std::string why = absl::StrCat("a ForwardBackward takes only ", absl::FormatDuration(took), " on ", device,
+                                         " (", w.layers, " layers); it would end before the calls' time is up");
+    // On the CPU a fast machine skips; a GPU run exists to run this case, so it fails.
+    if (on_cpu) GTEST_SKIP() << why;
+    FAIL() << why << "; deepen SlowWorkloadFor's model";
   }
 
   absl::Status long_call;
-  std::thread in_flight([&] { long_call = c.ForwardBackward(SlowForwardBackward(id, 2)).status(); });
+  std::thread in_flight([&] { long_call = c.ForwardBackward(SlowForwardBackward(w, id, 2)).status(); });
   absl::SleepFor(absl::Milliseconds(200));
   const absl::Time stop = absl::Now();
   server.Signal(SIGTERM);
@@ -307,10 +356,12 @@ TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointI
   EXPECT_LT(stop_took, absl::Seconds(kGraceSeconds) + absl::Milliseconds(500)) << server.Log();
   EXPECT_EQ(long_call.code(), absl::StatusCode::kUnavailable) << long_call;
   EXPECT_THAT(std::string(long_call.message()), HasSubstr("the server is shutting down"));
+  EXPECT_THAT(std::string(long_call.message()), HasSubstr("the call stopped in the ")) << "stopped mid-call";
+  std::printf("SIGTERM to exit: %s\n", absl::FormatDuration(stop_took).c_str());
   EXPECT_THAT(server.Log(), HasSubstr("checkpoint 'slow-step-000000001-final' saved: step 1"));
 
   testing::ServerProcess second;
-  ASSERT_TRUE(second.Start({absl::StrCat("--checkpoint_dir=", dir)}, testing::TempPath("long_call_2.log")))
+  ASSERT_TRUE(second.Start({absl::StrCat("--checkpoint_dir=", dir), admission}, testing::TempPath("long_call_2.log")))
       << second.Log();
   client::Client c2(second.address());
   absl::StatusOr<std::string> resumed = Resume(c2, "slow-step-000000001-final");

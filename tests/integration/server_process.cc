@@ -66,7 +66,8 @@ ServerProcess::~ServerProcess() {
 
 std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", port_); }
 
-bool ServerProcess::Start(const std::vector<std::string>& flags, const std::string& log_path) {
+bool ServerProcess::Start(const std::vector<std::string>& flags, const std::string& log_path,
+                          const std::vector<std::string>& env) {
   log_path_ = log_path;
   const std::string binary = Runfile("server/teserve");
   std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=0", "--device=" + TestDevice()};
@@ -75,6 +76,18 @@ bool ServerProcess::Start(const std::vector<std::string>& flags, const std::stri
   bool metrics_port_given = false;
   for (const std::string& flag : flags) metrics_port_given |= flag.rfind("--metrics_port", 0) == 0;
   if (!metrics_port_given) args.push_back("--metrics_port=-1");
+  // The inherited environment less the names `env` sets, then `env`.
+  std::vector<std::string> environment;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool replaced = false;
+    for (const std::string& extra : env) {
+      const std::string name = extra.substr(0, extra.find('=') + 1);
+      replaced |= entry.rfind(name, 0) == 0;
+    }
+    if (!replaced) environment.push_back(entry);
+  }
+  environment.insert(environment.end(), env.begin(), env.end());
   pid_ = fork();
   if (pid_ == 0) {
     FILE* log = std::freopen(log_path.c_str(), "w", stderr);
@@ -82,7 +95,10 @@ bool ServerProcess::Start(const std::vector<std::string>& flags, const std::stri
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
+    std::vector<char*> envp;
+    for (std::string& e : environment) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    execve(binary.c_str(), argv.data(), envp.data());
     _exit(127);
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

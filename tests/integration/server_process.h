@@ -42,8 +42,10 @@ class ServerProcess {
   // Starts teserve with --host=127.0.0.1 --port=0 --device=<TestDevice()> plus `flags` (and
   // --metrics_port=-1 unless `flags` set it), its stderr
   // in `log_path`, and waits (up to 30 s) for the "gRPC listening on" line; false if it
-  // exited or never said so. port() and metrics_port() come from the log.
-  bool Start(const std::vector<std::string>& flags, const std::string& log_path);
+  // exited or never said so. port() and metrics_port() come from the log. `env`:
+  // "NAME=value" entries added to (or replacing those of) the environment it inherits.
+  bool Start(const std::vector<std::string>& flags, const std::string& log_path,
+             const std::vector<std::string>& env = {});
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   std::string address() const;
