@@ -42,6 +42,8 @@ ABSL_FLAG(std::optional<int>, steps, std::nullopt,
 ABSL_FLAG(uint64_t, seed, 1, "demo: seed for parameters and data");
 ABSL_FLAG(std::string, recipe, "delayed",
           "demo: the trained model's recipe: delayed, current, mxfp8, block or nvfp4");
+ABSL_FLAG(std::string, params_dtype, "float32",
+          "demo: LayerSpec.params_dtype of the trained model (float32, bfloat16, float16)");
 ABSL_FLAG(std::string, model, "mlp",
           "demo: mlp (LayerNorm/Linear student of a teacher) or transformer (2 TransformerLayers "
           "reversing token sequences)");
@@ -98,6 +100,7 @@ int TransformerDemo(teserve::client::Client& client) {
   options.steps = absl::GetFlag(FLAGS_steps).value_or(options.steps);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.recipe = absl::GetFlag(FLAGS_recipe);
+  options.params_dtype = *teserve::client::ParseParamsDType(absl::GetFlag(FLAGS_params_dtype));  // Demo checked it
   options.log = &std::cout;
   absl::StatusOr<teserve::client::TransformerDemoResult> result =
       teserve::client::RunTransformerDemo(client, options);
@@ -129,6 +132,10 @@ int Demo(teserve::client::Client& client) {
                                  absl::StrJoin(recipes, ", "), options.recipe));
   }
   if (options.steps < 1) return Usage(absl::StrFormat("--steps: expected >= 1, got %d", options.steps));
+  const absl::StatusOr<teserve::v1::DType> params_dtype =
+      teserve::client::ParseParamsDType(absl::GetFlag(FLAGS_params_dtype));
+  if (!params_dtype.ok()) return Usage(std::string(params_dtype.status().message()));
+  options.params_dtype = *params_dtype;
   if (model == "transformer") return TransformerDemo(client);
   absl::StatusOr<teserve::client::DemoResult> result = teserve::client::RunDemo(client, options);
   if (!result.ok()) return Fail("demo", result.status());

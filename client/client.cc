@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "core/float_codec.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -319,28 +320,41 @@ v1::Tensor MakeInt64Tensor(absl::Span<const int64_t> values, std::vector<int64_t
 }
 
 absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& tensor) {
-  if (tensor.dtype() != v1::FLOAT32) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor.dtype: expected FLOAT32, got ",
+  // A 16-bit tensor (a BF16 / FP16 params_dtype model's output) widens exactly.
+  const bool bf16 = tensor.dtype() == v1::BFLOAT16;
+  const bool fp16 = tensor.dtype() == v1::FLOAT16;
+  if (tensor.dtype() != v1::FLOAT32 && !bf16 && !fp16) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.dtype: expected FLOAT32, BFLOAT16 or FLOAT16, got ",
                                                    v1::DType_Name(tensor.dtype())));
   }
+  const uint64_t element_bytes = bf16 || fp16 ? 2 : sizeof(float);
   uint64_t numel = 1;
   for (int64_t d : tensor.shape()) {
     if (d < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor.shape: expected non-negative dims, got ", d));
     }
-    if (d != 0 && numel > UINT64_MAX / sizeof(float) / static_cast<uint64_t>(d)) {
+    if (d != 0 && numel > UINT64_MAX / element_bytes / static_cast<uint64_t>(d)) {
       return absl::InvalidArgumentError("tensor.shape: element count overflows");
     }
     numel *= static_cast<uint64_t>(d);
   }
-  if (numel * sizeof(float) != tensor.data().size()) {
+  if (numel * element_bytes != tensor.data().size()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor.data: expected ",
-                                                   numel * sizeof(float), " bytes, got ",
+                                                   numel * element_bytes, " bytes, got ",
                                                    tensor.data().size()));
   }
   std::vector<float> values(numel);
-  if (numel > 0) std::memcpy(values.data(), tensor.data().data(), tensor.data().size());
+  if (numel == 0) return values;
+  if (!bf16 && !fp16) {
+    std::memcpy(values.data(), tensor.data().data(), tensor.data().size());
+    return values;
+  }
+  for (uint64_t i = 0; i < numel; ++i) {
+    uint16_t code = 0;
+    std::memcpy(&code, tensor.data().data() + i * 2, 2);
+    values[i] = bf16 ? Bf16ToFloat(code) : Fp16ToFloat(code);
+  }
   return values;
 }
 

@@ -89,8 +89,9 @@ class Client {
 v1::Tensor MakeFloatTensor(absl::Span<const float> values, std::vector<int64_t> shape);
 // An INT64 wire tensor (class labels for cross entropy, m_splits) with `shape`.
 v1::Tensor MakeInt64Tensor(absl::Span<const int64_t> values, std::vector<int64_t> shape);
-// The values of a FLOAT32 wire tensor; INVALID_ARGUMENT for other dtypes or a data
-// length that does not match the shape.
+// The values of a FLOAT32, BFLOAT16 or FLOAT16 wire tensor as floats (16-bit values
+// widen exactly); INVALID_ARGUMENT for other dtypes or a data length that does not match
+// the shape.
 absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& tensor);
 
 // "SERVING" etc. for the grpc.health.v1 ServingStatus numbers.

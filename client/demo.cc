@@ -39,6 +39,19 @@ const std::vector<std::string>& DemoRecipeNames() {
   return *names;
 }
 
+void SetParamsDType(v1::ModelSpec* model, v1::DType params_dtype) {
+  if (params_dtype == v1::FLOAT32) return;
+  for (v1::LayerSpec& layer : *model->mutable_layers()) layer.set_params_dtype(params_dtype);
+}
+
+absl::StatusOr<v1::DType> ParseParamsDType(absl::string_view text) {
+  if (text == "float32" || text == "fp32") return v1::FLOAT32;
+  if (text == "bfloat16" || text == "bf16") return v1::BFLOAT16;
+  if (text == "float16" || text == "fp16") return v1::FLOAT16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--params_dtype: expected float32, bfloat16 or float16, got '", text, "'"));
+}
+
 absl::StatusOr<v1::CreateSessionRequest> DemoSessionRequestFor(uint64_t seed, float init_std,
                                                                absl::string_view recipe,
                                                                float lr) {
@@ -100,6 +113,7 @@ absl::StatusOr<DemoResult> RunDemo(Client& client, const DemoOptions& options) {
   absl::StatusOr<v1::CreateSessionRequest> student_request =
       DemoSessionRequestFor(options.seed, 0.023f, options.recipe, options.lr);
   if (!student_request.ok()) return Annotated(student_request.status(), "demo");
+  SetParamsDType(student_request->mutable_model(), options.params_dtype);
   std::vector<std::string> sessions;
   absl::Cleanup delete_sessions = [&client, &sessions] {
     for (const std::string& id : sessions) client.DeleteSession(id).IgnoreError();

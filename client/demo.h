@@ -33,6 +33,8 @@ struct DemoOptions {
   float lr = 1e-2f;
   // The student's recipe: one of DemoRecipeNames().
   std::string recipe = "delayed";
+  // The student's LayerSpec.params_dtype (FLOAT32, BFLOAT16 or FLOAT16).
+  v1::DType params_dtype = v1::FLOAT32;
   // Receives "step N loss X" per step when set.
   std::ostream* log = nullptr;
 };
@@ -48,6 +50,13 @@ const std::vector<std::string>& DemoRecipeNames();
 // The demo architecture under `recipe` (one of DemoRecipeNames(), or "" for high
 // precision everywhere: the teacher, which never steps). InvalidArgument naming the
 // accepted values for anything else.
+// Sets params_dtype on every layer of `model`; FLOAT32 leaves the spec as it is.
+void SetParamsDType(v1::ModelSpec* model, v1::DType params_dtype);
+
+// "float32", "bfloat16" / "bf16", "float16" / "fp16" (the CLI's --params_dtype);
+// INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<v1::DType> ParseParamsDType(absl::string_view text);
+
 absl::StatusOr<v1::CreateSessionRequest> DemoSessionRequestFor(uint64_t seed, float init_std,
                                                                absl::string_view recipe,
                                                                float lr);

@@ -90,6 +90,7 @@ absl::StatusOr<v1::CreateSessionRequest> TransformerDemoSessionRequest(const Tra
   head->set_name("head");
   head->mutable_linear()->set_in_features(kHidden);
   head->mutable_linear()->set_out_features(options.vocab);
+  SetParamsDType(model, options.params_dtype);
   return request;
 }
 

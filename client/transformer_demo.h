@@ -41,6 +41,8 @@ struct TransformerDemoOptions {
   float lr = 3e-3f;
   // One of DemoRecipeNames() (client/demo.h), or "" for high precision (FP32) everywhere.
   std::string recipe = "delayed";
+  // LayerSpec.params_dtype of every layer (FLOAT32, BFLOAT16 or FLOAT16).
+  v1::DType params_dtype = v1::FLOAT32;
   // Sequences scored after training (fresh batches, no_grad forwards).
   int eval_batches = 4;
   // Receives "step N loss X" per step when set.

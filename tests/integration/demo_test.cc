@@ -52,6 +52,37 @@ TEST(Demo, LossFallsTenfoldWithin200Steps) {
   EXPECT_EQ(sessions->sessions_size(), 0);
 }
 
+// With a BF16 params_dtype the student computes its Linear layers and norms in BF16 and
+// still learns; its session's layers carry the dtype.
+TEST(Demo, Bf16StudentLearnsToo) {
+  testing::LoopbackServer s = testing::StartLoopbackServer();
+  ASSERT_NE(s.server, nullptr);
+  client::DemoOptions options;
+  options.steps = 200;
+  options.params_dtype = v1::BFLOAT16;
+  absl::StatusOr<client::DemoResult> result = client::RunDemo(*s.client, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const float first = result->losses.front();
+  const float tail =
+      std::accumulate(result->losses.end() - 10, result->losses.end(), 0.0f) / 10.0f;
+  EXPECT_LE(tail * 10.0f, first) << "first " << first << ", last-10 mean " << tail;
+  EXPECT_EQ(result->quantization.tensors_size(), 6);
+}
+
+TEST(Demo, ParamsDTypeNamesAcceptedAndRejected) {
+  EXPECT_EQ(*client::ParseParamsDType("bf16"), v1::BFLOAT16);
+  EXPECT_EQ(*client::ParseParamsDType("float16"), v1::FLOAT16);
+  EXPECT_EQ(*client::ParseParamsDType("float32"), v1::FLOAT32);
+  const absl::StatusOr<v1::DType> bad = client::ParseParamsDType("int8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("--params_dtype: expected float32, bfloat16 or float16, got 'int8'"));
+  v1::ModelSpec model;
+  model.add_layers()->mutable_linear();
+  model.add_layers()->mutable_layer_norm();
+  client::SetParamsDType(&model, v1::FLOAT16);
+  for (const v1::LayerSpec& layer : model.layers()) EXPECT_EQ(layer.params_dtype(), v1::FLOAT16);
+}
+
 TEST(Demo, DeletesItsSessionsWhenTheServerRejectsThem) {
   server::ServerOptions options = testing::LoopbackOptions();
   options.max_sessions = 1;  // the teacher fits, the student does not
