@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "layers/init.h"
 #include "layers/shape_check.h"
@@ -14,6 +15,7 @@ constexpr char kSplitsField[] = "side_inputs.m_splits";
 
 struct GroupedSaved : public SavedActivations {
   Shape input_shape;
+  DType input_dtype = DType::kFloat32;  // dx comes back in it
   std::vector<int64_t> splits;
   std::vector<std::unique_ptr<SavedActivations>> per_gemm;
 };
@@ -62,6 +64,7 @@ absl::StatusOr<std::unique_ptr<GroupedLinear>> GroupedLinear::Create(std::string
     gemm.seed = DeriveSeed(options.seed, static_cast<uint64_t>(i));
     gemm.weight_name = absl::StrCat(name, ".weight", i);
     gemm.bias_name = absl::StrCat(name, ".bias", i);
+    gemm.params_dtype = options.params_dtype;
     ASSIGN_OR_RETURN(std::unique_ptr<Linear> linear, Linear::Create(absl::StrCat(name, ".gemm", i), gemm, recipe));
     layer->gemms_.push_back(std::move(linear));
   }
@@ -138,16 +141,20 @@ absl::StatusOr<ForwardOutput> GroupedLinear::Forward(const Context& ctx, const s
   std::vector<Shape> input_shapes;
   for (const Tensor& t : inputs) input_shapes.push_back(t.shape());
   RETURN_IF_ERROR(OutputShapes(input_shapes, "inputs").status());
-  ASSIGN_OR_RETURN(Tensor x, inputs[0].As2D());
+  const DType dtype = options_.params_dtype;
+  ASSIGN_OR_RETURN(Tensor x2d, inputs[0].As2D());
+  // One conversion for all groups (a no-op when x comes in params_dtype).
+  ASSIGN_OR_RETURN(const Tensor x, kernels::Convert(ctx, x2d, dtype));
   ASSIGN_OR_RETURN(std::vector<int64_t> splits, Splits(options.side, x.dim(0)));
 
   std::unique_ptr<GroupedSaved> saved;
   if (options.save_for_backward) {
     saved = std::make_unique<GroupedSaved>();
     saved->input_shape = inputs[0].shape();
+    saved->input_dtype = inputs[0].dtype();
     saved->splits = splits;
   }
-  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(dtype, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
   std::vector<Tensor> biases;
   int64_t row = 0;
   for (size_t i = 0; i < gemms_.size(); ++i) {
@@ -177,12 +184,16 @@ absl::StatusOr<std::vector<Tensor>> GroupedLinear::Backward(const Context& ctx, 
     return absl::FailedPreconditionError(
         absl::StrCat("GroupedLinear '", name(), "': backward without a complete forward"));
   }
-  ASSIGN_OR_RETURN(Tensor dy, grad_outputs[0].As2D());
-  if (TokenCount(saved.input_shape) != dy.dim(0)) {
+  const DType dtype = options_.params_dtype;
+  ASSIGN_OR_RETURN(Tensor dy2d, grad_outputs[0].As2D());
+  if (TokenCount(saved.input_shape) != dy2d.dim(0)) {
     return InvalidField("grad_outputs[0].shape", absl::StrCat(TokenCount(saved.input_shape), " rows (the forward's tokens)"),
                         ShapeToString(grad_outputs[0].shape()));
   }
-  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
+  // dy in params_dtype, as each group's Linear reads it; every group's dx comes back in
+  // it (its input's dtype) and the whole dx goes back to x's dtype at the end.
+  ASSIGN_OR_RETURN(const Tensor dy, kernels::Convert(ctx, dy2d, dtype));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(dtype, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
   int64_t row = 0;
   for (size_t i = 0; i < gemms_.size(); ++i) {
     std::vector<Tensor> grads_i;
@@ -193,7 +204,8 @@ absl::StatusOr<std::vector<Tensor>> GroupedLinear::Backward(const Context& ctx, 
     RETURN_IF_ERROR(PasteRows(ctx, dx_i[0], row, &dx));
     row += saved.splits[i];
   }
-  ASSIGN_OR_RETURN(Tensor dx_full, dx.Reshape(saved.input_shape));
+  ASSIGN_OR_RETURN(const Tensor dx_in, kernels::Convert(ctx, dx, saved.input_dtype));
+  ASSIGN_OR_RETURN(Tensor dx_full, dx_in.Reshape(saved.input_shape));
   return std::vector<Tensor>{std::move(dx_full)};
 }
 

@@ -13,6 +13,12 @@
 // rows runs as a Linear on an empty input. Block recipes need every m_i divisible by
 // the recipe's block size (ValidateSide checks it). Parameters: "<layer>.weight<i>",
 // "<layer>.bias<i>" (TE's names); weight i is initialized from DeriveSeed(seed, i).
+//
+// params_dtype (TE's; FLOAT32, BFLOAT16 or FLOAT16): x is converted to it once, the
+// groups are cut from that copy and every GEMM is a Linear in params_dtype (x and the
+// weight rounded from its FP32 master read in it, the quantizers reading the 16-bit
+// rows); y and the returned biases come out in it, dx in the dtype x came in. Weights,
+// biases and their gradients stay FP32.
 #ifndef TESERVE_LAYERS_GROUPED_LINEAR_H_
 #define TESERVE_LAYERS_GROUPED_LINEAR_H_
 
@@ -35,6 +41,7 @@ struct GroupedLinearOptions {
   bool return_bias = false;  // return the num_gemms biases instead of adding them
   float init_std = 0.023f;   // TE's default init_method: normal(0, 0.023)
   uint64_t seed = 0;
+  DType params_dtype = DType::kFloat32;  // TE's params_dtype (see above)
 };
 
 class GroupedLinear : public Module {

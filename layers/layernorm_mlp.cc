@@ -4,7 +4,6 @@
 #include "core/status.h"
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
-#include "kernels/gemm.h"
 #include "layers/init.h"
 #include "layers/layernorm_linear.h"
 #include "layers/shape_check.h"
@@ -12,14 +11,13 @@
 namespace teserve {
 namespace layers {
 
-using kernels::Copy;
 using recipes::TensorRole;
 
 struct LayerNormMLP::Saved : public SavedActivations {
   std::unique_ptr<SavedActivations> norm;
   std::unique_ptr<SavedActivations> fc1;
   std::unique_ptr<SavedActivations> fc2;
-  Tensor fc1_out;  // [tokens, fc1_width]; undefined under checkpoint
+  Tensor fc1_out;  // [tokens, fc1_width] in params_dtype; undefined under checkpoint
   // checkpoint only: what the recomputation of fc1_out needs.
   Tensor input;
   FpropQuantization input_quantization;
@@ -31,7 +29,7 @@ absl::StatusOr<std::unique_ptr<LayerNormMLP>> LayerNormMLP::Create(std::string n
                                                                    const recipes::Recipe& recipe) {
   std::unique_ptr<LayerNormMLP> layer(new LayerNormMLP(name, options));
   ASSIGN_OR_RETURN(layer->norm_, CreateLayerNorm(name, options.normalization, options.hidden_size, options.eps,
-                                                 options.zero_centered_gamma));
+                                                 options.zero_centered_gamma, options.params_dtype));
   LinearOptions fc1;
   fc1.in_features = options.hidden_size;
   fc1.out_features = layer->fc1_width();
@@ -40,6 +38,7 @@ absl::StatusOr<std::unique_ptr<LayerNormMLP>> LayerNormMLP::Create(std::string n
   fc1.seed = DeriveSeed(options.seed, 1);
   fc1.weight_name = absl::StrCat(name, ".fc1_weight");
   fc1.bias_name = absl::StrCat(name, ".fc1_bias");
+  fc1.params_dtype = options.params_dtype;
   ASSIGN_OR_RETURN(layer->fc1_, Linear::Create(absl::StrCat(name, ".fc1"), fc1, recipe));
   LinearOptions fc2;
   fc2.in_features = options.ffn_hidden_size;
@@ -50,6 +49,7 @@ absl::StatusOr<std::unique_ptr<LayerNormMLP>> LayerNormMLP::Create(std::string n
   fc2.seed = DeriveSeed(options.seed, 2);
   fc2.weight_name = absl::StrCat(name, ".fc2_weight");
   fc2.bias_name = absl::StrCat(name, ".fc2_bias");
+  fc2.params_dtype = options.params_dtype;
   ASSIGN_OR_RETURN(layer->fc2_, Linear::Create(absl::StrCat(name, ".fc2"), fc2, recipe));
   if (options.checkpoint && recipe.quantizes()) {
     ASSIGN_OR_RETURN(layer->replay_input_, recipes::MakeQuantizer(recipe, TensorRole::kInput));
@@ -85,40 +85,42 @@ LayerNormMLP::FpropQuantization LayerNormMLP::Record(TensorRole role) const {
   return how;
 }
 
-absl::StatusOr<Tensor> LayerNormMLP::RequantizeRowwise(const Context& ctx, const FpropQuantization& how,
-                                                       recipes::Quantizer* replay, const Tensor& x) const {
-  if (!how.quantized) return x;
-  QuantizedTensor q;
+absl::StatusOr<QuantizedTensor> LayerNormMLP::Requantize(const Context& ctx, const FpropQuantization& how,
+                                                         recipes::Quantizer* replay, const Tensor& x) const {
   if (how.per_tensor) {
+    // What a per-tensor quantizer reads (recipes::Quantizer): FP32 or BF16 as they are,
+    // FP16 as its exact FP32 value; either way x's values, so the same codes.
+    Tensor source = x;
+    if (x.dtype() != DType::kFloat32 && x.dtype() != DType::kBFloat16) {
+      ASSIGN_OR_RETURN(source, kernels::Convert(ctx, x, DType::kFloat32));
+    }
     kernels::PerTensorQuantizeOptions options;
     options.format = how.format;
     options.scale = how.scale;
     options.rowwise = true;
     options.columnwise = false;
-    ASSIGN_OR_RETURN(q, kernels::QuantizePerTensor(ctx, x, options));
-  } else {
-    // Both copies, as fc1's saving forward requested them: NVFP4 derives one global
-    // scale from x and its transformed columnwise copy, so the rowwise copy depends on it.
-    ASSIGN_OR_RETURN(q, replay->Quantize(ctx, x, /*rowwise=*/true, /*columnwise=*/true));
+    return kernels::QuantizePerTensor(ctx, source, options);
   }
-  return recipes::DequantizeCopy(ctx, q, Copy::kRowwise);
+  // Both copies, as fc1's saving forward requested them: NVFP4 derives one global scale
+  // from x and its transformed columnwise copy, so the rowwise copy depends on it.
+  return replay->Quantize(ctx, x, /*rowwise=*/true, /*columnwise=*/true);
 }
 
 absl::StatusOr<Tensor> LayerNormMLP::RecomputeFc1(const Context& ctx, const Saved& saved) const {
   ForwardOptions no_save;
   no_save.save_for_backward = false;
   ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, {saved.input}, no_save));
-  ASSIGN_OR_RETURN(Tensor ln_out, normed.outputs[0].As2D());
-  std::vector<Parameter*> fc1_params = fc1_->Parameters();  // weight, [bias]
-  ASSIGN_OR_RETURN(Tensor x_fprop,
-                   RequantizeRowwise(ctx, saved.input_quantization, replay_input_.get(), ln_out));
-  ASSIGN_OR_RETURN(Tensor w_fprop, RequantizeRowwise(ctx, saved.weight_quantization, replay_weight_.get(),
-                                                     fc1_params[0]->value));
-  // fc1's fprop as Linear computes it: y = x W^T, then + b.
-  ASSIGN_OR_RETURN(Tensor fc1_out, Tensor::Empty(DType::kFloat32, {ln_out.dim(0), fc1_width()}, ctx.device, ctx.stream));
-  RETURN_IF_ERROR(kernels::Gemm(ctx, x_fprop, false, w_fprop, true, 1.0f, 0.0f, &fc1_out));
-  if (options_.bias) RETURN_IF_ERROR(kernels::AddBias(ctx, fc1_params[1]->value, &fc1_out));
-  return fc1_out;
+  ASSIGN_OR_RETURN(const Tensor ln_out, normed.outputs[0].As2D());
+  ASSIGN_OR_RETURN(const Tensor w1, fc1_->GemmWeight(ctx));
+  QuantizedTensor x_q, w_q;
+  if (saved.input_quantization.quantized) {
+    ASSIGN_OR_RETURN(x_q, Requantize(ctx, saved.input_quantization, replay_input_.get(), ln_out));
+  }
+  if (saved.weight_quantization.quantized) {
+    ASSIGN_OR_RETURN(w_q, Requantize(ctx, saved.weight_quantization, replay_weight_.get(), w1));
+  }
+  return fc1_->Fprop(ctx, ln_out, saved.input_quantization.quantized ? &x_q : nullptr, w1,
+                     saved.weight_quantization.quantized ? &w_q : nullptr);
 }
 
 absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
@@ -126,8 +128,13 @@ absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const st
   ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, inputs, options));
   ASSIGN_OR_RETURN(ForwardOutput fc1, fc1_->Forward(ctx, {normed.outputs[0]}, options));
   ASSIGN_OR_RETURN(Tensor fc1_out, fc1.outputs[0].As2D());
-  ASSIGN_OR_RETURN(Tensor act,
-                   kernels::ActivationForward(ctx, options_.activation, options_.activation_params, fc1_out));
+  // The activation reads fc1_out in params_dtype and writes in it (FP32 math).
+  kernels::ActivationForwardOptions act_options;
+  act_options.y_dtype = options_.params_dtype;
+  ASSIGN_OR_RETURN(kernels::ActivationForwardResult activated,
+                   kernels::FusedActivationForward(ctx, options_.activation, options_.activation_params, fc1_out,
+                                                   act_options));
+  Tensor act = std::move(activated.y);
   Shape act_shape = inputs[0].shape();
   act_shape.back() = options_.ffn_hidden_size;
   ASSIGN_OR_RETURN(act, act.Reshape(act_shape));
@@ -166,11 +173,20 @@ absl::StatusOr<std::vector<Tensor>> LayerNormMLP::Backward(const Context& ctx, S
   if (options_.checkpoint) {
     ASSIGN_OR_RETURN(fc1_out, RecomputeFc1(ctx, saved));
   }
-  ASSIGN_OR_RETURN(Tensor d_fc1, kernels::ActivationBackward(ctx, options_.activation, options_.activation_params,
-                                                             d_act_2d, fc1_out));
-  ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, fc1_->Backward(ctx, *saved.fc1, {d_fc1}));
-  // d_ln[0] is a fresh tensor of Linear's: the returned ln_out's gradient joins in place.
-  if (options_.return_layernorm_output) RETURN_IF_ERROR(kernels::AddInto(ctx, grad_outputs.back(), &d_ln[0]));
+  // d_act comes from fc2's backward in the dtype fc2 read (params_dtype, fc1_out's).
+  ASSIGN_OR_RETURN(const Tensor dy_act, kernels::Convert(ctx, d_act_2d, fc1_out.dtype()));
+  ASSIGN_OR_RETURN(kernels::ActivationBackwardResult d_fc1,
+                   kernels::FusedActivationBackward(ctx, options_.activation, options_.activation_params, dy_act,
+                                                    fc1_out, kernels::ActivationBackwardOptions()));
+  ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, fc1_->Backward(ctx, *saved.fc1, {d_fc1.dx}));
+  // The returned ln_out's gradient joins in FP32 (d_ln[0] is in params_dtype; the norm's
+  // backward takes any dtype). For FP32 d_ln[0] is a fresh tensor of Linear's, added to
+  // in place.
+  if (options_.return_layernorm_output) {
+    ASSIGN_OR_RETURN(d_ln[0], kernels::Convert(ctx, d_ln[0], DType::kFloat32));
+    ASSIGN_OR_RETURN(const Tensor ln_out_grad, kernels::Convert(ctx, grad_outputs.back(), DType::kFloat32));
+    RETURN_IF_ERROR(kernels::AddInto(ctx, ln_out_grad, &d_ln[0]));
+  }
   return norm_->Backward(ctx, *saved.norm, d_ln);
 }
 

@@ -17,9 +17,18 @@
 // "<layer>.fc2_bias". W1 is initialized from DeriveSeed(seed, 1), W2 from
 // DeriveSeed(seed, 2).
 //
+// params_dtype (TE's; FLOAT32, BFLOAT16 or FLOAT16): the activations travel in it. The
+// norm reads x in its dtype and writes ln_out in params_dtype; fc1 and fc2 are Linears
+// in params_dtype (their GEMMs read the FP32 masters rounded to it); the activation
+// reads fc1_out and writes its output in params_dtype (FP32 math per element,
+// kernels::FusedActivationForward / Backward), and its backward returns d fc1_out in
+// it. y, b2 and ln_out come out in params_dtype, dx in x's dtype; the saved fc1_out is
+// 16-bit. Parameters and their gradients stay FP32 (the optimizer's masters). Under a
+// quantizing recipe fc1's and fc2's quantizers read the 16-bit ln_out and activation.
+//
 // checkpoint (TE's selective activation checkpointing): the forward does not keep
-// fc1_out, the largest activation of the layer ([tokens, fc1_width] FP32); the backward
-// recomputes ln_out = norm(x) and fc1_out from the input, bit-exactly:
+// fc1_out, the largest activation of the layer ([tokens, fc1_width] in params_dtype);
+// the backward recomputes ln_out = norm(x) and fc1_out from the input, bit-exactly:
 //   - What is kept: the input x with the normalization's per-row statistics, and what
 //     the backward GEMMs read, exactly as the forward made it (fc1's and fc2's saved
 //     operands: the columnwise quantized copies under a quantizing recipe).
@@ -30,7 +39,9 @@
 //     moved on since the forward: per-tensor recipes (delayed, current) requantize with
 //     the scale recorded at the forward; the block recipes (MXFP8, block, NVFP4) derive
 //     their scales from the tensor itself and requantize with private quantizers whose
-//     state nobody reports. Calibration and no recipe use FP32 operands, as fc1 does.
+//     state nobody reports. Calibration and no recipe use the unquantized operands in
+//     params_dtype, as fc1 does. The GEMM is fc1's own fprop (Linear::Fprop) on those
+//     operands, so it runs exactly as in the forward.
 //   - The recomputation reads the current W1 and b1: they must not change between a
 //     checkpointed forward and its backward (TE's checkpointing has the same rule).
 // So y, every gradient and every quantizer's state equal those of checkpoint = false.
@@ -65,6 +76,8 @@ struct LayerNormMLPOptions {
   bool checkpoint = false;   // recompute ln_out and fc1_out in the backward
   float init_std = 0.023f;   // W1, W2 ~ N(0, init_std^2)
   uint64_t seed = 0;
+  // TE's params_dtype: FLOAT32, BFLOAT16 or FLOAT16 (see above).
+  DType params_dtype = DType::kFloat32;
 };
 
 class LayerNormMLP : public Module {
@@ -101,9 +114,10 @@ class LayerNormMLP : public Module {
 
   // What the forward's fc1 quantizer for `role` just did (call right after fc1's Forward).
   FpropQuantization Record(recipes::TensorRole role) const;
-  // The fc1 fprop operand the forward used, recomputed from `x` without fc1's quantizers.
-  absl::StatusOr<Tensor> RequantizeRowwise(const Context& ctx, const FpropQuantization& how,
-                                           recipes::Quantizer* replay, const Tensor& x) const;
+  // The quantized copies of the fc1 fprop operand x that the forward made, recomputed
+  // without fc1's quantizers (how.quantized only).
+  absl::StatusOr<QuantizedTensor> Requantize(const Context& ctx, const FpropQuantization& how,
+                                             recipes::Quantizer* replay, const Tensor& x) const;
   // fc1_out [tokens, fc1_width] of the forward that saved `saved`, recomputed.
   absl::StatusOr<Tensor> RecomputeFc1(const Context& ctx, const Saved& saved) const;
 

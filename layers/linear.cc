@@ -69,6 +69,9 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
   kernels::GemmOptions options;
   options.beta = beta;
   options.accumulation = accumulation;
+  // An empty d has no row to add the bias to (and a GEMM of an empty product takes no
+  // epilogue, kernels/gemm.h): a GroupedLinear group of no rows.
+  if (d->numel() == 0) bias = nullptr;
   Tensor bias_d;  // the bias in d's dtype, for the epilogue
   if (bias != nullptr && d->dtype() != DType::kFloat32) {
     ASSIGN_OR_RETURN(bias_d, kernels::Convert(ctx, *bias, d->dtype()));
@@ -142,6 +145,16 @@ absl::Status PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, b
   return absl::OkStatus();
 }
 
+// fprop: y [N, out] = x W^T (+ bias) in `dtype`, fast accumulation. The GEMM (beta 0)
+// writes every element of y, so no zero fill.
+absl::StatusOr<Tensor> FpropGemm(const Context& ctx, const SavedOperand& x, const SavedOperand& w, int64_t rows,
+                                 int64_t out_features, DType dtype, const Tensor* bias) {
+  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(dtype, {rows, out_features}, ctx.device, ctx.stream));
+  RETURN_IF_ERROR(LinearGemm(ctx, x, Copy::kRowwise, false, w, Copy::kRowwise, true,
+                             kernels::GemmAccumulation::kFast, 0.0f, &y, bias));
+  return y;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(std::string name, const LinearOptions& options,
@@ -196,18 +209,14 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
     saved->input_shape = inputs[0].shape();
     saved->input_dtype = inputs[0].dtype();
   }
-  // The weight the GEMMs read: the FP32 master, or its rounding to a 16-bit params_dtype.
-  ASSIGN_OR_RETURN(const Tensor w, kernels::Convert(ctx, weight_.value, dtype));
+  ASSIGN_OR_RETURN(const Tensor w, GemmWeight(ctx));
   SavedOperand x_operand, w_operand;
   RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward, &x_operand));
   RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, w, options.save_for_backward, &w_operand));
 
-  // Every output lives on the Context's device, ordered on its stream; the GEMM (beta 0)
-  // writes every element, so no zero fill. fprop: y = x W^T, fast accumulation.
-  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(dtype, {x.dim(0), options_.out_features}, ctx.device, ctx.stream));
-  const bool add_bias = options_.bias && !options_.return_bias;
-  RETURN_IF_ERROR(LinearGemm(ctx, x_operand, Copy::kRowwise, false, w_operand, Copy::kRowwise, true,
-                             kernels::GemmAccumulation::kFast, 0.0f, &y, add_bias ? &bias_.value : nullptr));
+  // Every output lives on the Context's device, ordered on its stream.
+  ASSIGN_OR_RETURN(Tensor y, FpropGemm(ctx, x_operand, w_operand, x.dim(0), options_.out_features, dtype,
+                                       FpropBias()));
   if (saved) {
     // The backward reads the columnwise copies (and the FP32 tensors when unquantized).
     x_operand.quantized.rowwise_data = Tensor();
@@ -287,6 +296,31 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
   ASSIGN_OR_RETURN(Tensor dx_in, kernels::Convert(ctx, dx, saved.input_dtype));
   ASSIGN_OR_RETURN(Tensor dx_full, dx_in.Reshape(saved.input_shape));
   return std::vector<Tensor>{std::move(dx_full)};
+}
+
+absl::StatusOr<Tensor> Linear::GemmWeight(const Context& ctx) const {
+  return kernels::Convert(ctx, weight_.value, options_.params_dtype);
+}
+
+const Tensor* Linear::FpropBias() const {
+  return options_.bias && !options_.return_bias ? &bias_.value : nullptr;
+}
+
+absl::StatusOr<Tensor> Linear::Fprop(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q,
+                                     const Tensor& w, const QuantizedTensor* w_q) const {
+  const DType dtype = options_.params_dtype;
+  SavedOperand x_operand, w_operand;
+  ASSIGN_OR_RETURN(x_operand.value, kernels::Convert(ctx, x, dtype));
+  ASSIGN_OR_RETURN(w_operand.value, kernels::Convert(ctx, w, dtype));
+  if (x_q != nullptr) {
+    x_operand.quantized = *x_q;
+    x_operand.is_quantized = true;
+  }
+  if (w_q != nullptr) {
+    w_operand.quantized = *w_q;
+    w_operand.is_quantized = true;
+  }
+  return FpropGemm(ctx, x_operand, w_operand, x.dim(0), options_.out_features, dtype, FpropBias());
 }
 
 std::vector<Parameter*> Linear::Parameters() {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/quantized_tensor.h"
 #include "layers/module.h"
 #include "recipes/recipe.h"
 
@@ -56,8 +57,23 @@ class Linear : public Module {
   std::vector<Parameter*> Parameters() override;
   std::vector<NamedQuantizer> Quantizers() override;
 
+  // The weight the GEMMs read: the FP32 master rounded to params_dtype (the master
+  // itself for FP32).
+  absl::StatusOr<Tensor> GemmWeight(const Context& ctx) const;
+  // Forward's fprop y [N, out] = x W^T (+ b unless return_bias), in params_dtype, on
+  // operands prepared by the caller, touching no quantizer: x [N, in] and w
+  // (GemmWeight) are read in params_dtype, or through the rowwise copies of x_q / w_q
+  // when given (as made by a quantizer of this Linear's recipe). Forward runs this very
+  // GEMM on its quantizers' copies, so a caller that reproduces those copies reproduces
+  // y bit for bit (LayerNormMLP's checkpoint recomputation).
+  absl::StatusOr<Tensor> Fprop(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q, const Tensor& w,
+                               const QuantizedTensor* w_q) const;
+
  private:
   Linear(std::string name, const LinearOptions& options) : Module(std::move(name)), options_(options) {}
+
+  // The bias the fprop adds: the FP32 master, or null without one or with return_bias.
+  const Tensor* FpropBias() const;
 
   LinearOptions options_;
   bool calibrating_ = false;     // quantizers observe amaxes; GEMMs stay in FP32

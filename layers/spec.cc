@@ -209,17 +209,23 @@ NormOptions NormOptionsFromSpec(const v1::LayerSpec& layer, DType params_dtype) 
   return options;
 }
 
+// A GroupedLinear layer's options (checked by PlanLayer).
+GroupedLinearOptions GroupedLinearOptionsFromSpec(const v1::GroupedLinearSpec& spec, DType params_dtype) {
+  GroupedLinearOptions options = LinearOptionsFromSpec(spec, GroupedLinearOptions());
+  options.num_gemms = spec.num_gemms();
+  options.params_dtype = params_dtype;
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& layer, const std::string& name,
                                                          uint64_t seed, const recipes::Recipe& recipe) {
   switch (layer.kind_case()) {
     case v1::LayerSpec::kLinear:
       return CreateSeeded<Linear, LinearOptions>(LinearOptionsFromSpec(layer.linear(), LinearOptions()), name, seed,
                                                  recipe);
-    case v1::LayerSpec::kGroupedLinear: {
-      GroupedLinearOptions options = LinearOptionsFromSpec(layer.grouped_linear(), GroupedLinearOptions());
-      options.num_gemms = layer.grouped_linear().num_gemms();
-      return CreateSeeded<GroupedLinear, GroupedLinearOptions>(options, name, seed, recipe);
-    }
+    case v1::LayerSpec::kGroupedLinear:
+      return CreateSeeded<GroupedLinear, GroupedLinearOptions>(
+          GroupedLinearOptionsFromSpec(layer.grouped_linear(), DType::kFloat32), name, seed, recipe);
     case v1::LayerSpec::kLayerNormLinear:
       return CreateSeeded<LayerNormLinear>(
           LayerNormLinearOptionsFromSpec(layer.layer_norm_linear(), recipe, "layer_norm_linear"), name, seed, recipe);
@@ -248,8 +254,9 @@ absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& la
   return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
-// The layer in its params_dtype: Linear, LayerNorm / RMSNorm, LayerNormLinear and
-// DotProductAttention compute in it; every other layer computes in FP32 behind a PrecisionBoundary that hands its
+// The layer in its params_dtype: Linear, GroupedLinear, LayerNorm / RMSNorm,
+// LayerNormLinear, LayerNormMLP and DotProductAttention compute in it;
+// MultiheadAttention and TransformerLayer compute in FP32 behind a PrecisionBoundary that hands their
 // activations over in params_dtype.
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
@@ -279,6 +286,15 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
       options.activation_dtype = dtype;
       return DotProductAttention::Create(name, options);
     }
+    case v1::LayerSpec::kLayerNormMlp: {
+      ASSIGN_OR_RETURN(LayerNormMLPOptions options,
+                       LayerNormMLPOptionsFromSpec(layer.layer_norm_mlp(), recipe, "layer_norm_mlp"));
+      options.params_dtype = dtype;
+      return CreateSeeded<LayerNormMLP, LayerNormMLPOptions>(options, name, seed, recipe);
+    }
+    case v1::LayerSpec::kGroupedLinear:
+      return CreateSeeded<GroupedLinear, GroupedLinearOptions>(GroupedLinearOptionsFromSpec(layer.grouped_linear(), dtype),
+                                                               name, seed, recipe);
     default:
       break;
   }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cast.h"
 #include "tests/kernels/test_util.h"
 #include "tests/kernels/tolerances.h"
 
@@ -359,6 +360,41 @@ TEST(Activation, ExtremeInputsStayFinite) {
   const double z = kSqrt2OverPi * (-6.0 + 0.044715 * -216.0);
   const double exact = -6.0 / (1.0 + std::exp(-2.0 * z));
   EXPECT_NEAR(Forward1(Activation::kGelu, -6.0f), exact, 1e-5 * std::fabs(exact));
+}
+
+// ---- 16-bit tensors ------------------------------------------------------------------
+
+// The fused entry points on BF16 / FP16 tensors (what LayerNormMLP runs with a 16-bit
+// params_dtype): x and dy widened exactly, the FP32 op, y and dx rounded once to the
+// 16-bit dtype. So they equal the FP32 entry points on the widened values, narrowed,
+// bit for bit, for element-wise and gated kinds.
+TEST(Activation, SixteenBitTensorsComputeInFp32AndRoundOnce) {
+  const ActivationParams params;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (Activation kind : {Activation::kGelu, Activation::kSwiglu, Activation::kClampedSwiglu}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", ActivationName(kind)));
+      const int64_t k = 37;
+      const int64_t cols = Gated(kind) ? 2 * k : k;
+      const Tensor x = Convert(Context(), testing_kernels::RandomTensor({5, cols}, -6.0f, 6.0f, 3), dtype).value();
+      const Tensor dy = Convert(Context(), testing_kernels::RandomTensor({5, k}, -2.0f, 2.0f, 4), dtype).value();
+      const Tensor x32 = Convert(Context(), x, DType::kFloat32).value();
+      const Tensor dy32 = Convert(Context(), dy, DType::kFloat32).value();
+
+      auto y = FusedActivationForward(Context(), kind, params, x, ActivationForwardOptions());
+      ASSERT_TRUE(y.ok()) << y.status();
+      ASSERT_EQ(y->y.dtype(), dtype);  // y_dtype unset: x's
+      const Tensor want_y =
+          Convert(Context(), ActivationForward(Context(), kind, params, x32).value(), dtype).value();
+      EXPECT_TRUE(BitwiseEqual(y->y, want_y));
+
+      auto dx = FusedActivationBackward(Context(), kind, params, dy, x, ActivationBackwardOptions());
+      ASSERT_TRUE(dx.ok()) << dx.status();
+      ASSERT_EQ(dx->dx.dtype(), dtype);
+      const Tensor want_dx =
+          Convert(Context(), ActivationBackward(Context(), kind, params, dy32, x32).value(), dtype).value();
+      EXPECT_TRUE(BitwiseEqual(dx->dx, want_dx));
+    }
+  }
 }
 
 // ---- Names ------------------------------------------------------------------------

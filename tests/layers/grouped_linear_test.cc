@@ -1,13 +1,15 @@
 // GroupedLinear: equal (bitwise) to num_gemms separate Linears on the row groups under
-// every recipe, across steps; empty groups; an FP64 forward reference; finite-difference
+// every recipe, across steps, in FP32 and in a 16-bit params_dtype; empty groups; an FP64 forward reference; finite-difference
 // gradients; m_splits validation naming the field; TE's parameter and quantizer names.
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cast.h"
 #include "layers/grouped_linear.h"
 #include "layers/init.h"
 #include "layers/linear.h"
@@ -33,11 +35,14 @@ SideInputs SideWith(Tensor m_splits) {
   return side;
 }
 
-// Rows [begin, begin + count) of a 2-D FP32 tensor.
+// Rows [begin, begin + count) of a 2-D tensor (any dtype), as a tensor of its own.
 Tensor Rows(const Tensor& x, int64_t begin, int64_t count) {
   const Tensor x2d = x.As2D().value();
-  Tensor out = Tensor::Zeros(DType::kFloat32, {count, x2d.dim(1)}).value();
-  for (int64_t i = 0; i < out.numel(); ++i) out.mutable_floats()[i] = x2d.floats()[begin * x2d.dim(1) + i];
+  Tensor out = Tensor::Zeros(x2d.dtype(), {count, x2d.dim(1)}).value();
+  const int64_t row_bytes = x2d.dim(1) * DTypeBits(x2d.dtype()) / 8;
+  if (count > 0) {
+    std::memcpy(out.raw_data(), static_cast<const char*>(x2d.raw_data()) + begin * row_bytes, count * row_bytes);
+  }
   return out;
 }
 
@@ -58,6 +63,8 @@ struct RecipeCase {
   recipes::Recipe recipe;
   std::vector<int64_t> splits;  // multiples of the recipe's block size
   int64_t in, out;
+  DType params_dtype = DType::kFloat32;  // of the GroupedLinear and of the Linears
+  DType input_dtype = DType::kFloat32;   // x's (and so dx's)
 };
 
 void PrintTo(const RecipeCase& c, std::ostream* os) { *os << c.name; }
@@ -67,7 +74,9 @@ class GroupedLinearRecipeTest : public testing::TestWithParam<RecipeCase> {};
 // Three steps (forward, backward, region ends) of a GroupedLinear and of num_gemms
 // separate Linears built from the same options: outputs, input gradients, parameter
 // gradients and quantizer states agree bit for bit. Delayed scaling thus also checks
-// that each GEMM's scaling state evolves on its own group's amaxes.
+// that each GEMM's scaling state evolves on its own group's amaxes. In a 16-bit
+// params_dtype, y comes out in it and dx in x's dtype; the groups' Linears read the same
+// 16-bit rows whether x is cut before or after its conversion.
 TEST_P(GroupedLinearRecipeTest, EqualsSeparateLinearsOnTheRowGroups) {
   const RecipeCase& c = GetParam();
   const int64_t n = static_cast<int64_t>(c.splits.size());
@@ -80,6 +89,7 @@ TEST_P(GroupedLinearRecipeTest, EqualsSeparateLinearsOnTheRowGroups) {
   options.out_features = c.out;
   options.init_std = 0.1f;
   options.seed = 21;
+  options.params_dtype = c.params_dtype;
   auto grouped = GroupedLinear::Create("moe", options, c.recipe).value();
   std::vector<std::unique_ptr<Linear>> separate;
   for (int64_t i = 0; i < n; ++i) {
@@ -88,6 +98,7 @@ TEST_P(GroupedLinearRecipeTest, EqualsSeparateLinearsOnTheRowGroups) {
     lo.out_features = c.out;
     lo.init_std = 0.1f;
     lo.seed = DeriveSeed(21, i);
+    lo.params_dtype = c.params_dtype;
     separate.push_back(Linear::Create("fc", lo, c.recipe).value());
   }
   // Non-zero biases, the same in both.
@@ -105,14 +116,17 @@ TEST_P(GroupedLinearRecipeTest, EqualsSeparateLinearsOnTheRowGroups) {
   ctx.seed = 5;
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    const Tensor x = RandomTensor({tokens, c.in}, 30 + step, 1.0f + step);
+    const Tensor x =
+        kernels::Convert(ctx, RandomTensor({tokens, c.in}, 30 + step, 1.0f + step), c.input_dtype).value();
     const Tensor dy = RandomTensor({tokens, c.out}, 40 + step, 0.01f);
     auto fwd = grouped->Forward(ctx, {x}, fwd_options).value();
     EndRegion(grouped->Quantizers(), true);
     auto dx = grouped->Backward(ctx, *fwd.saved, {dy}).value();
     EndRegion(grouped->Quantizers(), false);
     ASSERT_EQ(fwd.outputs[0].shape(), (Shape{tokens, c.out}));
+    ASSERT_EQ(fwd.outputs[0].dtype(), c.params_dtype);
     ASSERT_EQ(dx[0].shape(), x.shape());
+    ASSERT_EQ(dx[0].dtype(), c.input_dtype);
 
     int64_t row = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -164,7 +178,23 @@ INSTANTIATE_TEST_SUITE_P(
                     RecipeCase{"mxfp8_3gemms_32_0_64", Make(recipes::Mxfp8Config()), {32, 0, 64}, 64, 32},
                     RecipeCase{"block_weird_3gemms_3_37_23", Make(recipes::BlockScalingConfig()), {3, 37, 23}, 69, 23},
                     RecipeCase{"nvfp4_2gemms_16_32", Make(recipes::Nvfp4Config()), {16, 32}, 32, 16},
-                    RecipeCase{"nvfp4_empty_first", Make(recipes::Nvfp4Config()), {0, 48}, 32, 16}),
+                    RecipeCase{"nvfp4_empty_first", Make(recipes::Nvfp4Config()), {0, 48}, 32, 16},
+                    RecipeCase{"none_bf16_5_0_7", recipes::Recipe(), {5, 0, 7}, 37, 23, DType::kBFloat16},
+                    RecipeCase{"none_fp16_bf16_input", recipes::Recipe(), {5, 0, 7}, 37, 23, DType::kFloat16,
+                               DType::kBFloat16},
+                    RecipeCase{"delayed_bf16_empty_middle", DelayedShortHistory(), {6, 0, 2}, 16, 8,
+                               DType::kBFloat16, DType::kBFloat16},
+                    RecipeCase{"delayed_fp16_4_9_3", DelayedShortHistory(), {4, 9, 3}, 16, 8, DType::kFloat16,
+                               DType::kFloat16},
+                    RecipeCase{"calibrating_bf16", Calibrating(), {3, 5}, 16, 8, DType::kBFloat16},
+                    RecipeCase{"current_bf16_11_6", Make(recipes::CurrentScalingConfig()), {11, 6}, 24, 16,
+                               DType::kBFloat16, DType::kBFloat16},
+                    RecipeCase{"current_fp16_11_6", Make(recipes::CurrentScalingConfig()), {11, 6}, 24, 16,
+                               DType::kFloat16},
+                    RecipeCase{"mxfp8_bf16_32_0_64", Make(recipes::Mxfp8Config()), {32, 0, 64}, 64, 32,
+                               DType::kBFloat16, DType::kBFloat16},
+                    RecipeCase{"block_bf16_3_37_23", Make(recipes::BlockScalingConfig()), {3, 37, 23}, 69, 23,
+                               DType::kBFloat16}),
     [](const testing::TestParamInfo<RecipeCase>& info) { return info.param.name; });
 
 GroupedLinearOptions Options(int64_t num_gemms, int64_t in, int64_t out) {
@@ -202,27 +232,33 @@ TEST(GroupedLinear, ForwardMatchesDoubleReference) {
 }
 
 TEST(GroupedLinear, EmptyGroupsGetNoGradientAndAllEmptyInputWorks) {
-  auto layer = GroupedLinear::Create("moe", Options(3, 8, 4), recipes::Recipe()).value();
-  const SideInputs side = SideWith(Splits({0, 5, 0}));
-  ForwardOptions options;
-  options.side = &side;
-  auto fwd = layer->Forward(Context(), {RandomTensor({5, 8}, 1)}, options).value();
-  auto dx = layer->Backward(Context(), *fwd.saved, {RandomTensor({5, 4}, 2)}).value();
-  std::vector<Parameter*> p = layer->Parameters();
-  for (int g : {0, 2}) {
-    for (float v : p[g]->grad.floats()) EXPECT_EQ(v, 0.0f) << p[g]->name;
-    for (float v : p[3 + g]->grad.floats()) EXPECT_EQ(v, 0.0f) << p[3 + g]->name;
-  }
-  double used = 0.0;
-  for (float v : p[1]->grad.floats()) used += std::fabs(v);
-  EXPECT_GT(used, 0.0);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    GroupedLinearOptions o = Options(3, 8, 4);
+    o.params_dtype = dtype;
+    auto layer = GroupedLinear::Create("moe", o, recipes::Recipe()).value();
+    const SideInputs side = SideWith(Splits({0, 5, 0}));
+    ForwardOptions options;
+    options.side = &side;
+    auto fwd = layer->Forward(Context(), {RandomTensor({5, 8}, 1)}, options).value();
+    auto dx = layer->Backward(Context(), *fwd.saved, {RandomTensor({5, 4}, 2)}).value();
+    std::vector<Parameter*> p = layer->Parameters();
+    for (int g : {0, 2}) {
+      for (float v : p[g]->grad.floats()) EXPECT_EQ(v, 0.0f) << p[g]->name;
+      for (float v : p[3 + g]->grad.floats()) EXPECT_EQ(v, 0.0f) << p[3 + g]->name;
+    }
+    double used = 0.0;
+    for (float v : p[1]->grad.floats()) used += std::fabs(v);
+    EXPECT_GT(used, 0.0);
 
-  const SideInputs none = SideWith(Splits({0, 0, 0}));
-  options.side = &none;
-  auto empty = layer->Forward(Context(), {RandomTensor({0, 8}, 1)}, options).value();
-  EXPECT_EQ(empty.outputs[0].shape(), (Shape{0, 4}));
-  auto empty_dx = layer->Backward(Context(), *empty.saved, {RandomTensor({0, 4}, 2)}).value();
-  EXPECT_EQ(empty_dx[0].shape(), (Shape{0, 8}));
+    const SideInputs none = SideWith(Splits({0, 0, 0}));
+    options.side = &none;
+    auto empty = layer->Forward(Context(), {RandomTensor({0, 8}, 1)}, options).value();
+    EXPECT_EQ(empty.outputs[0].shape(), (Shape{0, 4}));
+    EXPECT_EQ(empty.outputs[0].dtype(), dtype);
+    auto empty_dx = layer->Backward(Context(), *empty.saved, {RandomTensor({0, 4}, 2)}).value();
+    EXPECT_EQ(empty_dx[0].shape(), (Shape{0, 8}));
+  }
 }
 
 // Injects fixed side inputs into every forward, so the generic gradient check can

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/activation.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/normalization.h"
 #include "layers/layernorm_linear.h"
@@ -123,63 +124,81 @@ INSTANTIATE_TEST_SUITE_P(ActivationsAndOptions, LayerNormMLPGradTest, testing::V
 class LayerNormMLPRecipeTest : public testing::TestWithParam<RecipeCase> {};
 
 // The layer computes bitwise what its parts compute in sequence, for two steps with
-// the session's region ends in between.
+// the session's region ends in between, in FP32 and in the 16-bit params_dtypes (the
+// parts in that dtype: the norm's output, both Linears, the activation reading and
+// writing 16-bit values, the returned ln_out's gradient added in FP32).
 TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
   const recipes::Recipe& recipe = GetParam().recipe;
-  for (Activation activation : {Activation::kGelu, Activation::kSwiglu}) {
-    LayerNormMLPOptions o = Options(64, 32, activation);
-    o.return_layernorm_output = true;
-    auto mlp = LayerNormMLP::Create("mlp", o, recipe).value();
-    RandomizeParameters(*mlp, 5);
-    auto norm = CreateLayerNorm("norm", NormKind::kLayerNorm, 64, 1e-5f, false).value();
-    const int64_t width = kernels::ActivationInputWidth(activation, 32);
-    LinearOptions l1;
-    l1.in_features = 64;
-    l1.out_features = width;
-    auto fc1 = Linear::Create("mlp.fc1", l1, recipe).value();
-    LinearOptions l2;
-    l2.in_features = 32;
-    l2.out_features = 64;
-    auto fc2 = Linear::Create("mlp.fc2", l2, recipe).value();
-    std::vector<Parameter*> parts = norm->Parameters();
-    for (Parameter* p : fc1->Parameters()) parts.push_back(p);
-    for (Parameter* p : fc2->Parameters()) parts.push_back(p);
-    std::vector<Parameter*> whole = mlp->Parameters();
-    ASSERT_EQ(parts.size(), whole.size());
-    for (size_t i = 0; i < parts.size(); ++i) parts[i]->value = whole[i]->value.Clone().value();
-    const kernels::ActivationParams params;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (Activation activation : {Activation::kGelu, Activation::kSwiglu}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", kernels::ActivationName(activation)));
+      LayerNormMLPOptions o = Options(64, 32, activation);
+      o.return_layernorm_output = true;
+      o.params_dtype = dtype;
+      auto mlp = LayerNormMLP::Create("mlp", o, recipe).value();
+      RandomizeParameters(*mlp, 5);
+      auto norm = CreateLayerNorm("norm", NormKind::kLayerNorm, 64, 1e-5f, false, dtype).value();
+      const int64_t width = kernels::ActivationInputWidth(activation, 32);
+      LinearOptions l1;
+      l1.in_features = 64;
+      l1.out_features = width;
+      l1.params_dtype = dtype;
+      auto fc1 = Linear::Create("mlp.fc1", l1, recipe).value();
+      LinearOptions l2;
+      l2.in_features = 32;
+      l2.out_features = 64;
+      l2.params_dtype = dtype;
+      auto fc2 = Linear::Create("mlp.fc2", l2, recipe).value();
+      std::vector<Parameter*> parts = norm->Parameters();
+      for (Parameter* p : fc1->Parameters()) parts.push_back(p);
+      for (Parameter* p : fc2->Parameters()) parts.push_back(p);
+      std::vector<Parameter*> whole = mlp->Parameters();
+      ASSERT_EQ(parts.size(), whole.size());
+      for (size_t i = 0; i < parts.size(); ++i) parts[i]->value = whole[i]->value.Clone().value();
+      const kernels::ActivationParams params;
+      kernels::ActivationForwardOptions act_options;
+      act_options.y_dtype = dtype;
 
-    for (int step = 0; step < 2; ++step) {
-      const Tensor x = RandomTensor({32, 64}, 20 + step);
-      const Tensor dy = RandomTensor({32, 64}, 30 + step);
-      const Tensor d_ln = RandomTensor({32, 64}, 40 + step, 0.1f);
-      auto m_out = mlp->Forward(Context(), {x}, ForwardOptions()).value();
-      EndRegion(*mlp, true);
-      auto n_out = norm->Forward(Context(), {x}, ForwardOptions()).value();
-      auto h1 = fc1->Forward(Context(), {n_out.outputs[0]}, ForwardOptions()).value();
-      const Tensor act = kernels::ActivationForward(Context(), activation, params, h1.outputs[0]).value();
-      auto h2 = fc2->Forward(Context(), {act}, ForwardOptions()).value();
-      EndRegion(*fc1, true);
-      EndRegion(*fc2, true);
-      ASSERT_EQ(m_out.outputs.size(), 2u);
-      EXPECT_TRUE(BitwiseEqual(m_out.outputs[0], h2.outputs[0]));
-      EXPECT_TRUE(BitwiseEqual(m_out.outputs[1], n_out.outputs[0]));
+      for (int step = 0; step < 2; ++step) {
+        const Tensor x = RandomTensor({32, 64}, 20 + step);
+        const Tensor dy = RandomTensor({32, 64}, 30 + step);
+        const Tensor d_ln = RandomTensor({32, 64}, 40 + step, 0.1f);
+        auto m_out = mlp->Forward(Context(), {x}, ForwardOptions()).value();
+        EndRegion(*mlp, true);
+        auto n_out = norm->Forward(Context(), {x}, ForwardOptions()).value();
+        auto h1 = fc1->Forward(Context(), {n_out.outputs[0]}, ForwardOptions()).value();
+        const Tensor act =
+            kernels::FusedActivationForward(Context(), activation, params, h1.outputs[0], act_options).value().y;
+        auto h2 = fc2->Forward(Context(), {act}, ForwardOptions()).value();
+        EndRegion(*fc1, true);
+        EndRegion(*fc2, true);
+        ASSERT_EQ(m_out.outputs.size(), 2u);
+        EXPECT_EQ(m_out.outputs[0].dtype(), dtype);
+        EXPECT_EQ(m_out.outputs[1].dtype(), dtype);
+        EXPECT_TRUE(BitwiseEqual(m_out.outputs[0], h2.outputs[0]));
+        EXPECT_TRUE(BitwiseEqual(m_out.outputs[1], n_out.outputs[0]));
 
-      auto m_dx = mlp->Backward(Context(), *m_out.saved, {dy, d_ln}).value();
-      EndRegion(*mlp, false);
-      auto d_act = fc2->Backward(Context(), *h2.saved, {dy}).value();
-      const Tensor d_h1 = kernels::ActivationBackward(Context(), activation, params, d_act[0], h1.outputs[0]).value();
-      auto d_norm = fc1->Backward(Context(), *h1.saved, {d_h1}).value();
-      EndRegion(*fc1, false);
-      EndRegion(*fc2, false);
-      ASSERT_TRUE(kernels::AddInto(Context(), d_ln, &d_norm[0]).ok());
-      auto n_dx = norm->Backward(Context(), *n_out.saved, d_norm).value();
-      EXPECT_TRUE(BitwiseEqual(m_dx[0], n_dx[0]));
-      for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(BitwiseEqual(whole[i]->grad, parts[i]->grad)) << i;
+        auto m_dx = mlp->Backward(Context(), *m_out.saved, {dy, d_ln}).value();
+        EndRegion(*mlp, false);
+        auto d_act = fc2->Backward(Context(), *h2.saved, {dy}).value();
+        const Tensor d_h1 = kernels::FusedActivationBackward(Context(), activation, params, d_act[0], h1.outputs[0],
+                                                             kernels::ActivationBackwardOptions())
+                                .value()
+                                .dx;
+        auto d_norm = fc1->Backward(Context(), *h1.saved, {d_h1}).value();
+        EndRegion(*fc1, false);
+        EndRegion(*fc2, false);
+        Tensor d_ln_out = kernels::Convert(Context(), d_norm[0], DType::kFloat32).value();
+        ASSERT_TRUE(kernels::AddInto(Context(), d_ln, &d_ln_out).ok());
+        auto n_dx = norm->Backward(Context(), *n_out.saved, {d_ln_out}).value();
+        EXPECT_EQ(m_dx[0].dtype(), DType::kFloat32);  // x's
+        EXPECT_TRUE(BitwiseEqual(m_dx[0], n_dx[0]));
+        for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(BitwiseEqual(whole[i]->grad, parts[i]->grad)) << i;
 
-      std::vector<NamedQuantizer> pq = fc1->Quantizers();
-      for (const NamedQuantizer& q : fc2->Quantizers()) pq.push_back(q);
-      ExpectSameQuantizerState(mlp->Quantizers(), pq);
+        std::vector<NamedQuantizer> pq = fc1->Quantizers();
+        for (const NamedQuantizer& q : fc2->Quantizers()) pq.push_back(q);
+        ExpectSameQuantizerState(mlp->Quantizers(), pq);
+      }
     }
   }
 }
@@ -187,45 +206,54 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
 // checkpoint = true recomputes ln_out and fc1_out in the backward. Two microbatches
 // are in flight (forward, forward, backward, backward, with the session's region ends
 // after each), so under delayed scaling the second forward quantizes with a newer
-// scale than the first: the first backward's recomputation must use the first's.
+// scale than the first: the first backward's recomputation must use the first's. In
+// FP32 and in the 16-bit params_dtypes (a 16-bit fc1_out recomputed from the 16-bit
+// ln_out and the rounded W1).
 TEST_P(LayerNormMLPRecipeTest, CheckpointIsBitExactWithSavedActivations) {
   const recipes::Recipe& recipe = GetParam().recipe;
-  for (Activation activation : {Activation::kGelu, Activation::kSwiglu, Activation::kSreglu}) {
-    LayerNormMLPOptions o = Options(64, 32, activation);
-    o.return_layernorm_output = true;
-    auto saving = LayerNormMLP::Create("mlp", o, recipe).value();
-    o.checkpoint = true;
-    auto recomputing = LayerNormMLP::Create("mlp", o, recipe).value();
-    RandomizeParameters(*saving, 5);
-    RandomizeParameters(*recomputing, 5);
-    for (int step = 0; step < 2; ++step) {
-      std::vector<ForwardOutput> a, b;
-      for (int micro = 0; micro < 2; ++micro) {
-        const Tensor x = RandomTensor({2, 16, 64}, 100 * step + micro, 1.0f + micro);
-        a.push_back(saving->Forward(Context(), {x}, ForwardOptions()).value());
-        EndRegion(*saving, true);
-        b.push_back(recomputing->Forward(Context(), {x}, ForwardOptions()).value());
-        EndRegion(*recomputing, true);
-        for (size_t k = 0; k < 2; ++k) EXPECT_TRUE(BitwiseEqual(a[micro].outputs[k], b[micro].outputs[k]));
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (Activation activation : {Activation::kGelu, Activation::kSwiglu, Activation::kSreglu}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", kernels::ActivationName(activation)));
+      LayerNormMLPOptions o = Options(64, 32, activation);
+      o.return_layernorm_output = true;
+      o.params_dtype = dtype;
+      auto saving = LayerNormMLP::Create("mlp", o, recipe).value();
+      o.checkpoint = true;
+      auto recomputing = LayerNormMLP::Create("mlp", o, recipe).value();
+      RandomizeParameters(*saving, 5);
+      RandomizeParameters(*recomputing, 5);
+      for (int step = 0; step < 2; ++step) {
+        std::vector<ForwardOutput> a, b;
+        for (int micro = 0; micro < 2; ++micro) {
+          const Tensor x = RandomTensor({2, 16, 64}, 100 * step + micro, 1.0f + micro);
+          a.push_back(saving->Forward(Context(), {x}, ForwardOptions()).value());
+          EndRegion(*saving, true);
+          b.push_back(recomputing->Forward(Context(), {x}, ForwardOptions()).value());
+          EndRegion(*recomputing, true);
+          for (size_t k = 0; k < 2; ++k) {
+            EXPECT_EQ(b[micro].outputs[k].dtype(), dtype);
+            EXPECT_TRUE(BitwiseEqual(a[micro].outputs[k], b[micro].outputs[k]));
+          }
+        }
+        for (int micro = 0; micro < 2; ++micro) {
+          const Tensor dy = RandomTensor({2, 16, 64}, 50 + 100 * step + micro);
+          const Tensor d_ln = RandomTensor({2, 16, 64}, 60 + 100 * step + micro, 0.1f);
+          auto da = saving->Backward(Context(), *a[micro].saved, {dy, d_ln}).value();
+          EndRegion(*saving, false);
+          auto db = recomputing->Backward(Context(), *b[micro].saved, {dy, d_ln}).value();
+          EndRegion(*recomputing, false);
+          EXPECT_TRUE(BitwiseEqual(da[0], db[0])) << kernels::ActivationName(activation) << " step " << step;
+        }
+        std::vector<Parameter*> pa = saving->Parameters(), pb = recomputing->Parameters();
+        for (size_t i = 0; i < pa.size(); ++i) {
+          EXPECT_TRUE(BitwiseEqual(pa[i]->grad, pb[i]->grad)) << pa[i]->name << " step " << step;
+        }
+        ExpectSameQuantizerState(*saving, *recomputing);
       }
-      for (int micro = 0; micro < 2; ++micro) {
-        const Tensor dy = RandomTensor({2, 16, 64}, 50 + 100 * step + micro);
-        const Tensor d_ln = RandomTensor({2, 16, 64}, 60 + 100 * step + micro, 0.1f);
-        auto da = saving->Backward(Context(), *a[micro].saved, {dy, d_ln}).value();
-        EndRegion(*saving, false);
-        auto db = recomputing->Backward(Context(), *b[micro].saved, {dy, d_ln}).value();
-        EndRegion(*recomputing, false);
-        EXPECT_TRUE(BitwiseEqual(da[0], db[0])) << kernels::ActivationName(activation) << " step " << step;
+      if (recipe.quantizes()) {
+        // fc1's input quantizer ran once per forward (4), not again in the backwards.
+        EXPECT_EQ(recomputing->Quantizers()[0].quantizer->Snapshot().quantize_calls, 4);
       }
-      std::vector<Parameter*> pa = saving->Parameters(), pb = recomputing->Parameters();
-      for (size_t i = 0; i < pa.size(); ++i) {
-        EXPECT_TRUE(BitwiseEqual(pa[i]->grad, pb[i]->grad)) << pa[i]->name << " step " << step;
-      }
-      ExpectSameQuantizerState(*saving, *recomputing);
-    }
-    if (recipe.quantizes()) {
-      // fc1's input quantizer ran once per forward (4), not again in the backwards.
-      EXPECT_EQ(recomputing->Quantizers()[0].quantizer->Snapshot().quantize_calls, 4);
     }
   }
 }

@@ -1,12 +1,16 @@
-// LayerSpec.params_dtype on the CPU reference: Linear computes in the 16-bit dtype
-// (x and the weight rounded to it, y and dx in it, FP32 master weights and gradients),
-// DotProductAttention hands 16-bit q, k, v to the attention kernels; every other layer
-// computes in FP32 behind a PrecisionBoundary that converts its
-// activations; a quantized 16-bit Linear reads the same FP8 codes as an FP32 Linear
-// given the same (16-bit representable) values.
+// LayerSpec.params_dtype on the CPU reference: Linear, GroupedLinear, the norms,
+// LayerNormLinear and LayerNormMLP compute in the 16-bit dtype (x and the weights
+// rounded to it, outputs and input gradients in it, FP32 master weights and
+// gradients); DotProductAttention hands 16-bit q, k, v to the attention kernels;
+// MultiheadAttention and TransformerLayer compute in FP32 behind a PrecisionBoundary that
+// converts their activations. A quantized 16-bit Linear reads the same FP8 codes as an
+// FP32 Linear given the same (16-bit representable) values.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -129,15 +133,17 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LinearParamsDType,
                            return std::get<0>(info.param) + "_" + v1::DType_Name(std::get<1>(info.param));
                          });
 
-// Every other layer kind computes in FP32 behind the boundary: its output is the FP32
-// layer's output rounded once, and the gradient of an FP32 input comes back FP32.
+// The attention layers and TransformerLayer compute in FP32 behind the boundary: the
+// output is the FP32 layer's output rounded once, and the gradient of an FP32 input
+// comes back FP32.
 TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
   v1::ModelSpec spec;
   spec.set_seed(3);
   spec.add_layers()->mutable_layer_norm()->set_hidden_size(64);
-  auto* mlp = spec.add_layers()->mutable_layer_norm_mlp();
-  mlp->set_hidden_size(64);
-  mlp->set_ffn_hidden_size(128);
+  auto* mha = spec.add_layers()->mutable_multihead_attention();
+  mha->set_hidden_size(64);
+  mha->set_num_attention_heads(4);
+  mha->set_attention_dropout(0.0f);
   auto* tl = spec.add_layers()->mutable_transformer_layer();
   tl->set_hidden_size(64);
   tl->set_ffn_hidden_size(128);
@@ -150,7 +156,7 @@ TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
   auto full = BuildStack(spec, recipes::Recipe()).value();
   EXPECT_EQ(testing_util::ParameterNames(*low), testing_util::ParameterNames(*full));
   ASSERT_EQ(low->modules().size(), 3u);
-  EXPECT_EQ(low->modules()[1]->kind(), "LayerNormMLP");
+  EXPECT_EQ(low->modules()[1]->kind(), "MultiheadAttention");
   EXPECT_EQ(low->modules()[2]->name(), "layers.2");
 
   // Layer by layer: the 16-bit stack's first layer is the FP32 one rounded.
@@ -273,6 +279,254 @@ TEST(ParamsDType, LayerNormLinearComputesInBf16) {
     ASSERT_EQ(pl[i]->grad.dtype(), DType::kFloat32) << pl[i]->name;
     EXPECT_LT(RelativeError(pl[i]->grad, pf[i]->grad), 0.1) << pl[i]->name;
   }
+}
+
+// ---- LayerNormMLP and GroupedLinear ------------------------------------------------------
+
+// Unit roundoff of a 16-bit dtype (half the distance between neighbouring values,
+// relative): BF16 has 8 significant bits (2^-8), FP16 11 (2^-11).
+double UnitRoundoff(DType dtype) { return std::ldexp(1.0, dtype == DType::kBFloat16 ? -8 : -11); }
+
+DType ToDType(v1::DType wire) { return wire == v1::BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
+
+// The fused layers under test, each the only layer of its model:
+//   mlp_gelu               LayerNormMLP, LayerNorm, gelu, returning ln_out too
+//   mlp_swiglu_checkpoint  LayerNormMLP, RMSNorm, swiglu (gated), recomputing fc1
+//   grouped                GroupedLinear over 3 groups, the middle one empty
+v1::ModelSpec FusedLayerModel(const std::string& layer, v1::DType params_dtype) {
+  v1::ModelSpec spec;
+  spec.set_seed(9);
+  v1::LayerSpec* l = spec.add_layers();
+  l->set_name("l");
+  l->set_params_dtype(params_dtype);
+  if (layer == "grouped") {
+    auto* g = l->mutable_grouped_linear();
+    g->set_num_gemms(3);
+    g->set_in_features(128);
+    g->set_out_features(128);
+    g->set_init_std(0.1f);
+    return spec;
+  }
+  auto* mlp = l->mutable_layer_norm_mlp();
+  mlp->set_hidden_size(128);
+  mlp->set_ffn_hidden_size(256);
+  mlp->set_init_std(0.1f);
+  if (layer == "mlp_gelu") {
+    mlp->set_return_layernorm_output(true);
+  } else {
+    mlp->set_normalization("RMSNorm");
+    mlp->set_activation("swiglu");
+    mlp->set_checkpoint(true);
+  }
+  return spec;
+}
+
+constexpr int64_t kFusedTokens = 128;
+
+SideInputs GroupSplits() {
+  SideInputs side;
+  Tensor splits = Tensor::Zeros(DType::kInt64, {3}).value();
+  splits.data<int64_t>()[0] = 48;
+  splits.data<int64_t>()[1] = 0;
+  splits.data<int64_t>()[2] = kFusedTokens - 48;
+  side.Set("m_splits", std::move(splits));
+  return side;
+}
+
+// Biases and norm parameters non-zero (the same draws in both stacks).
+void RandomizeSmallParameters(LayerStack& stack) {
+  uint64_t stream = 50;
+  for (Parameter* p : stack.Parameters()) {
+    if (p->value.rank() == 1) FillNormal(stream++, 0.3f, p->value.mutable_floats());
+  }
+}
+
+// The quantizer of `role` of sub-layer `layer` ("l.fc1", "l.gemm0", ...).
+recipes::Quantizer* QuantizerOf(Module& m, const std::string& layer, recipes::TensorRole role) {
+  for (const NamedQuantizer& q : m.Quantizers()) {
+    if (q.layer == layer && q.quantizer->role() == role) return q.quantizer;
+  }
+  ADD_FAILURE() << "no quantizer " << layer;
+  return nullptr;
+}
+
+struct FusedBounds {
+  double forward;   // relative L2 error of the outputs
+  double backward;  // of the input and parameter gradients
+};
+
+// How far the 16-bit layer may be from the FP32 one (relative L2 errors), in units of
+// the dtype's unit roundoff u.
+//   - No recipe: the two compute the same values but for the 16-bit roundings, each a
+//     relative error of at most u (RMS ~u / sqrt(3)) and independent between elements,
+//     so the GEMMs' sums average them instead of adding them up. The MLP forward rounds
+//     six tensors (ln_out, W1, fc1_out, the activation, W2, y): RMS ~1.4u; the backward
+//     adds dy's consumers' roundings (d_act, d fc1_out, d ln_out, dx), and the norm's
+//     backward subtracts row means, which cancels part of the signal and not of the
+//     error. GroupedLinear rounds W and y (dx): below u. Bounds 4u forward and 6u
+//     backward (this data: MLP up to 1.1u / 1.3u, GroupedLinear 0.6u / 0.6u).
+//   - Delayed / current scaling: both sides quantize, but the FP32 side quantizes the
+//     FP32 values and the 16-bit side their roundings. A value within its rounding error
+//     (mean u / 2) of an FP8 rounding boundary takes the neighbouring code, one step
+//     away (E4M3 2^-3 relative, E5M2 2^-2): a fraction ~u / (2 step) of the values, so
+//     each quantized operand adds ~sqrt(u / (2 step)) * step relative error, for BF16
+//     ~1.1e-2 per E4M3 operand (forward) and ~2.2e-2 per E5M2 one (gradients), for FP16
+//     sqrt(8) times less. The MLP quantizes four forward operands, the backward also
+//     two gradients and reads the forward's codes, and the activation and the norm's
+//     backward amplify some of it. Bounds: BF16 0.1 forward and 0.15 backward, FP16
+//     5e-2 and 8e-2 (this data: BF16 up to 3.5e-2 / 5.8e-2, FP16 1.7e-2 / 3.1e-2). A
+//     wrong dtype, scale or operand gives errors of order 1.
+FusedBounds BoundsFor(const std::string& recipe, DType dtype) {
+  const double u = UnitRoundoff(dtype);
+  if (recipe == "none") return {4 * u, 6 * u};
+  return dtype == DType::kBFloat16 ? FusedBounds{0.1, 0.15} : FusedBounds{5e-2, 8e-2};
+}
+
+class FusedLayerParamsDType
+    : public testing::TestWithParam<std::tuple<std::string, std::string, v1::DType>> {};
+
+// A 16-bit LayerNormMLP / GroupedLinear against the FP32 layer with the same FP32
+// masters, forward and backward, on 16-bit inputs and output gradients: outputs and
+// input gradients come out in the 16-bit dtype and within BoundsFor of the FP32
+// layer's; parameters and their gradients stay FP32, the gradients within the backward
+// bound. What must be exact is checked bit for bit:
+//   - ln_out is the FP32 norm's output rounded once;
+//   - the quantizers read the 16-bit tensors: rounding is monotonic, so the amax of a
+//     16-bit tensor is the FP32 tensor's amax rounded, for ln_out (fc1's input), the
+//     group inputs and every weight.
+TEST_P(FusedLayerParamsDType, MatchesTheFloat32Layer) {
+  const auto& [layer, recipe_name, wire_dtype] = GetParam();
+  const DType dtype = ToDType(wire_dtype);
+  const recipes::Recipe recipe = RecipeOf(recipe_name);
+  const FusedBounds bound = BoundsFor(recipe_name, dtype);
+  const bool grouped = layer == "grouped";
+  auto low = BuildStack(FusedLayerModel(layer, wire_dtype), recipe).value();
+  auto full = BuildStack(FusedLayerModel(layer, v1::FLOAT32), recipe).value();
+  EXPECT_EQ(low->modules()[0]->kind(), grouped ? "GroupedLinear" : "LayerNormMLP");
+  RandomizeSmallParameters(*low);
+  RandomizeSmallParameters(*full);
+  const SideInputs side = grouped ? GroupSplits() : SideInputs();
+  ForwardOptions options;
+  options.side = &side;
+
+  // 16-bit inputs and gradients, as the previous and next 16-bit layers hand them over;
+  // the FP32 layer reads the same values.
+  const Tensor x = Rounded(Random({kFusedTokens, 128}, 11), dtype);
+  auto y_low = low->Forward(kCpu, {As(x, dtype)}, options);
+  auto y_full = full->Forward(kCpu, {x}, options);
+  ASSERT_TRUE(y_low.ok()) << y_low.status();
+  ASSERT_TRUE(y_full.ok()) << y_full.status();
+  ASSERT_EQ(y_low->outputs.size(), y_full->outputs.size());
+  for (size_t i = 0; i < y_low->outputs.size(); ++i) {
+    ASSERT_EQ(y_low->outputs[i].dtype(), dtype) << i;
+    const double error = RelativeError(As(y_low->outputs[i], DType::kFloat32), y_full->outputs[i]);
+    EXPECT_LT(error, bound.forward) << "output " << i;
+    std::printf("%s %s %s output %zu: relative error %.3g (%.2f u)\n", layer.c_str(), recipe_name.c_str(),
+                std::string(DTypeName(dtype)).c_str(), i, error, error / UnitRoundoff(dtype));
+  }
+  if (layer == "mlp_gelu") {
+    EXPECT_TRUE(BitwiseEqual(y_low->outputs[1], As(y_full->outputs[1], dtype)));
+  }
+  if (recipe.quantizes()) {
+    std::vector<std::pair<std::string, recipes::TensorRole>> read16;
+    if (grouped) {
+      for (const char* g : {"l.gemm0", "l.gemm2"}) {
+        read16.push_back({g, recipes::TensorRole::kInput});
+        read16.push_back({g, recipes::TensorRole::kWeight});
+      }
+    } else {
+      read16 = {{"l.fc1", recipes::TensorRole::kInput},
+                {"l.fc1", recipes::TensorRole::kWeight},
+                {"l.fc2", recipes::TensorRole::kWeight}};
+    }
+    for (const auto& [sub, role] : read16) {
+      const float a_low = QuantizerOf(*low, sub, role)->Snapshot().amax;
+      const float a_full = QuantizerOf(*full, sub, role)->Snapshot().amax;
+      const Tensor a = Tensor::FromFloats({a_full}, {1}).value();
+      EXPECT_EQ(a_low, As(As(a, dtype), DType::kFloat32).floats()[0]) << sub;
+    }
+  }
+
+  std::vector<Tensor> dy_full = {Rounded(Random({kFusedTokens, 128}, 12, 0.1f), dtype)};
+  if (layer == "mlp_gelu") dy_full.push_back(Rounded(Random({kFusedTokens, 128}, 13, 0.1f), dtype));
+  std::vector<Tensor> dy_low;
+  for (const Tensor& g : dy_full) dy_low.push_back(As(g, dtype));
+  auto dx_low = low->Backward(kCpu, *y_low->saved, dy_low);
+  auto dx_full = full->Backward(kCpu, *y_full->saved, dy_full);
+  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
+  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
+  // dx comes back in the dtype x came in.
+  ASSERT_EQ((*dx_low)[0].dtype(), dtype);
+  const double dx_error = RelativeError(As((*dx_low)[0], DType::kFloat32), (*dx_full)[0]);
+  EXPECT_LT(dx_error, bound.backward);
+  std::printf("%s %s %s dx: relative error %.3g (%.2f u)\n", layer.c_str(), recipe_name.c_str(),
+              std::string(DTypeName(dtype)).c_str(), dx_error, dx_error / UnitRoundoff(dtype));
+  const std::vector<Parameter*> pl = low->Parameters(), pf = full->Parameters();
+  ASSERT_EQ(pl.size(), pf.size());
+  for (size_t i = 0; i < pl.size(); ++i) {
+    ASSERT_EQ(pl[i]->value.dtype(), DType::kFloat32) << pl[i]->name;
+    ASSERT_EQ(pl[i]->grad.dtype(), DType::kFloat32) << pl[i]->name;
+    if (grouped && (pl[i]->name == "l.weight1" || pl[i]->name == "l.bias1")) {
+      // The empty group's parameters get no gradient.
+      for (float v : pl[i]->grad.floats()) EXPECT_EQ(v, 0.0f) << pl[i]->name;
+      continue;
+    }
+    const double error = RelativeError(pl[i]->grad, pf[i]->grad);
+    EXPECT_LT(error, bound.backward) << pl[i]->name;
+    std::printf("%s %s %s %s: relative error %.3g (%.2f u)\n", layer.c_str(), recipe_name.c_str(),
+                std::string(DTypeName(dtype)).c_str(), pl[i]->name.c_str(), error, error / UnitRoundoff(dtype));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    LayersAndRecipes, FusedLayerParamsDType,
+    testing::Combine(testing::Values("mlp_gelu", "mlp_swiglu_checkpoint", "grouped"),
+                     testing::Values("none", "delayed", "current"), testing::Values(v1::BFLOAT16, v1::FLOAT16)),
+    [](const testing::TestParamInfo<std::tuple<std::string, std::string, v1::DType>>& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + v1::DType_Name(std::get<2>(info.param));
+    });
+
+// GroupedLinear is Linears on the row groups, so with x, the weights, the biases and dy
+// representable in the 16-bit dtype both sides multiply the same values (quantized:
+// the same FP8 codes) with FP32 accumulation: y and dx are the FP32 layer's rounded
+// once, and the FP32 weight and bias gradients are equal, bit for bit.
+TEST_P(LinearParamsDType, GroupedLinearOnRepresentableValuesIsTheFloat32OneRounded) {
+  const auto& [recipe_name, wire_dtype] = GetParam();
+  if (recipe_name == "nvfp4") GTEST_SKIP() << "random streams per quantization (stochastic rounding)";
+  const DType dtype = ToDType(wire_dtype);
+  const recipes::Recipe recipe = RecipeOf(recipe_name);
+  auto low = BuildStack(FusedLayerModel("grouped", wire_dtype), recipe).value();
+  auto full = BuildStack(FusedLayerModel("grouped", v1::FLOAT32), recipe).value();
+  const std::vector<Parameter*> pl = low->Parameters(), pf = full->Parameters();
+  for (size_t i = 0; i < pl.size(); ++i) {
+    const Tensor init = Rounded(Random(pl[i]->value.shape(), 60 + i, 0.1f), dtype);
+    std::copy(init.floats().begin(), init.floats().end(), pl[i]->value.mutable_floats().begin());
+    std::copy(init.floats().begin(), init.floats().end(), pf[i]->value.mutable_floats().begin());
+  }
+  // Block-scaled recipes need groups of whole 128-row blocks.
+  SideInputs side;
+  Tensor splits = Tensor::Zeros(DType::kInt64, {3}).value();
+  const bool blocks = recipe.block_multiple() > 1;
+  splits.data<int64_t>()[0] = blocks ? 128 : 48;
+  splits.data<int64_t>()[2] = blocks ? 128 : 208;
+  side.Set("m_splits", std::move(splits));
+  ForwardOptions options;
+  options.side = &side;
+  const Tensor x = Rounded(Random({256, 128}, 14), dtype);
+  const Tensor dy = Rounded(Random({256, 128}, 15, 0.1f), dtype);
+  auto y_low = low->Forward(kCpu, {As(x, dtype)}, options);
+  auto y_full = full->Forward(kCpu, {x}, options);
+  ASSERT_TRUE(y_low.ok()) << y_low.status();
+  ASSERT_TRUE(y_full.ok()) << y_full.status();
+  ASSERT_EQ(y_low->outputs[0].dtype(), dtype);
+  EXPECT_TRUE(BitwiseEqual(y_low->outputs[0], As(y_full->outputs[0], dtype)));
+  auto dx_low = low->Backward(kCpu, *y_low->saved, {As(dy, dtype)});
+  auto dx_full = full->Backward(kCpu, *y_full->saved, {dy});
+  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
+  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
+  ASSERT_EQ((*dx_low)[0].dtype(), dtype);
+  EXPECT_TRUE(BitwiseEqual((*dx_low)[0], As((*dx_full)[0], dtype)));
+  for (size_t i = 0; i < pl.size(); ++i) EXPECT_TRUE(BitwiseEqual(pl[i]->grad, pf[i]->grad)) << pl[i]->name;
 }
 
 TEST(ParamsDType, RejectsOtherDTypes) {

@@ -2,9 +2,11 @@
 // under no recipe and each of the five recipes: the demo's MLP (LayerNorm -> Linear ->
 // RMSNorm -> Linear) and a stack of the fused layers (LayerNormLinear with a
 // parameters_split -> LayerNormMLP -> GroupedLinear with an empty group) and two
-// TransformerLayers (attention, RoPE, dropout; see Transformer()), trained a
+// TransformerLayers (attention, RoPE, dropout; see Transformer()), each also with a
+// 16-bit params_dtype on every layer (the MLP and the fused stack in BF16 and FP16, the
+// TransformerLayers in BF16), trained a
 // few steps with ForwardBackward + Step (AdamW, clipping) and with Forward / Backward.
-// Unquantized, losses, outputs, input and parameter gradients and parameters agree
+// Unquantized FP32, losses, outputs, input and parameter gradients and parameters agree
 // within the FP32 tolerance over every step; quantized, the first step agrees value
 // by value (but for neighbouring-code flips) with equal scales, and the losses of the
 // following steps stay close. Also: where the session lives and which GEMM runs.
@@ -190,6 +192,7 @@ std::vector<ModelCase> Models() {
           {"mlp_bf16", WithParamsDType(Mlp(), v1::BFLOAT16), {}, {kTokens, kHidden}, DType::kBFloat16},
           {"mlp_fp16", WithParamsDType(Mlp(), v1::FLOAT16), {}, {kTokens, kHidden}, DType::kFloat16},
           {"fused_bf16", WithParamsDType(Fused(), v1::BFLOAT16), FusedSide(), {kTokens, kHidden}, DType::kBFloat16},
+          {"fused_fp16", WithParamsDType(Fused(), v1::FLOAT16), FusedSide(), {kTokens, kHidden}, DType::kFloat16},
           {"transformer_bf16", WithParamsDType(Transformer(), v1::BFLOAT16), {}, {64, kTokens / 64, kHidden},
            DType::kBFloat16}};
 }
