@@ -279,6 +279,13 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
       options.activation_dtype = dtype;
       return DotProductAttention::Create(name, options);
     }
+    case v1::LayerSpec::kMultiheadAttention: {
+      // Every sub-layer in params_dtype (layers/multihead_attention.h), no boundary.
+      ASSIGN_OR_RETURN(MultiheadAttentionOptions options,
+                       MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"));
+      options.params_dtype = dtype;
+      return CreateSeeded<MultiheadAttention, MultiheadAttentionOptions>(options, name, seed, recipe);
+    }
     default:
       break;
   }
