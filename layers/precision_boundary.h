@@ -8,8 +8,8 @@
 // So the next layer reads activations in params_dtype, as under TE, and every
 // gradient has the dtype of the value it belongs to. Everything else (name, kind,
 // parameters, quantizers, RNG counters, attention paths) is the wrapped module's.
-// Linear, LayerNorm / RMSNorm, LayerNormLinear and DotProductAttention compute in
-// params_dtype natively and need no boundary.
+// Linear, LayerNorm / RMSNorm, LayerNormLinear, DotProductAttention and
+// MultiheadAttention compute in params_dtype natively and need no boundary.
 #ifndef TESERVE_LAYERS_PRECISION_BOUNDARY_H_
 #define TESERVE_LAYERS_PRECISION_BOUNDARY_H_
 
