@@ -1,12 +1,13 @@
 // MultiheadAttention with a 16-bit params_dtype (BF16 / FP16) on the CPU reference,
 // against the FP32 layer with the same master parameters, forward and backward, per
 // option family (separate / fused QKV, input LayerNorm / RMSNorm with its returned
-// output, GQA / MQA, RoPE halves and interleaved, qk_norm L2 / RMSNorm / LayerNorm before
-// and after RoPE, cross-attention, thd, learnable softmax): outputs and the hidden_states
-// gradient come out in the 16-bit dtype (the latter in the dtype hidden_states came in),
-// the encoder_output gradient and every parameter gradient in FP32. The spec builds the
-// layer natively (no PrecisionBoundary) and its attention core reports the 16-bit path;
-// a TransformerLayer keeps its attention in FP32 behind its boundary.
+// output, GQA / MQA, RoPE halves and interleaved, qk_norm L2 / RMSNorm / LayerNorm
+// before and after RoPE, cross-attention, thd, recomputed core attention, learnable
+// softmax): outputs and the hidden_states gradient come out in the 16-bit dtype (the
+// latter in the dtype hidden_states came in), the encoder_output gradient and every
+// parameter gradient in FP32. The spec builds the layer natively (no PrecisionBoundary)
+// and its attention core reports the 16-bit path; a TransformerLayer keeps its
+// attention in FP32 behind its boundary.
 //
 // Tolerances, in units of the dtype's unit roundoff u (2^-8 for BF16, 2^-11 for FP16).
 // The 16-bit layer rounds each GEMM operand (weights from their masters), the fused
@@ -199,6 +200,12 @@ std::vector<DTypeCase> Cases() {
        {7, 32},
        {},
        {0, 3, 7}},
+      {"CheckpointCoreAttention_Rope",
+       Set([](auto* o) {
+         o->checkpoint_core_attention = true;
+         Rope(o, false);
+       }),
+       {5, 2, 32}},
       {"LearnableSoftmax_NoBias",
        Set([](auto* o) {
          o->softmax_type = kernels::SoftmaxType::kLearnable;
@@ -362,7 +369,9 @@ TEST(MultiheadAttentionParamsDType, SpecBuildsItNatively) {
 #if TESERVE_WITH_CUDA
   // Eligible for the fused path (what remains is whether cuDNN loads on this host).
   EXPECT_THAT(paths[0].reason, testing::Not(testing::HasSubstr("not BF16 / FP16")));
-  if (paths[0].path == "cudnn_fused") EXPECT_THAT(paths[0].reason, testing::HasSubstr("BFLOAT16"));
+  if (paths[0].path == "cudnn_fused") {
+    EXPECT_THAT(paths[0].reason, testing::HasSubstr("BFLOAT16"));
+  }
 #else
   EXPECT_EQ(paths[0].path, "cuda_unfused");
   EXPECT_THAT(paths[0].reason, testing::HasSubstr("not fused: built without the CUDA backend"));
