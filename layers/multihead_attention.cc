@@ -280,7 +280,8 @@ struct MultiheadAttention::Saved : public SavedActivations {
   Shape kv_input_shape;  // hidden_states (self) or encoder_output (cross)
   std::unique_ptr<SavedActivations> query_proj, key_value;
   std::unique_ptr<SavedActivations> q_norm, k_norm;  // RMSNorm / LayerNorm qk norm
-  Tensor q_l2_x, q_l2_rsigma, k_l2_x, k_l2_rsigma;   // L2Normalization: rows [.. * heads, D], [..]
+  // L2Normalization: rows [.. * heads, D] in the activations' dtype, rsigma [..] FP32.
+  Tensor q_l2_x, q_l2_rsigma, k_l2_x, k_l2_rsigma;
   Tensor freqs, cu_q, cu_kv;                         // rotary embedding (cu_* for thd)
   std::unique_ptr<SavedActivations> attention, proj;
 };
