@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/l2_norm.h"
 #include "layers/init.h"
@@ -69,8 +70,8 @@ std::vector<std::pair<int64_t, int64_t>> ContiguousRuns(const std::vector<int64_
   return runs;
 }
 
-// Gathers the parts of `mixed` [.., width] into [.., heads_p * D] tensors (on mixed's
-// device; one strided copy per run of contiguous heads).
+// Gathers the parts of `mixed` [.., width] into [.., heads_p * D] tensors (mixed's
+// dtype and device; one strided copy per run of contiguous heads).
 absl::StatusOr<std::vector<Tensor>> SplitFused(const Context& ctx, const Tensor& mixed, const FusedLayout& layout,
                                                int64_t d) {
   ASSIGN_OR_RETURN(Tensor rows, mixed.As2D());
@@ -80,7 +81,7 @@ absl::StatusOr<std::vector<Tensor>> SplitFused(const Context& ctx, const Tensor&
     const int64_t heads = static_cast<int64_t>(layout.offsets[p].size());
     Shape shape = mixed.shape();
     shape.back() = heads * d;
-    ASSIGN_OR_RETURN(parts[p], Tensor::Empty(DType::kFloat32, shape, ctx.device, ctx.stream));
+    ASSIGN_OR_RETURN(parts[p], Tensor::Empty(mixed.dtype(), shape, ctx.device, ctx.stream));
     ASSIGN_OR_RETURN(Tensor part_rows, parts[p].As2D());
     for (const auto& [first, count] : ContiguousRuns(layout.offsets[p], d)) {
       RETURN_IF_ERROR(kernels::CopyColumns(ctx, rows, layout.offsets[p][first], &part_rows, first * d, count * d));
@@ -90,11 +91,12 @@ absl::StatusOr<std::vector<Tensor>> SplitFused(const Context& ctx, const Tensor&
 }
 
 // The inverse of SplitFused: scatters the parts' gradients into one [.., width] tensor
-// of `shape` (whose last dimension is the width). The parts' columns cover the width
-// (every fused layout is a partition of it), so every element is written.
+// of `shape` (whose last dimension is the width) and `dtype`, converting a part of
+// another dtype first. The parts' columns cover the width (every fused layout is a
+// partition of it), so every element is written.
 absl::StatusOr<Tensor> MergeFused(const Context& ctx, const std::vector<const Tensor*>& parts,
-                                  const FusedLayout& layout, int64_t d, const Shape& shape) {
-  ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(DType::kFloat32, shape, ctx.device, ctx.stream));
+                                  const FusedLayout& layout, int64_t d, const Shape& shape, DType dtype) {
+  ASSIGN_OR_RETURN(Tensor merged, Tensor::Empty(dtype, shape, ctx.device, ctx.stream));
   const int64_t rows = layout.width > 0 ? merged.numel() / layout.width : 0;
   ASSIGN_OR_RETURN(Tensor merged_rows, merged.Reshape({rows, layout.width}));
   for (int p = 0; p < 3; ++p) {
@@ -104,7 +106,8 @@ absl::StatusOr<Tensor> MergeFused(const Context& ctx, const std::vector<const Te
       return absl::InternalError(absl::StrCat("fused projection part ", p, " has ", parts[p]->numel(),
                                               " values, expected ", rows * heads * d));
     }
-    ASSIGN_OR_RETURN(Tensor part_rows, parts[p]->Reshape({rows, heads * d}));
+    ASSIGN_OR_RETURN(const Tensor part, kernels::Convert(ctx, *parts[p], dtype));
+    ASSIGN_OR_RETURN(Tensor part_rows, part.Reshape({rows, heads * d}));
     for (const auto& [first, count] : ContiguousRuns(layout.offsets[p], d)) {
       RETURN_IF_ERROR(kernels::CopyColumns(ctx, part_rows, first * d, &merged_rows, layout.offsets[p][first], count * d));
     }
@@ -118,6 +121,15 @@ absl::StatusOr<Tensor> Flatten(const Tensor& t, const Shape& leading_like, int64
   Shape shape = leading_like;
   shape.back() = width;
   return t.Reshape(shape);
+}
+
+// `kernel` (an FP32-only kernel: RoPE, L2Normalization) run on t widened to FP32, its
+// result rounded once back to t's dtype. Both conversions are no-ops for FP32 t.
+template <typename Kernel>
+absl::StatusOr<Tensor> InFloat32(const Context& ctx, const Tensor& t, Kernel kernel) {
+  ASSIGN_OR_RETURN(const Tensor wide, kernels::Convert(ctx, t, DType::kFloat32));
+  ASSIGN_OR_RETURN(const Tensor result, kernel(wide));
+  return kernels::Convert(ctx, result, t.dtype());
 }
 
 kernels::RopeFormat ToRopeFormat(QkvFormat format) {
@@ -155,6 +167,7 @@ DotProductAttentionOptions AttentionOptions(const MultiheadAttentionOptions& o) 
   a.checkpoint_core_attention = o.checkpoint_core_attention;
   a.attention_mask_input = o.attention_type == AttentionType::kCross ? "enc_dec_attention_mask" : "attention_mask";
   a.seed = DeriveSeed(o.seed, kAttentionSeed);
+  a.activation_dtype = o.params_dtype;
   return a;
 }
 
@@ -185,6 +198,7 @@ absl::StatusOr<std::unique_ptr<Linear>> CreateProjection(const std::string& name
   l.bias = o.bias;
   l.init_std = o.init_std;
   l.seed = DeriveSeed(o.seed, stream);
+  l.params_dtype = o.params_dtype;
   return Linear::Create(name, l, recipe);
 }
 
@@ -242,6 +256,9 @@ absl::Status ValidateMultiheadAttentionOptions(const MultiheadAttentionOptions& 
   RETURN_IF_ERROR(CheckFiniteAtLeast(o.qk_norm_eps, 0.0f, false, name("qk_norm_eps")));
   RETURN_IF_ERROR(CheckFiniteAtLeast(o.init_std, 0.0f, true, name("init_std")));
   RETURN_IF_ERROR(CheckFiniteAtLeast(o.output_layer_init_std, 0.0f, true, name("output_layer_init_std")));
+  if (o.params_dtype != DType::kFloat32 && o.params_dtype != DType::kBFloat16 && o.params_dtype != DType::kFloat16) {
+    return InvalidField(name("params_dtype"), "FLOAT32, BFLOAT16 or FLOAT16", DTypeName(o.params_dtype));
+  }
   if (o.rotary.has_value()) {
     // The rotary dimension floor(kv_channels * rotary_percent) must be even and > 0.
     RETURN_IF_ERROR(kernels::RotaryDim(RopeOptions(o), name("rotary")).status());
@@ -263,7 +280,8 @@ struct MultiheadAttention::Saved : public SavedActivations {
   Shape kv_input_shape;  // hidden_states (self) or encoder_output (cross)
   std::unique_ptr<SavedActivations> query_proj, key_value;
   std::unique_ptr<SavedActivations> q_norm, k_norm;  // RMSNorm / LayerNorm qk norm
-  Tensor q_l2_x, q_l2_rsigma, k_l2_x, k_l2_rsigma;   // L2Normalization: rows [.. * heads, D], [..]
+  // L2Normalization: rows [.. * heads, D] in the activations' dtype, rsigma [..] FP32.
+  Tensor q_l2_x, q_l2_rsigma, k_l2_x, k_l2_rsigma;
   Tensor freqs, cu_q, cu_kv;                         // rotary embedding (cu_* for thd)
   std::unique_ptr<SavedActivations> attention, proj;
 };
@@ -304,6 +322,7 @@ absl::StatusOr<std::unique_ptr<MultiheadAttention>> MultiheadAttention::Create(s
     l.parameters_split = split;
     l.init_std = o.init_std;
     l.seed = DeriveSeed(o.seed, kQkvSeed);
+    l.params_dtype = o.params_dtype;
     ASSIGN_OR_RETURN(
         layer->query_proj_,
         LayerNormLinear::Create(absl::StrCat(name, layer->cross() ? ".layernorm_query" : ".layernorm_qkv"), l, recipe));
@@ -325,6 +344,7 @@ absl::StatusOr<std::unique_ptr<MultiheadAttention>> MultiheadAttention::Create(s
     norm.kind = o.qk_norm_type == QkNormType::kRmsNorm ? NormKind::kRmsNorm : NormKind::kLayerNorm;
     norm.hidden_size = layer->head_dim_;
     norm.eps = o.qk_norm_eps;
+    norm.params_dtype = o.params_dtype;
     ASSIGN_OR_RETURN(layer->q_norm_, Normalization::Create(absl::StrCat(name, ".q_norm"), norm));
     ASSIGN_OR_RETURN(layer->k_norm_, Normalization::Create(absl::StrCat(name, ".k_norm"), norm));
   }
@@ -337,6 +357,7 @@ absl::StatusOr<std::unique_ptr<MultiheadAttention>> MultiheadAttention::Create(s
   proj.return_bias = o.return_bias;
   proj.init_std = o.output_layer_init_std;
   proj.seed = DeriveSeed(o.seed, kProjSeed);
+  proj.params_dtype = o.params_dtype;
   ASSIGN_OR_RETURN(layer->proj_, Linear::Create(absl::StrCat(name, ".proj"), proj, recipe));
   return layer;
 }
@@ -443,9 +464,13 @@ absl::Status MultiheadAttention::NormalizeQk(const Context& ctx, bool save, Save
          {std::make_tuple(q, save ? &saved->q_l2_x : nullptr, save ? &saved->q_l2_rsigma : nullptr),
           std::make_tuple(k, save ? &saved->k_l2_x : nullptr, save ? &saved->k_l2_rsigma : nullptr)}) {
       ASSIGN_OR_RETURN(Tensor rows, t->As2D());  // [tokens * heads, D]
+      // The FP32 kernel on the widened rows; y rounded back to the activations' dtype.
+      // The rows are kept in their own dtype (the backward widens them again, exactly).
+      ASSIGN_OR_RETURN(const Tensor wide, kernels::Convert(ctx, rows, DType::kFloat32));
       ASSIGN_OR_RETURN(kernels::L2NormForwardOutputs result,
-                       kernels::L2NormalizationForward(ctx, rows, options_.qk_norm_eps));
-      ASSIGN_OR_RETURN(Tensor y, result.y.Reshape(t->shape()));
+                       kernels::L2NormalizationForward(ctx, wide, options_.qk_norm_eps));
+      ASSIGN_OR_RETURN(const Tensor y_rows, kernels::Convert(ctx, result.y, t->dtype()));
+      ASSIGN_OR_RETURN(Tensor y, y_rows.Reshape(t->shape()));
       if (keep_x != nullptr) {
         *keep_x = rows;
         *keep_rsigma = std::move(result.rsigma);
@@ -473,7 +498,10 @@ absl::Status MultiheadAttention::NormalizeQkBackward(const Context& ctx, Saved& 
     for (auto [d, x, rsigma] : {std::make_tuple(dq, &saved.q_l2_x, &saved.q_l2_rsigma),
                                 std::make_tuple(dk, &saved.k_l2_x, &saved.k_l2_rsigma)}) {
       ASSIGN_OR_RETURN(Tensor rows, d->Reshape(x->shape()));
-      ASSIGN_OR_RETURN(Tensor dx, kernels::L2NormalizationBackward(ctx, rows, *x, *rsigma));
+      ASSIGN_OR_RETURN(const Tensor dy_wide, kernels::Convert(ctx, rows, DType::kFloat32));
+      ASSIGN_OR_RETURN(const Tensor x_wide, kernels::Convert(ctx, *x, DType::kFloat32));
+      ASSIGN_OR_RETURN(const Tensor dx_wide, kernels::L2NormalizationBackward(ctx, dy_wide, x_wide, *rsigma));
+      ASSIGN_OR_RETURN(const Tensor dx, kernels::Convert(ctx, dx_wide, d->dtype()));
       ASSIGN_OR_RETURN(*d, dx.Reshape(d->shape()));
     }
     return absl::OkStatus();
@@ -509,10 +537,14 @@ absl::Status MultiheadAttention::Rotate(const Context& ctx, const SideInputs* si
   ASSIGN_OR_RETURN(Tensor host_freqs, kernels::RotaryFrequencies(RopeOptions(options_), positions));
   ASSIGN_OR_RETURN(Tensor freqs, OnDevice(ctx, host_freqs));
   const bool thd = rope_format_ == kernels::RopeFormat::kThd;
-  ASSIGN_OR_RETURN(
-      *q, kernels::RopeForward(ctx, *q, freqs, rope_format_, options_.rotary_pos_interleaved, thd ? &cu_q : nullptr));
-  ASSIGN_OR_RETURN(
-      *k, kernels::RopeForward(ctx, *k, freqs, rope_format_, options_.rotary_pos_interleaved, thd ? &cu_kv : nullptr));
+  // The FP32 kernel on widened q and k, rounded back to their dtype.
+  auto rotate = [&](const Tensor& t, const Tensor* cu) {
+    return InFloat32(ctx, t, [&](const Tensor& wide) {
+      return kernels::RopeForward(ctx, wide, freqs, rope_format_, options_.rotary_pos_interleaved, cu);
+    });
+  };
+  ASSIGN_OR_RETURN(*q, rotate(*q, thd ? &cu_q : nullptr));
+  ASSIGN_OR_RETURN(*k, rotate(*k, thd ? &cu_kv : nullptr));
   if (save) {
     saved->freqs = std::move(freqs);
     if (thd) {
@@ -571,19 +603,25 @@ absl::StatusOr<Tensor> MultiheadAttention::ProjectBackward(const Context& ctx, S
     const FusedLayout layout = QkvLayout(heads_, groups_, head_dim_, options_.qkv_weight_interleaved);
     Shape shape = saved.input_shape;
     shape.back() = layout.width;
-    ASSIGN_OR_RETURN(dmixed, MergeFused(ctx, {&dq, &dk, &dv}, layout, head_dim_, shape));
+    ASSIGN_OR_RETURN(dmixed, MergeFused(ctx, {&dq, &dk, &dv}, layout, head_dim_, shape, options_.params_dtype));
   } else {
     ASSIGN_OR_RETURN(dmixed, Flatten(dq, saved.input_shape, heads_ * head_dim_));
     const FusedLayout layout = KeyValueLayout(groups_, head_dim_, options_.qkv_weight_interleaved);
     Shape shape = saved.kv_input_shape;
     shape.back() = layout.width;
-    ASSIGN_OR_RETURN(Tensor dkv, MergeFused(ctx, {nullptr, &dk, &dv}, layout, head_dim_, shape));
+    ASSIGN_OR_RETURN(Tensor dkv,
+                     MergeFused(ctx, {nullptr, &dk, &dv}, layout, head_dim_, shape, options_.params_dtype));
     ASSIGN_OR_RETURN(std::vector<Tensor> denc, key_value_->Backward(ctx, *saved.key_value, {dkv}));
     if (side_grads != nullptr) {
+      // encoder_output is an FP32 side input, so its gradient accumulates in FP32 whatever
+      // the layers' params_dtype (key_value hands dx back in its input's dtype already).
+      ASSIGN_OR_RETURN(Tensor denc32, kernels::Convert(ctx, denc[0], DType::kFloat32));
       if (side_grads->encoder_output.defined()) {
-        RETURN_IF_ERROR(kernels::AddInto(ctx, denc[0], &side_grads->encoder_output));
+        ASSIGN_OR_RETURN(side_grads->encoder_output,
+                         kernels::Convert(ctx, side_grads->encoder_output, DType::kFloat32));
+        RETURN_IF_ERROR(kernels::AddInto(ctx, denc32, &side_grads->encoder_output));
       } else {
-        side_grads->encoder_output = std::move(denc[0]);
+        side_grads->encoder_output = std::move(denc32);
       }
     }
   }
@@ -606,10 +644,13 @@ absl::StatusOr<std::vector<Tensor>> MultiheadAttention::Backward(const Context& 
   if (!options_.qk_norm_before_rope) RETURN_IF_ERROR(NormalizeQkBackward(ctx, saved, &dq, &dk));
   if (rotary_dim_ > 0) {
     const bool thd = rope_format_ == kernels::RopeFormat::kThd;
-    ASSIGN_OR_RETURN(dq, kernels::RopeBackward(ctx, dq, saved.freqs, rope_format_, options_.rotary_pos_interleaved,
-                                               thd ? &saved.cu_q : nullptr));
-    ASSIGN_OR_RETURN(dk, kernels::RopeBackward(ctx, dk, saved.freqs, rope_format_, options_.rotary_pos_interleaved,
-                                               thd ? &saved.cu_kv : nullptr));
+    auto unrotate = [&](const Tensor& d, const Tensor* cu) {
+      return InFloat32(ctx, d, [&](const Tensor& wide) {
+        return kernels::RopeBackward(ctx, wide, saved.freqs, rope_format_, options_.rotary_pos_interleaved, cu);
+      });
+    };
+    ASSIGN_OR_RETURN(dq, unrotate(dq, thd ? &saved.cu_q : nullptr));
+    ASSIGN_OR_RETURN(dk, unrotate(dk, thd ? &saved.cu_kv : nullptr));
   }
   if (options_.qk_norm_before_rope) RETURN_IF_ERROR(NormalizeQkBackward(ctx, saved, &dq, &dk));
 

@@ -31,7 +31,7 @@
 // cu_seqlens_kv(_padded) for k (the padded form when given, as TE's pad_between_seqs).
 //
 // Projections, as TE's sub-modules (each GEMM is a Linear, or the Linear inside a
-// LayerNormLinear, so every recipe applies to it; the attention core runs in FP32):
+// LayerNormLinear, so every recipe applies to it):
 //   self:  "<name>.qkv" (Linear) or, with input_layernorm, "<name>.layernorm_qkv"
 //          (LayerNormLinear), hidden -> hq + 2 hkv, one GEMM. Row layout of the weight
 //          with fuse_qkv_params and qkv_weight_interleaved (TE's default):
@@ -52,6 +52,17 @@
 // or the layernorm_query equivalents. proj: "<name>.proj.weight", "<name>.proj.bias".
 // RMSNorm/LayerNorm qk norm: "<name>.q_norm.weight", "<name>.k_norm.weight" (and
 // ".bias"), each of size D. softmax_type learnable: "<name>.core_attention.softmax_offset".
+//
+// params_dtype (TE's): the dtype the activations compute and travel in, FLOAT32,
+// BFLOAT16 or FLOAT16. Every sub-layer runs in it (the projections and proj as 16-bit
+// Linears, the input layernorm and the q_norm / k_norm writing it, the core attention
+// taking 16-bit q, k, v: cuDNN's fused SDPA on a GPU where it applies); the head split
+// and merge copy in it. RoPE and L2Normalization are FP32 kernels: they read the
+// widened 16-bit values and their results are rounded once back to params_dtype
+// (forward and backward), as TE's FP32-internal kernels writing 16-bit outputs. Outputs
+// come out in params_dtype, the gradient of hidden_states in the dtype it came in, the
+// encoder_output gradient in FP32 (the side input's dtype); parameters and their
+// gradients stay FP32 masters.
 //
 // Side inputs: those of DotProductAttention (layers/dot_product_attention.h); for
 // cross-attention its mask is read from "enc_dec_attention_mask"; encoder_output for
@@ -125,6 +136,8 @@ struct MultiheadAttentionOptions {
   // gradients are bit-exact against the stored path).
   bool checkpoint_core_attention = false;
   uint64_t seed = 0;
+  // TE's params_dtype (see above): FLOAT32, BFLOAT16 or FLOAT16.
+  DType params_dtype = DType::kFloat32;
 };
 
 // Head size D after defaults.

@@ -8,9 +8,9 @@
 // So the next layer reads activations in params_dtype, as under TE, and every
 // gradient has the dtype of the value it belongs to. Everything else (name, kind,
 // parameters, quantizers, RNG counters, attention paths) is the wrapped module's.
-// Linear, GroupedLinear, LayerNorm / RMSNorm, LayerNormLinear, LayerNormMLP and
-// DotProductAttention compute in params_dtype natively and need no boundary;
-// MultiheadAttention and TransformerLayer are the layers built behind one.
+// Linear, GroupedLinear, LayerNorm / RMSNorm, LayerNormLinear, LayerNormMLP,
+// DotProductAttention and MultiheadAttention compute in params_dtype natively and need
+// no boundary; TransformerLayer is the layer built behind one.
 #ifndef TESERVE_LAYERS_PRECISION_BOUNDARY_H_
 #define TESERVE_LAYERS_PRECISION_BOUNDARY_H_
 

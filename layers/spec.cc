@@ -254,9 +254,8 @@ absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& la
   return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
-// The layer in its params_dtype: Linear, GroupedLinear, LayerNorm / RMSNorm,
-// LayerNormLinear, LayerNormMLP and DotProductAttention compute in it;
-// MultiheadAttention and TransformerLayer compute in FP32 behind a PrecisionBoundary that hands their
+// The layer in its params_dtype: every layer but TransformerLayer computes in it;
+// TransformerLayer computes in FP32 behind a PrecisionBoundary that hands its
 // activations over in params_dtype.
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
@@ -295,6 +294,13 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
     case v1::LayerSpec::kGroupedLinear:
       return CreateSeeded<GroupedLinear, GroupedLinearOptions>(GroupedLinearOptionsFromSpec(layer.grouped_linear(), dtype),
                                                                name, seed, recipe);
+    case v1::LayerSpec::kMultiheadAttention: {
+      // Every sub-layer in params_dtype (layers/multihead_attention.h), no boundary.
+      ASSIGN_OR_RETURN(MultiheadAttentionOptions options,
+                       MultiheadAttentionOptionsFromSpec(layer.multihead_attention(), recipe, "multihead_attention"));
+      options.params_dtype = dtype;
+      return CreateSeeded<MultiheadAttention, MultiheadAttentionOptions>(options, name, seed, recipe);
+    }
     default:
       break;
   }

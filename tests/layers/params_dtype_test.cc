@@ -1,9 +1,10 @@
 // LayerSpec.params_dtype on the CPU reference: Linear, GroupedLinear, the norms,
 // LayerNormLinear and LayerNormMLP compute in the 16-bit dtype (x and the weights
 // rounded to it, outputs and input gradients in it, FP32 master weights and
-// gradients); DotProductAttention hands 16-bit q, k, v to the attention kernels;
-// MultiheadAttention and TransformerLayer compute in FP32 behind a PrecisionBoundary that
-// converts their activations. A quantized 16-bit Linear reads the same FP8 codes as an
+// gradients); DotProductAttention hands 16-bit q, k, v to the attention kernels, and
+// MultiheadAttention computes in 16 bits around it (multihead_attention_params_dtype_test);
+// TransformerLayer computes in FP32 behind a PrecisionBoundary that converts its
+// activations. A quantized 16-bit Linear reads the same FP8 codes as an
 // FP32 Linear given the same (16-bit representable) values.
 #include <algorithm>
 #include <cmath>
@@ -133,9 +134,10 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LinearParamsDType,
                            return std::get<0>(info.param) + "_" + v1::DType_Name(std::get<1>(info.param));
                          });
 
-// The attention layers and TransformerLayer compute in FP32 behind the boundary: the
-// output is the FP32 layer's output rounded once, and the gradient of an FP32 input
-// comes back FP32.
+// A stack of LayerNorm, MultiheadAttention (both 16-bit) and TransformerLayer (FP32 behind
+// its boundary) in BF16 against the FP32 stack: the first layer's output is the FP32
+// one rounded once, the stack's output and gradients stay within 16-bit rounding, and
+// the gradient of an FP32 input comes back FP32.
 TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
   v1::ModelSpec spec;
   spec.set_seed(3);
