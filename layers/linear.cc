@@ -153,10 +153,15 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(std::string name, const L
                    Tensor::Zeros(DType::kFloat32, {options.out_features, options.in_features}));
   layer->weight_.name = options.weight_name.empty() ? absl::StrCat(name, ".weight") : options.weight_name;
   FillNormal(options.seed, options.init_std, layer->weight_.value.mutable_floats());
+  // The GEMMs read the weight in params_dtype: a 16-bit one is kept as a compute copy
+  // by the writers that maintain it (stale until the first of them runs).
+  layer->weight_.compute_dtype = options.params_dtype;
+  layer->weight_.grad_is_zero = true;
   if (options.bias) {
     ASSIGN_OR_RETURN(layer->bias_.value, Tensor::Zeros(DType::kFloat32, {options.out_features}));
     ASSIGN_OR_RETURN(layer->bias_.grad, Tensor::Zeros(DType::kFloat32, {options.out_features}));
     layer->bias_.name = options.bias_name.empty() ? absl::StrCat(name, ".bias") : options.bias_name;
+    layer->bias_.grad_is_zero = true;
   }
   ASSIGN_OR_RETURN(layer->input_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kInput));
   ASSIGN_OR_RETURN(layer->weight_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kWeight));
@@ -196,8 +201,9 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
     saved->input_shape = inputs[0].shape();
     saved->input_dtype = inputs[0].dtype();
   }
-  // The weight the GEMMs read: the FP32 master, or its rounding to a 16-bit params_dtype.
-  ASSIGN_OR_RETURN(const Tensor w, kernels::Convert(ctx, weight_.value, dtype));
+  // The weight the GEMMs read: the FP32 master, or its rounding to a 16-bit params_dtype
+  // (the valid compute copy when there is one, else converted now; the same bits).
+  ASSIGN_OR_RETURN(const Tensor w, ComputeValue(ctx, weight_));
   SavedOperand x_operand, w_operand;
   RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward, &x_operand));
   RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, w, options.save_for_backward, &w_operand));
@@ -250,6 +256,7 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
     ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
   } else if (options_.bias && !quantize_dy) {
     ASSIGN_OR_RETURN(Tensor dy32, kernels::Convert(ctx, dy, DType::kFloat32));
+    bias_.grad_is_zero = false;
     RETURN_IF_ERROR(kernels::ColumnSum(ctx, dy32, /*accumulate=*/true, &bias_.grad));
   }
 
@@ -271,7 +278,10 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
       ASSIGN_OR_RETURN(dbias, fused_dbias.Reshape({1, options_.out_features}));
     }
   }
-  if (dbias.defined()) RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
+  if (dbias.defined()) {
+    bias_.grad_is_zero = false;
+    RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
+  }
 
   // dgrad: dx [N, in] = dy [N, out] x W [out, in]; the columnwise W is W^T [in, out].
   ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(dtype, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
@@ -279,9 +289,15 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
                              saved.w.is_quantized, kernels::GemmAccumulation::kSplit, 0.0f, &dx));
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already
-  // transposed ([out, N] and [in, N]).
+  // transposed ([out, N] and [in, N]). Onto a gradient known to be zero the GEMM writes
+  // dW fresh (beta 0: D is not read) instead of adding to it. Both give the same
+  // product: the GEMM adds beta * D after the whole product, and p + 0 is p for every p
+  // but -0.0 (which fresh keeps and accumulating turns into +0.0; equal as values).
+  RETURN_IF_ERROR(CheckGradIsZero(ctx, weight_));
+  const float wgrad_beta = weight_.grad_is_zero ? 0.0f : 1.0f;
+  weight_.grad_is_zero = false;
   RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kColumnwise, !dy_operand.is_quantized, saved.x,
-                             Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, 1.0f,
+                             Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, wgrad_beta,
                              &weight_.grad));
 
   ASSIGN_OR_RETURN(Tensor dx_in, kernels::Convert(ctx, dx, saved.input_dtype));
