@@ -144,7 +144,9 @@ TEST_P(LinearGpuWgrad, FreshEqualsAccumulatingOntoZeros) {
     EXPECT_TRUE(BitwiseEqual(ToHost(fresh->Parameters()[1]->grad), ToHost(accumulated->Parameters()[1]->grad)))
         << "pass " << pass;
     if (pass == 0) first = got;
-    if (pass == 1) EXPECT_FALSE(BitwiseEqual(got, first));  // the second backward accumulated
+    if (pass == 1) {
+      EXPECT_FALSE(BitwiseEqual(got, first));  // the second backward accumulated
+    }
   }
 }
 
