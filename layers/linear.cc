@@ -290,9 +290,10 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already
   // transposed ([out, N] and [in, N]). Onto a gradient known to be zero the GEMM writes
-  // dW fresh (beta 0: D is not read) instead of adding to it. Both give the same
-  // product: the GEMM adds beta * D after the whole product, and p + 0 is p for every p
-  // but -0.0 (which fresh keeps and accumulating turns into +0.0; equal as values).
+  // dW fresh (beta 0: D is not read) instead of adding to it. Both give the same bits:
+  // a GEMM either adds beta * D to its finished product p or, blocking over k, starts
+  // its running sum from D, and starting from +0.0 changes nothing but turns a -0.0
+  // element of p into +0.0 (which fresh keeps as -0.0; equal as values).
   RETURN_IF_ERROR(CheckGradIsZero(ctx, weight_));
   const float wgrad_beta = weight_.grad_is_zero ? 0.0f : 1.0f;
   weight_.grad_is_zero = false;
