@@ -74,12 +74,12 @@ absl::Status RefreshComputeCopy(const Context& ctx, Parameter& p);
 absl::Status RefreshComputeCopies(const Context& ctx, const std::vector<Parameter*>& params);
 
 // The weight a layer's GEMMs read: the whole value of p's owner in its compute dtype
-// (a layer passes the parameter it owns). The valid compute
-// copy when there is one (no conversion), else value converted now (value itself for
-// FP32). On the CPU, where host code may write a value directly, a valid copy is first
-// checked against the value and a stale one is an INTERNAL error naming the parameter
-// (a writer that neither refreshed nor invalidated the copy); the check reads the
-// whole value, which the CPU reference can afford and a device path skips.
+// (a layer passes the parameter it owns). The valid compute copy when there is one (no
+// conversion), else value converted now (value itself for FP32). On the CPU, where
+// host code may write a value directly, a valid copy is first checked against the
+// value and a stale one is an INTERNAL error naming the parameter (a writer that
+// neither refreshed nor invalidated the copy); the check reads the whole value, which
+// the CPU reference can afford and a device path skips.
 absl::StatusOr<Tensor> ComputeValue(const Context& ctx, const Parameter& p);
 
 // On the CPU, where host code may write a gradient directly: INTERNAL naming the
