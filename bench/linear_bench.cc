@@ -8,9 +8,14 @@
 //   linear_bf16_fwd_bwd        no recipe, params_dtype BF16 (BF16 x, dy, y, dx; BF16 GEMMs)
 //   linear_fp8_delayed_bf16_fwd_bwd  FP8 delayed scaling with params_dtype BF16: what
 //                              TE's te.Linear runs with BF16 parameters
-// Timed with CUDA events around Forward + Backward + the end of both scaling regions
-// (what a training step's Linear costs); flops = 3 GEMMs of 2 R C C. run_bench.py times
-// torch.nn.Linear (BF16) forward + backward on the same shape beside it.
+// Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
+// regions: what a training step's Linear costs in a session between two optimizer
+// steps. The gradients are zero-filled and marked zero as Session::Step(zero_grad) /
+// ZeroGrad leave them (so wgrad is written fresh, as te.Linear's with grads set to
+// None), and a 16-bit weight's compute copy is valid, as after an optimizer step
+// (PlaceParameters builds it; nothing in the loop writes the weight). flops = 3 GEMMs
+// of 2 R C C. run_bench.py times torch.nn.Linear (BF16) forward + backward on the same
+// shape beside it.
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -35,10 +40,12 @@ namespace bench {
 namespace {
 
 // Where the time of one quantized forward + backward goes: the forward alone, the
-// backward alone (repeated on one forward's saved operands), and each of the three GEMMs
-// alone on the quantized operands Linear feeds them (fprop into params_dtype with the
-// bias epilogue when 16-bit, dgrad into params_dtype, wgrad accumulated into the FP32
-// gradient; also wgrad written fresh in params_dtype, what a 16-bit wgrad costs).
+// backward alone (repeated on one forward's saved operands, after a ZeroGrad as in the
+// whole step), and each of the three GEMMs alone on the quantized operands Linear feeds
+// them (fprop into params_dtype with the bias epilogue when 16-bit, dgrad into
+// params_dtype, wgrad into the FP32 gradient written fresh (what Linear runs after a
+// ZeroGrad) and accumulated (a second microbatch); also wgrad written fresh in
+// params_dtype, what a 16-bit wgrad costs).
 bool flags_breakdown = std::getenv("LINEAR_BENCH_BREAKDOWN") != nullptr;
 
 void Breakdown(const std::string& op, const Context& ctx, layers::Linear& linear, const Tensor& x, const Tensor& dy,
@@ -56,6 +63,7 @@ void Breakdown(const std::string& op, const Context& ctx, layers::Linear& linear
       }, flags), gemm_flops);
   auto fwd = OrDie(linear.Forward(ctx, {x}, layers::ForwardOptions()), "forward");
   add("backward", TimeLaunches([&]() -> cudaError_t {
+        Check(layers::ZeroGrads(ctx, linear.Parameters()), "zero grad");
         Check(linear.Backward(ctx, *fwd.saved, {dy}, nullptr).status(), "backward");
         return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
       }, flags), 2 * gemm_flops);
@@ -96,6 +104,8 @@ void Breakdown(const std::string& op, const Context& ctx, layers::Linear& linear
   gemm("gemm_fprop", first(operand(xq, kernels::Copy::kRowwise)), operand(wq, kernels::Copy::kRowwise), &y, fprop);
   kernels::GemmOptions split;
   gemm("gemm_dgrad", first(operand(dyq, kernels::Copy::kRowwise)), operand(wq, kernels::Copy::kColumnwise), &y, split);
+  gemm("gemm_wgrad_fp32_fresh", first(operand(dyq, kernels::Copy::kColumnwise)),
+       operand(xq, kernels::Copy::kColumnwise), &weight->grad, split);
   kernels::GemmOptions accumulate;
   accumulate.beta = 1.0f;
   gemm("gemm_wgrad_fp32_acc", first(operand(dyq, kernels::Copy::kColumnwise)), operand(xq, kernels::Copy::kColumnwise),
@@ -118,10 +128,10 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
   options.bias = true;
   options.params_dtype = dtype;
   std::unique_ptr<layers::Linear> linear = OrDie(layers::Linear::Create("fc", options, recipe), "Linear");
-  for (layers::Parameter* p : linear->Parameters()) {
-    p->value = OrDie(kernels::CopyTo(ctx, p->value, ctx.device), "weights to the GPU");
-    p->grad = OrDie(kernels::CopyTo(ctx, p->grad, ctx.device), "grads to the GPU");
-  }
+  // As a session places its parameters: values and gradients on the GPU, a 16-bit
+  // weight's compute copy built there.
+  Check(layers::PlaceParameters(ctx, linear->Parameters()), "parameters to the GPU");
+  const std::vector<layers::Parameter*> params = linear->Parameters();
   Tensor x_host = OrDie(Tensor::Zeros(DType::kFloat32, {tokens, features}), "x");
   layers::FillNormal(1, 1.0f, x_host.mutable_floats());
   Tensor dy_host = OrDie(Tensor::Zeros(DType::kFloat32, {tokens, features}), "dy");
@@ -136,6 +146,7 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
 
   Timing t = TimeLaunches(
       [&]() -> cudaError_t {
+        Check(layers::ZeroGrads(ctx, params), "zero grad");
         layers::ForwardOptions fwd;
         auto out = linear->Forward(ctx, {x}, fwd);
         Check(out.status(), op.c_str());

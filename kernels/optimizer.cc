@@ -28,6 +28,7 @@ absl::Status CheckState(const std::string& name, const Tensor* t, const Tensor& 
 ModelCopyKind CopyKindOf(DType dtype) {
   switch (dtype) {
     case DType::kBFloat16: return ModelCopyKind::kBFloat16;
+    case DType::kFloat16: return ModelCopyKind::kFloat16;
     case DType::kFloat8E4M3: return ModelCopyKind::kE4M3;
     case DType::kFloat8E5M2: return ModelCopyKind::kE5M2;
     default: return ModelCopyKind::kNone;
@@ -49,7 +50,7 @@ absl::Status CheckTensors(const Context& ctx, absl::Span<const OptimizerTensor> 
       const std::string name = prefix + "model_copy";
       RETURN_IF_ERROR(CheckDefined(name, *t.model_copy));
       if (CopyKindOf(t.model_copy->dtype()) == ModelCopyKind::kNone) {
-        return InvalidField(name + ".dtype", "BFLOAT16, FLOAT8_E4M3 or FLOAT8_E5M2",
+        return InvalidField(name + ".dtype", "BFLOAT16, FLOAT16, FLOAT8_E4M3 or FLOAT8_E5M2",
                             DTypeName(t.model_copy->dtype()));
       }
       RETURN_IF_ERROR(CheckShape(name, *t.model_copy, t.param->shape()));
@@ -68,7 +69,7 @@ void WriteModelCopyCpu(const OptimizerTensor& t) {
   const ModelCopyKind kind = CopyKindOf(t.model_copy->dtype());
   const float* p = t.param->data<float>();
   const int64_t n = t.param->numel();
-  if (kind == ModelCopyKind::kBFloat16) {
+  if (optimizer_math::IsSixteenBitCopy(kind)) {
     uint16_t* out = t.model_copy->data<uint16_t>();
     for (int64_t j = 0; j < n; ++j) out[j] = optimizer_math::ModelCopyCode(kind, p[j], t.model_copy_scale);
   } else {

@@ -8,8 +8,8 @@
 //
 // Each OptimizerTensor names one parameter's buffers: param, grad and the state tensors
 // FP32 of one shape on the Context's device; an optional model copy of that shape is
-// rewritten from the updated master weight: BF16 (round to nearest even) or FP8
-// E4M3/E5M2 codes satfinite(p * model_copy_scale). The CUDA backend updates every
+// rewritten from the updated master weight: BF16 or FP16 (round to nearest even, as
+// kernels::Convert rounds) or FP8 E4M3/E5M2 codes satfinite(p * model_copy_scale). The CUDA backend updates every
 // tensor of the list in one launch. `step` counts from 1. Errors are INVALID_ARGUMENT
 // naming the tensor ("tensors[2].exp_avg.shape: expected [4, 8], got [8, 4]").
 #ifndef TESERVE_KERNELS_OPTIMIZER_H_
@@ -47,7 +47,7 @@ struct OptimizerTensor {
   const Tensor* grad = nullptr;  // FP32
   Tensor* exp_avg = nullptr;     // AdamW first moment; SGD momentum buffer (null without momentum)
   Tensor* exp_avg_sq = nullptr;  // AdamW second moment (unused by SGD)
-  Tensor* model_copy = nullptr;  // optional BF16 / FLOAT8_E4M3 / FLOAT8_E5M2
+  Tensor* model_copy = nullptr;  // optional BF16 / FLOAT16 / FLOAT8_E4M3 / FLOAT8_E5M2
   float model_copy_scale = 1.0f; // FP8 copies only: finite and > 0
 };
 

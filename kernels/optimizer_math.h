@@ -78,13 +78,20 @@ TESERVE_HD void SgdElement(const SgdScalars& s, float g, float* p, float* buf) {
 }
 
 // Model copy kinds written from the updated FP32 master weight.
-enum class ModelCopyKind : int32_t { kNone = 0, kBFloat16 = 1, kE4M3 = 2, kE5M2 = 3 };
+enum class ModelCopyKind : int32_t { kNone = 0, kBFloat16 = 1, kE4M3 = 2, kE5M2 = 3, kFloat16 = 4 };
 
-// The copy's code of master value p: BF16 round-to-nearest-even, or FP8 satfinite of
+// 16-bit copies (2-byte codes) as opposed to FP8 ones.
+TESERVE_HD bool IsSixteenBitCopy(ModelCopyKind kind) {
+  return kind == ModelCopyKind::kBFloat16 || kind == ModelCopyKind::kFloat16;
+}
+
+// The copy's code of master value p: BF16 / FP16 round-to-nearest-even (the encoders
+// kernels::Convert uses, so a copy equals Convert(p) bit for bit), or FP8 satfinite of
 // the FP32 product p * scale.
 TESERVE_HD uint16_t ModelCopyCode(ModelCopyKind kind, float p, float scale) {
   switch (kind) {
     case ModelCopyKind::kBFloat16: return FloatToBf16(p);
+    case ModelCopyKind::kFloat16: return FloatToFp16(p);
     case ModelCopyKind::kE4M3: return FloatToE4M3(Mul(p, scale));
     case ModelCopyKind::kE5M2: return FloatToE5M2(Mul(p, scale));
     default: return 0;

@@ -166,10 +166,15 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(std::string name, const L
                    Tensor::Zeros(DType::kFloat32, {options.out_features, options.in_features}));
   layer->weight_.name = options.weight_name.empty() ? absl::StrCat(name, ".weight") : options.weight_name;
   FillNormal(options.seed, options.init_std, layer->weight_.value.mutable_floats());
+  // The GEMMs read the weight in params_dtype: a 16-bit one is kept as a compute copy
+  // by the writers that maintain it (stale until the first of them runs).
+  layer->weight_.compute_dtype = options.params_dtype;
+  layer->weight_.grad_is_zero = true;
   if (options.bias) {
     ASSIGN_OR_RETURN(layer->bias_.value, Tensor::Zeros(DType::kFloat32, {options.out_features}));
     ASSIGN_OR_RETURN(layer->bias_.grad, Tensor::Zeros(DType::kFloat32, {options.out_features}));
     layer->bias_.name = options.bias_name.empty() ? absl::StrCat(name, ".bias") : options.bias_name;
+    layer->bias_.grad_is_zero = true;
   }
   ASSIGN_OR_RETURN(layer->input_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kInput));
   ASSIGN_OR_RETURN(layer->weight_quantizer_, recipes::MakeQuantizer(recipe, TensorRole::kWeight));
@@ -259,6 +264,7 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
     ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
   } else if (options_.bias && !quantize_dy) {
     ASSIGN_OR_RETURN(Tensor dy32, kernels::Convert(ctx, dy, DType::kFloat32));
+    bias_.grad_is_zero = false;
     RETURN_IF_ERROR(kernels::ColumnSum(ctx, dy32, /*accumulate=*/true, &bias_.grad));
   }
 
@@ -280,7 +286,10 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
       ASSIGN_OR_RETURN(dbias, fused_dbias.Reshape({1, options_.out_features}));
     }
   }
-  if (dbias.defined()) RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
+  if (dbias.defined()) {
+    bias_.grad_is_zero = false;
+    RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
+  }
 
   // dgrad: dx [N, in] = dy [N, out] x W [out, in]; the columnwise W is W^T [in, out].
   ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(dtype, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
@@ -288,9 +297,16 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
                              saved.w.is_quantized, kernels::GemmAccumulation::kSplit, 0.0f, &dx));
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already
-  // transposed ([out, N] and [in, N]).
+  // transposed ([out, N] and [in, N]). Onto a gradient known to be zero the GEMM writes
+  // dW fresh (beta 0: D is not read) instead of adding to it. Both give the same bits:
+  // a GEMM either adds beta * D to its finished product p or, blocking over k, starts
+  // its running sum from D, and starting from +0.0 changes nothing but turns a -0.0
+  // element of p into +0.0 (which fresh keeps as -0.0; equal as values).
+  RETURN_IF_ERROR(CheckGradIsZero(ctx, weight_));
+  const float wgrad_beta = weight_.grad_is_zero ? 0.0f : 1.0f;
+  weight_.grad_is_zero = false;
   RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kColumnwise, !dy_operand.is_quantized, saved.x,
-                             Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, 1.0f,
+                             Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, wgrad_beta,
                              &weight_.grad));
 
   ASSIGN_OR_RETURN(Tensor dx_in, kernels::Convert(ctx, dx, saved.input_dtype));
@@ -298,9 +314,9 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
   return std::vector<Tensor>{std::move(dx_full)};
 }
 
-absl::StatusOr<Tensor> Linear::GemmWeight(const Context& ctx) const {
-  return kernels::Convert(ctx, weight_.value, options_.params_dtype);
-}
+// The weight the GEMMs read: the FP32 master, or its rounding to a 16-bit params_dtype
+// (the valid compute copy when there is one, else converted now; the same bits).
+absl::StatusOr<Tensor> Linear::GemmWeight(const Context& ctx) const { return ComputeValue(ctx, weight_); }
 
 const Tensor* Linear::FpropBias() const {
   return options_.bias && !options_.return_bias ? &bias_.value : nullptr;

@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 
 namespace teserve {
@@ -31,25 +32,108 @@ Parameter RowBlock(Parameter& whole, std::string name, int64_t begin, int64_t ro
   return view;
 }
 
-absl::Status PlaceParameters(const Context& ctx, const std::vector<Parameter*>& params) {
-  // Owners in first-seen order; the moved copies are made before anything is
-  // assigned, so a failed copy leaves every parameter as it was.
+namespace {
+
+// Owners of `params` in first-seen order, each once.
+std::vector<Parameter*> Owners(const std::vector<Parameter*>& params) {
   std::vector<Parameter*> owners;
   absl::flat_hash_map<Parameter*, size_t> index;
   for (Parameter* p : params) {
-    Parameter* owner = p->view_of != nullptr ? p->view_of : p;
+    Parameter* owner = &OwnerOf(*p);
     if (index.emplace(owner, owners.size()).second) owners.push_back(owner);
   }
-  std::vector<std::pair<Tensor, Tensor>> moved;
+  return owners;
+}
+
+bool HasComputeCopy(const Parameter& owner) {
+  return owner.compute_dtype != DType::kFloat32 && owner.value.defined();
+}
+
+}  // namespace
+
+absl::Status RefreshComputeCopy(const Context& ctx, Parameter& p) {
+  Parameter& owner = OwnerOf(p);
+  owner.compute_copy_valid = false;
+  if (!HasComputeCopy(owner)) return absl::OkStatus();
+  // Convert returns a new tensor: the old buffer stays with whoever still holds it.
+  ASSIGN_OR_RETURN(owner.compute_copy, kernels::Convert(ctx, owner.value, owner.compute_dtype));
+  owner.compute_copy_valid = true;
+  return absl::OkStatus();
+}
+
+absl::Status RefreshComputeCopies(const Context& ctx, const std::vector<Parameter*>& params) {
+  for (Parameter* owner : Owners(params)) RETURN_IF_ERROR(RefreshComputeCopy(ctx, *owner));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ComputeValue(const Context& ctx, const Parameter& p) {
+  const Parameter& owner = OwnerOf(p);
+  const bool usable = HasComputeCopy(owner) && owner.compute_copy_valid && owner.compute_copy.defined() &&
+                      owner.compute_copy.dtype() == owner.compute_dtype &&
+                      owner.compute_copy.device() == ctx.device && owner.compute_copy.shape() == owner.value.shape();
+  Tensor whole;
+  if (usable && !ctx.device.is_cpu()) {
+    whole = owner.compute_copy;
+  } else {
+    ASSIGN_OR_RETURN(whole, kernels::Convert(ctx, owner.value, owner.compute_dtype));
+    if (usable) {
+      if (!BitwiseEqual(whole, owner.compute_copy)) {
+        return absl::InternalError(absl::StrCat(
+            "parameter ", Quoted(owner.name), ": its ", DTypeName(owner.compute_dtype),
+            " compute copy is stale (its value was written without refreshing or invalidating the copy; "
+            "see layers::InvalidateComputeCopy)"));
+      }
+      whole = owner.compute_copy;
+    }
+  }
+  return whole;
+}
+
+absl::Status CheckGradIsZero(const Context& ctx, const Parameter& p) {
+  const Parameter& owner = OwnerOf(p);
+  if (!owner.grad_is_zero || !ctx.device.is_cpu() || !owner.grad.device().is_cpu()) return absl::OkStatus();
+  for (float g : owner.grad.floats()) {
+    if (g != 0.0f) {
+      return absl::InternalError(absl::StrCat("parameter ", Quoted(owner.name),
+                                              ": marked grad_is_zero but its gradient holds ", g,
+                                              " (a writer of the gradient left the flag set)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroGrads(const Context& ctx, const std::vector<Parameter*>& params) {
+  for (Parameter* owner : Owners(params)) {
+    owner->grad_is_zero = false;
+    RETURN_IF_ERROR(kernels::FillZero(ctx, &owner->grad));
+    owner->grad_is_zero = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlaceParameters(const Context& ctx, const std::vector<Parameter*>& params) {
+  // The moved copies are made before anything is assigned, so a failed copy leaves
+  // every parameter as it was.
+  const std::vector<Parameter*> owners = Owners(params);
+  struct Moved {
+    Tensor value, grad, compute_copy;
+  };
+  std::vector<Moved> moved;
   moved.reserve(owners.size());
   for (Parameter* owner : owners) {
-    ASSIGN_OR_RETURN(Tensor value, kernels::CopyTo(ctx, owner->value, ctx.device));
-    ASSIGN_OR_RETURN(Tensor grad, kernels::CopyTo(ctx, owner->grad, ctx.device));
-    moved.emplace_back(std::move(value), std::move(grad));
+    Moved m;
+    ASSIGN_OR_RETURN(m.value, kernels::CopyTo(ctx, owner->value, ctx.device));
+    ASSIGN_OR_RETURN(m.grad, kernels::CopyTo(ctx, owner->grad, ctx.device));
+    if (HasComputeCopy(*owner)) {
+      ASSIGN_OR_RETURN(m.compute_copy, kernels::Convert(ctx, m.value, owner->compute_dtype));
+    }
+    moved.push_back(std::move(m));
   }
   for (size_t i = 0; i < owners.size(); ++i) {
-    owners[i]->value = std::move(moved[i].first);
-    owners[i]->grad = std::move(moved[i].second);
+    owners[i]->value = std::move(moved[i].value);
+    owners[i]->grad = std::move(moved[i].grad);  // the same contents: grad_is_zero holds
+    owners[i]->compute_copy = std::move(moved[i].compute_copy);
+    owners[i]->compute_copy_valid = owners[i]->compute_copy.defined();
   }
   for (Parameter* p : params) {
     if (p->view_of == nullptr) continue;

@@ -34,7 +34,63 @@ struct Parameter {
   // (PlaceParameters), so a view never points at memory its owner has let go.
   Parameter* view_of = nullptr;
   int64_t view_begin = 0;
+
+  // The fields below are meaningful on owners only (a view's state is its owner's;
+  // the functions below take either and act on the owner).
+  //
+  // Compute copy: the dtype the owning layer's GEMMs read `value` in (a 16-bit
+  // params_dtype; FP32 = no copy) and `value` rounded to it (kernels::Convert's
+  // round-to-nearest-even), on value's device. The copy may be read only while
+  // compute_copy_valid. Stale by default: only writers that know keep it valid
+  // (the optimizer step writes it in the same pass as the update; SetParameters,
+  // RestoreState and PlaceParameters rebuild it), and every other write of `value`
+  // leaves or makes it invalid (InvalidateComputeCopy). A valid copy's buffer is never
+  // written again: a writer gives the parameter a new one, so a forward that saved the
+  // old buffer for its backward keeps reading the weight it ran with.
+  DType compute_dtype = DType::kFloat32;
+  Tensor compute_copy;
+  bool compute_copy_valid = false;
+  // True only while `grad` is known to hold zeros (+0.0 everywhere): set where a
+  // gradient is zero-filled (a layer's Create, the session's ZeroGrad and undo),
+  // cleared by every write that may leave anything else. A layer may then write its
+  // gradient fresh (GEMM beta 0) instead of accumulating into it.
+  bool grad_is_zero = false;
 };
+
+// The parameter owning p's memory: p itself, or the parameter p is a row view of.
+inline Parameter& OwnerOf(Parameter& p) { return p.view_of != nullptr ? *p.view_of : p; }
+inline const Parameter& OwnerOf(const Parameter& p) { return p.view_of != nullptr ? *p.view_of : p; }
+
+// For writers of `value` that do not maintain the compute copy (host code writing a
+// CPU parameter through mutable_floats() included): the copy of p's owner may no
+// longer be read.
+inline void InvalidateComputeCopy(Parameter& p) { OwnerOf(p).compute_copy_valid = false; }
+
+// Rebuilds the compute copy of p's owner from its whole value on ctx (a new buffer)
+// and marks it valid; nothing for an FP32 compute dtype. On failure the copy is
+// invalid.
+absl::Status RefreshComputeCopy(const Context& ctx, Parameter& p);
+// The same for the owners of `params`, each once.
+absl::Status RefreshComputeCopies(const Context& ctx, const std::vector<Parameter*>& params);
+
+// The weight a layer's GEMMs read: the whole value of p's owner in its compute dtype
+// (a layer passes the parameter it owns). The valid compute copy when there is one (no
+// conversion), else value converted now (value itself for FP32). On the CPU, where
+// host code may write a value directly, a valid copy is first checked against the
+// value and a stale one is an INTERNAL error naming the parameter (a writer that
+// neither refreshed nor invalidated the copy); the check reads the whole value, which
+// the CPU reference can afford and a device path skips.
+absl::StatusOr<Tensor> ComputeValue(const Context& ctx, const Parameter& p);
+
+// On the CPU, where host code may write a gradient directly: INTERNAL naming the
+// parameter when p's owner claims grad_is_zero and its gradient holds anything but
+// zeros. OK on a device (only the known writers reach device memory) and when the
+// flag is clear.
+absl::Status CheckGradIsZero(const Context& ctx, const Parameter& p);
+
+// Zero-fills the gradients of `params` (their owners' whole gradients, once each) and
+// marks them zero: what a training step does between steps (Session's ZeroGrad).
+absl::Status ZeroGrads(const Context& ctx, const std::vector<Parameter*>& params);
 
 // Rows [begin, begin + rows) of a rank-1 or rank-2 tensor of 8-bit or wider elements,
 // sharing its memory on whatever device it lives; valid while `t`'s storage is.
@@ -49,7 +105,8 @@ Parameter RowBlock(Parameter& whole, std::string name, int64_t begin, int64_t ro
 
 // Moves every parameter of `params` that owns its tensors, and the owner of every view
 // among them, to ctx.device (ordered on ctx.stream), then points the views at the
-// moved tensors. On failure the parameters are as they were (nothing half moved).
+// moved tensors. Owners with a 16-bit compute dtype get their compute copy built there
+// (valid). On failure the parameters are as they were (nothing half moved).
 absl::Status PlaceParameters(const Context& ctx, const std::vector<Parameter*>& params);
 
 // How one attention core computes on a device (SessionInfo.attention).

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/context.h"
 #include "core/status.h"
@@ -40,18 +41,70 @@ int64_t TensorBytes(const std::vector<Tensor>& tensors) {
   return bytes;
 }
 
-// The parameter list as kernels/optimizer.h tensors.
-std::vector<kernels::OptimizerTensor> OptimizerTensors(const std::vector<layers::Parameter*>& params,
-                                                       std::vector<Tensor>* exp_avg,
-                                                       std::vector<Tensor>* exp_avg_sq) {
-  std::vector<kernels::OptimizerTensor> tensors(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    tensors[i].param = &params[i]->value;
-    tensors[i].grad = &params[i]->grad;
-    if (exp_avg != nullptr) tensors[i].exp_avg = &(*exp_avg)[i];
-    if (exp_avg_sq != nullptr) tensors[i].exp_avg_sq = &(*exp_avg_sq)[i];
+// The parameter list as kernels/optimizer.h tensors, with the compute copies the
+// update rewrites in the same pass.
+//
+// Each owner with a 16-bit compute dtype gets a new copy buffer (stream-ordered pool
+// memory; a forward that saved the old one for its backward keeps reading the weight
+// it ran with) that the kernel writes as the model copy of the owner, or of each of its
+// row views: rows [view_begin, +rows) of the new buffer. The kernel encodes each
+// updated master with kernels::Convert's round-to-nearest-even, so the copy is valid
+// once the step has run on every row; an owner whose rows the list does not all cover
+// (only some of its views listed) keeps no copy and is marked stale.
+struct UpdateList {
+  std::vector<kernels::OptimizerTensor> tensors;
+  std::vector<Tensor> row_copies;          // the views' rows of the new copies
+  std::vector<layers::Parameter*> copied;  // owners whose new copy the step writes whole
+};
+
+absl::StatusOr<UpdateList> OptimizerTensors(const Context& ctx, const std::vector<layers::Parameter*>& params,
+                                            std::vector<Tensor>* exp_avg, std::vector<Tensor>* exp_avg_sq) {
+  // Rows of each 16-bit owner the list updates, owners in first-seen order.
+  std::vector<layers::Parameter*> owners;
+  absl::flat_hash_map<layers::Parameter*, int64_t> covered;
+  for (layers::Parameter* p : params) {
+    layers::Parameter& owner = layers::OwnerOf(*p);
+    if (owner.compute_dtype == DType::kFloat32 || owner.value.rank() < 1) continue;
+    auto [it, inserted] = covered.emplace(&owner, 0);
+    if (inserted) owners.push_back(&owner);
+    it->second += p->value.dim(0);
   }
-  return tensors;
+  UpdateList list;
+  absl::flat_hash_map<layers::Parameter*, bool> writes_copy;
+  for (layers::Parameter* owner : owners) {
+    owner->compute_copy_valid = false;
+    owner->compute_copy = Tensor();
+    if (covered[owner] != owner->value.dim(0)) continue;
+    ASSIGN_OR_RETURN(owner->compute_copy,
+                     Tensor::Empty(owner->compute_dtype, owner->value.shape(), ctx.device, ctx.stream));
+    writes_copy[owner] = true;
+    list.copied.push_back(owner);
+  }
+  list.tensors.resize(params.size());
+  list.row_copies.reserve(params.size());  // no reallocation: model_copy points into it
+  for (size_t i = 0; i < params.size(); ++i) {
+    layers::Parameter* p = params[i];
+    kernels::OptimizerTensor& t = list.tensors[i];
+    t.param = &p->value;
+    t.grad = &p->grad;
+    if (exp_avg != nullptr) t.exp_avg = &(*exp_avg)[i];
+    if (exp_avg_sq != nullptr) t.exp_avg_sq = &(*exp_avg_sq)[i];
+    layers::Parameter& owner = layers::OwnerOf(*p);
+    if (!writes_copy.contains(&owner)) continue;
+    if (&owner == p) {
+      t.model_copy = &owner.compute_copy;
+    } else {
+      list.row_copies.push_back(layers::Rows(owner.compute_copy, p->view_begin, p->value.dim(0)));
+      t.model_copy = &list.row_copies.back();
+    }
+  }
+  return list;
+}
+
+// After the kernel: the copies it wrote are valid; on failure nothing is.
+absl::Status FinishUpdate(const UpdateList& list, absl::Status status) {
+  for (layers::Parameter* owner : list.copied) owner->compute_copy_valid = status.ok();
+  return status;
 }
 
 class Sgd : public Optimizer {
@@ -67,9 +120,8 @@ class Sgd : public Optimizer {
   absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) override {
     const bool momentum = spec_.momentum() != 0.0f;
     if (momentum) RETURN_IF_ERROR(EnsureState(ctx, params, &momentum_));
-    const std::vector<kernels::OptimizerTensor> tensors =
-        OptimizerTensors(params, momentum ? &momentum_ : nullptr, nullptr);
-    return kernels::SgdStep(ctx, tensors, options_, step);
+    ASSIGN_OR_RETURN(const UpdateList list, OptimizerTensors(ctx, params, momentum ? &momentum_ : nullptr, nullptr));
+    return FinishUpdate(list, kernels::SgdStep(ctx, list.tensors, options_, step));
   }
 
   int64_t StateBytes() const override { return TensorBytes(momentum_); }
@@ -91,8 +143,8 @@ class AdamW : public Optimizer {
   absl::Status Apply(const Context& ctx, const std::vector<layers::Parameter*>& params, int64_t step) override {
     RETURN_IF_ERROR(EnsureState(ctx, params, &exp_avg_));
     RETURN_IF_ERROR(EnsureState(ctx, params, &exp_avg_sq_));
-    const std::vector<kernels::OptimizerTensor> tensors = OptimizerTensors(params, &exp_avg_, &exp_avg_sq_);
-    return kernels::AdamWStep(ctx, tensors, options_, step);
+    ASSIGN_OR_RETURN(const UpdateList list, OptimizerTensors(ctx, params, &exp_avg_, &exp_avg_sq_));
+    return FinishUpdate(list, kernels::AdamWStep(ctx, list.tensors, options_, step));
   }
 
   int64_t StateBytes() const override { return TensorBytes(exp_avg_) + TensorBytes(exp_avg_sq_); }

@@ -157,6 +157,7 @@ struct Session::State {
     bool grads = false;               // the call accumulates gradients
     bool grads_zero = false;          // ... into all-zero ones: zeroing restores them
     std::vector<Tensor> grad_copies;  // else a copy per GradOwners() entry
+    std::vector<bool> grad_is_zero;   // Parameter::grad_is_zero per GradOwners() entry
   };
 
   // The parameters that own gradient memory, each once: a row view (parameters_split)
@@ -177,6 +178,9 @@ struct Session::State {
     for (const layers::RngCounter& c : stack->RngCounters()) undo.rng.push_back(*c.value);
     undo.grads = grads;
     undo.grads_zero = grads_zero;
+    if (grads) {
+      for (const layers::Parameter* p : GradOwners()) undo.grad_is_zero.push_back(p->grad_is_zero);
+    }
     if (grads && !grads_zero) {
       for (const layers::Parameter* p : GradOwners()) {
         ASSIGN_OR_RETURN(Tensor copy, p->grad.Clone(ctx.stream));
@@ -195,13 +199,23 @@ struct Session::State {
     if (!undo.grads) return absl::OkStatus();
     const std::vector<layers::Parameter*> owners = GradOwners();
     for (size_t i = 0; i < owners.size(); ++i) {
+      owners[i]->grad_is_zero = false;
       if (undo.grads_zero) {
         RETURN_IF_ERROR(kernels::FillZero(ctx, &owners[i]->grad));
       } else {
         RETURN_IF_ERROR(kernels::CopyInto(ctx, undo.grad_copies[i], &owners[i]->grad));
       }
+      owners[i]->grad_is_zero = undo.grad_is_zero[i];
     }
     return absl::OkStatus();
+  }
+
+  // After a call that may have written gradients: neither the session nor any
+  // parameter knows them to be zero any more (layers clear their own flags as they
+  // write; this covers every parameter, whichever module wrote it).
+  void GradsWritten() {
+    grads_zero = false;
+    for (layers::Parameter* p : GradOwners()) p->grad_is_zero = false;
   }
 
   // Runs `body` (a training call after its validation) as one transaction: with an
@@ -211,7 +225,11 @@ struct Session::State {
   // allocation failures).
   template <typename Result, typename Body>
   absl::StatusOr<Result> Transaction(const Interruption* interruption, bool grads, Body&& body) {
-    if (interruption == nullptr) return body(ctx);
+    if (interruption == nullptr) {
+      absl::StatusOr<Result> result = body(ctx);
+      if (!result.ok() && grads) GradsWritten();  // nothing undone: whatever was written stays
+      return result;
+    }
     Context call = ctx;
     call.interruption = interruption;
     // A call that waited for the session lock may have been abandoned meanwhile.
@@ -227,8 +245,11 @@ struct Session::State {
     return result;
   }
 
+  // Zero-fills every gradient (each owner's whole one, which its row views share) and
+  // marks them zero, so the next backward's GEMMs may write them fresh.
   absl::Status ZeroGrads() {
-    for (layers::Parameter* p : params) RETURN_IF_ERROR(kernels::FillZero(ctx, &p->grad));
+    grads_zero = false;
+    RETURN_IF_ERROR(layers::ZeroGrads(ctx, params));
     grads_zero = true;
     return absl::OkStatus();
   }
@@ -462,6 +483,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const v1::ModelSpec& mo
       return path;
     }
   }
+  // On a device PlaceParameters has built the 16-bit compute copies; on the CPU they
+  // are built here (no code outside the session writes its parameters).
+  if (state->ctx.device.is_cpu()) RETURN_IF_ERROR(layers::RefreshComputeCopies(state->ctx, state->params));
   state->gemm_plan = recipes::PlanGemm(state->recipe.name(), state->DeviceFacts());
   return std::unique_ptr<Session>(new Session(model, recipe, optimizer, std::move(state)));
 }
@@ -558,7 +582,7 @@ absl::StatusOr<std::vector<Tensor>> Session::Backward(uint64_t handle, const std
   // Kept: the handle is consumed only by a Backward that completed (an undone one leaves
   // it pending, so the client may run it again).
   s.pending.erase(it);
-  s.grads_zero = false;
+  s.GradsWritten();
   ++s.version;
   if (side_grads != nullptr) {
     for (NamedTensor& g : new_side_grads) side_grads->push_back(std::move(g));
@@ -621,7 +645,7 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
                    s.Transaction<ForwardBackwardResult>(interruption, /*grads=*/true, forward_backward));
   s.has_loss = true;
   s.last_loss = result.loss;
-  s.grads_zero = false;
+  s.GradsWritten();
   ++s.version;
   return result;
 }
@@ -708,10 +732,13 @@ absl::Status Session::SetParameters(const std::vector<NamedTensor>& parameters) 
     targets.push_back(p);
   }
   ++state_->version;  // even a copy that fails halfway has changed something
+  // The compute copies of the parameters written are stale until rebuilt from the new
+  // values (a row view's copy is its owner's, rebuilt whole).
+  for (layers::Parameter* p : targets) layers::InvalidateComputeCopy(*p);
   for (size_t i = 0; i < targets.size(); ++i) {
     RETURN_IF_ERROR(kernels::CopyInto(state_->ctx, parameters[i].tensor, &targets[i]->value));
   }
-  return absl::OkStatus();
+  return layers::RefreshComputeCopies(state_->ctx, targets);
 }
 
 std::vector<QuantizerReport> Session::QuantizationState() const {
@@ -866,17 +893,19 @@ absl::Status Session::RestoreState(const SessionState& in) {
     }
   }
 
+  for (layers::Parameter* p : s.params) layers::InvalidateComputeCopy(*p);
+  s.GradsWritten();  // whatever the checkpoint held
   for (size_t i = 0; i < s.params.size(); ++i) {
     RETURN_IF_ERROR(kernels::CopyInto(s.ctx, *params[i], &s.params[i]->value));
     RETURN_IF_ERROR(kernels::CopyInto(s.ctx, *grads[i], &s.params[i]->grad));
   }
+  RETURN_IF_ERROR(layers::RefreshComputeCopies(s.ctx, s.params));
   for (size_t b = 0; b < buffers.size(); ++b) *buffers[b].tensors = std::move(new_buffers[b]);
   for (size_t i = 0; i < rng.size(); ++i) *rng[i].value = static_cast<uint64_t>(rng_values[i]);
   for (size_t i = 0; i < s.quantizers.size(); ++i) s.quantizers[i].quantizer->ImportState(quantizer_states[i]);
   s.step = step;
   s.skipped_steps = skipped;
   s.pending.clear();
-  s.grads_zero = false;  // whatever the checkpoint held
   ++s.version;
   return absl::OkStatus();
 }
@@ -888,6 +917,9 @@ SessionSummary Session::Summary() const {
   for (const layers::Parameter* p : state_->params) {
     summary.num_parameters += p->value.numel();
     summary.state_bytes += p->value.nbytes() + p->grad.nbytes();
+  }
+  for (const layers::Parameter* owner : state_->GradOwners()) {
+    if (owner->compute_copy.defined()) summary.state_bytes += owner->compute_copy.nbytes();
   }
   summary.state_bytes += state_->optimizer->StateBytes();
   summary.live_handles = static_cast<int64_t>(state_->pending.size());

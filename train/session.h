@@ -98,8 +98,9 @@ struct LayerSummary {
 struct SessionSummary {
   int64_t step = 0;
   int64_t num_parameters = 0;
-  // Bytes the session keeps on its device between RPCs: parameters, gradients and
-  // optimizer state (the saved activations of pending forwards are not counted).
+  // Bytes the session keeps on its device between RPCs: parameters (with the 16-bit
+  // compute copies of 16-bit layers' weights), gradients and optimizer state (the saved
+  // activations of pending forwards are not counted).
   int64_t state_bytes = 0;
   int64_t live_handles = 0;
   std::string device;       // where the session computes

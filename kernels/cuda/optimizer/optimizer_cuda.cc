@@ -25,6 +25,7 @@ ModelCopyKind CopyKindOf(const Tensor* copy) {
   if (copy == nullptr) return ModelCopyKind::kNone;
   switch (copy->dtype()) {
     case DType::kBFloat16: return ModelCopyKind::kBFloat16;
+    case DType::kFloat16: return ModelCopyKind::kFloat16;
     case DType::kFloat8E4M3: return ModelCopyKind::kE4M3;
     case DType::kFloat8E5M2: return ModelCopyKind::kE5M2;
     default: return ModelCopyKind::kNone;

@@ -37,7 +37,7 @@ __device__ __forceinline__ void StoreCopy4(const MultiTensorSlot& s, int64_t e, 
   const uint32_t c1 = optimizer_math::ModelCopyCode(kind, p.y, s.copy_scale);
   const uint32_t c2 = optimizer_math::ModelCopyCode(kind, p.z, s.copy_scale);
   const uint32_t c3 = optimizer_math::ModelCopyCode(kind, p.w, s.copy_scale);
-  if (kind == ModelCopyKind::kBFloat16) {
+  if (optimizer_math::IsSixteenBitCopy(kind)) {
     *reinterpret_cast<uint2*>(static_cast<uint16_t*>(s.copy) + e) = make_uint2(c0 | (c1 << 16), c2 | (c3 << 16));
   } else {
     *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(s.copy) + e) = c0 | (c1 << 8) | (c2 << 16) | (c3 << 24);
@@ -47,7 +47,7 @@ __device__ __forceinline__ void StoreCopy4(const MultiTensorSlot& s, int64_t e, 
 __device__ __forceinline__ void StoreCopy1(const MultiTensorSlot& s, int64_t e, float p) {
   const ModelCopyKind kind = static_cast<ModelCopyKind>(s.copy_kind);
   const uint16_t c = optimizer_math::ModelCopyCode(kind, p, s.copy_scale);
-  if (kind == ModelCopyKind::kBFloat16) {
+  if (optimizer_math::IsSixteenBitCopy(kind)) {
     static_cast<uint16_t*>(s.copy)[e] = c;
   } else {
     static_cast<uint8_t*>(s.copy)[e] = static_cast<uint8_t>(c);
@@ -147,7 +147,7 @@ bool Aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr
 }  // namespace
 
 void AppendChunks(MultiTensorSlot* slot, int32_t slot_index, std::vector<MultiTensorChunk>* chunks) {
-  const uintptr_t copy_align = slot->copy_kind == static_cast<int32_t>(ModelCopyKind::kBFloat16) ? 8 : 4;
+  const uintptr_t copy_align = optimizer_math::IsSixteenBitCopy(static_cast<ModelCopyKind>(slot->copy_kind)) ? 8 : 4;
   slot->vectorized = Aligned(slot->p, 16) && Aligned(slot->g, 16) && Aligned(slot->m, 16) &&
                      Aligned(slot->v, 16) && Aligned(slot->copy, copy_align);
   for (int64_t begin = 0; begin < slot->numel; begin += kOptimizerChunk) {

@@ -25,7 +25,7 @@ struct MultiTensorSlot {
   const float* g = nullptr;
   float* m = nullptr;
   float* v = nullptr;
-  void* copy = nullptr;  // BF16 or FP8 codes of p's shape, or null
+  void* copy = nullptr;  // BF16, FP16 or FP8 codes of p's shape, or null
   float copy_scale = 1.0f;
   int32_t copy_kind = 0;  // optimizer_math::ModelCopyKind
   int32_t vectorized = 0; // every pointer aligned for 4-element accesses

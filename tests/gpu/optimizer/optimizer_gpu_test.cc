@@ -1,7 +1,8 @@
 // Multi-tensor AdamW / SGD (kernels/optimizer.h). The CPU op is checked against the
 // update written out plainly in FP32 (the rules of train/optimizer.h), bitwise; the CUDA
 // kernels are checked against the CPU op on the same inputs, bitwise too: master
-// weights, both moments or the momentum buffer, and the BF16 / FP8 model copies, over
+// weights, both moments or the momentum buffer, and the BF16 / FP16 / FP8 model copies
+// (16-bit ones equal to kernels::Convert of the master), over
 // several steps, for a list of tensors with odd sizes (1 element, chunk tails, more than
 // one chunk) and one tensor whose buffers are misaligned (the element-wise path).
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "core/context.h"
 #include "core/float_codec.h"
 #include "core/tensor.h"
+#include "kernels/cast.h"
 #include "kernels/optimizer.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -58,7 +60,7 @@ std::vector<HostParam> MakeParams(const std::vector<Shape>& shapes, const std::v
     hp.v = Tensor::Zeros(DType::kFloat32, shapes[i]).value();
     if (copy_types[i] != DType::kFloat32) {
       hp.copy = Tensor::Zeros(copy_types[i], shapes[i]).value();
-      hp.copy_scale = copy_types[i] == DType::kBFloat16 ? 1.0f : 300.0f;  // FP8: part of the range saturates
+      hp.copy_scale = IsFloat8(copy_types[i]) ? 300.0f : 1.0f;  // FP8: part of the range saturates
     }
     params.push_back(std::move(hp));
   }
@@ -156,13 +158,34 @@ TEST(OptimizerCpu, SgdNesterovMatchesThePlainFp32Update) {
 }
 
 TEST(OptimizerCpu, ModelCopiesEncodeTheUpdatedMaster) {
-  std::vector<HostParam> params =
-      MakeParams({{9}, {9}, {9}}, {DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2}, 3);
+  std::vector<HostParam> params = MakeParams(
+      {{9}, {9}, {9}, {9}}, {DType::kBFloat16, DType::kFloat8E4M3, DType::kFloat8E5M2, DType::kFloat16}, 3);
   ASSERT_TRUE(kernels::AdamWStep(Context::Cpu(), Views(&params, true), AdamWOptions(), 1).ok());
   for (int64_t j = 0; j < 9; ++j) {
     EXPECT_EQ(params[0].copy.data<uint16_t>()[j], FloatToBf16(params[0].p.data<float>()[j]));
     EXPECT_EQ(params[1].copy.data<uint8_t>()[j], FloatToE4M3(params[1].p.data<float>()[j] * 300.0f));
     EXPECT_EQ(params[2].copy.data<uint8_t>()[j], FloatToE5M2(params[2].p.data<float>()[j] * 300.0f));
+    EXPECT_EQ(params[3].copy.data<uint16_t>()[j], FloatToFp16(params[3].p.data<float>()[j]));
+  }
+}
+
+// A 16-bit copy is what kernels::Convert makes of the updated master (round to nearest
+// even, ties, overflow to Inf, NaN and subnormals included): layers read such a copy in
+// place of converting the master per forward.
+TEST(OptimizerCpu, SixteenBitCopiesEqualConvert) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<HostParam> params = MakeParams({{16}}, {dtype}, 5);
+    // Ties and edge values, kept by a zero update (lr 0).
+    const float special[] = {1.0f + 1.0f / 256,  1.0f + 3.0f / 256, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,
+                             70000.0f,           -1e-6f,             6e-8f,              3.0e38f,
+                             std::nanf(""),      -INFINITY,          0.0f,               -0.0f};
+    float* p = params[0].p.data<float>();
+    for (size_t j = 0; j < sizeof(special) / sizeof(special[0]); ++j) p[j] = special[j];
+    SgdOptions o;
+    o.lr = 0.0f;
+    ASSERT_TRUE(kernels::SgdStep(Context::Cpu(), Views(&params, false), o, 1).ok());
+    const Tensor converted = kernels::Convert(Context::Cpu(), params[0].p, dtype).value();
+    EXPECT_TRUE(SameBits(params[0].copy, converted, std::string(DTypeName(dtype))));
   }
 }
 
@@ -243,7 +266,7 @@ void ExpectSameState(std::vector<HostParam>& gpu, std::vector<HostParam>& cpu, b
 // 1 element, a chunk tail, two chunks plus 3, 257x259, and a misaligned first tensor.
 const std::vector<Shape> kShapes = {{5, 7}, {1}, {65536 * 2 + 3}, {257, 259}, {128, 129}, {16, 1024}};
 const std::vector<DType> kCopies = {DType::kBFloat16, DType::kFloat32,    DType::kFloat8E4M3,
-                                    DType::kBFloat16, DType::kFloat8E5M2, DType::kFloat32};
+                                    DType::kBFloat16, DType::kFloat8E5M2, DType::kFloat16};
 
 struct AdamWCase {
   std::string name;
