@@ -15,7 +15,6 @@
 #include "layers/linear.h"
 #include "layers/multihead_attention_spec.h"
 #include "layers/normalization.h"
-#include "layers/precision_boundary.h"
 #include "layers/spec_checks.h"
 #include "layers/transformer_layer_spec.h"
 
@@ -254,9 +253,8 @@ absl::StatusOr<std::unique_ptr<Module>> MakeFloat32Layer(const v1::LayerSpec& la
   return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
-// The layer in its params_dtype: every layer but TransformerLayer computes in it;
-// TransformerLayer computes in FP32 behind a PrecisionBoundary that hands its
-// activations over in params_dtype.
+// The layer in its params_dtype: every layer computes in it natively (its activations
+// in params_dtype, its master parameters and their gradients in FP32).
 absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, const std::string& name,
                                                   uint64_t seed, const recipes::Recipe& recipe) {
   ASSIGN_OR_RETURN(const DType dtype, ParamsDType(layer, name));
@@ -301,11 +299,18 @@ absl::StatusOr<std::unique_ptr<Module>> MakeLayer(const v1::LayerSpec& layer, co
       options.params_dtype = dtype;
       return CreateSeeded<MultiheadAttention, MultiheadAttentionOptions>(options, name, seed, recipe);
     }
-    default:
+    case v1::LayerSpec::kTransformerLayer: {
+      // Its attention blocks, MLP and output layernorm in params_dtype
+      // (layers/transformer_layer.h), no boundary.
+      ASSIGN_OR_RETURN(TransformerLayerOptions options,
+                       TransformerLayerOptionsFromSpec(layer.transformer_layer(), recipe, "transformer_layer"));
+      options.params_dtype = dtype;
+      return CreateSeeded<TransformerLayer, TransformerLayerOptions>(options, name, seed, recipe);
+    }
+    case v1::LayerSpec::KIND_NOT_SET:
       break;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Module> inner, MakeFloat32Layer(layer, name, seed, recipe));
-  return std::unique_ptr<Module>(new PrecisionBoundary(std::move(inner), dtype));
+  return absl::InternalError(absl::StrCat("layer ", Quoted(name), ": no layer kind set after planning"));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cast.h"
 #include "kernels/dropout_math.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -84,32 +85,71 @@ kernels::ResidualDropout Draw(const BdaRandom& random, const BdaSite& site, cons
   return d;
 }
 
-// Gradients of BiasDropoutAdd for dy: dh = factors * dy and dbias = its column sums
-// (undefined when `with_bias` is false); the residual's gradient is dy itself.
+// The glue kernels (BiasDropoutAdd, DropoutScale, AddInto, ColumnSum) take FP32 only: a
+// 16-bit operand is widened (exactly), the arithmetic runs in FP32 and the result is
+// rounded once to params_dtype, as TE's fused bias-dropout-add computes in FP32 and
+// writes BF16. The masks depend on the shape and the seeds only, never on the dtype.
+
+// t widened to FP32: t itself (shared) when it is FP32 already or undefined.
+absl::StatusOr<Tensor> Wide(const Context& ctx, const Tensor& t) {
+  if (!t.defined()) return t;
+  return kernels::Convert(ctx, t, DType::kFloat32);
+}
+
+// BiasDropoutAdd on the widened h, bias and residual, rounded once to `dtype`.
+absl::StatusOr<Tensor> BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
+                                      const kernels::ResidualDropout& draw, DType dtype) {
+  ASSIGN_OR_RETURN(const Tensor h32, Wide(ctx, h));
+  ASSIGN_OR_RETURN(const Tensor bias32, Wide(ctx, bias));
+  ASSIGN_OR_RETURN(const Tensor residual32, Wide(ctx, residual));
+  ASSIGN_OR_RETURN(const Tensor out, kernels::BiasDropoutAdd(ctx, h32, bias32, residual32, draw));
+  return kernels::Convert(ctx, out, dtype);
+}
+
+// Gradients of BiasDropoutAdd for dy: dh = factors * dy (computed in FP32, rounded once
+// to `dtype`) and dbias = the FP32 column sums of the unrounded product (undefined when
+// `with_bias` is false); the residual's gradient is dy itself.
 struct BdaGrads {
   Tensor dh;
   Tensor dbias;
 };
 
 absl::StatusOr<BdaGrads> BiasDropoutAddBackward(const Context& ctx, const Tensor& dy,
-                                                const kernels::ResidualDropout& draw, bool with_bias) {
+                                                const kernels::ResidualDropout& draw, bool with_bias, DType dtype) {
   BdaGrads g;
-  ASSIGN_OR_RETURN(g.dh, dy.Clone(ctx.stream));
-  RETURN_IF_ERROR(kernels::DropoutScale(ctx, draw, &g.dh));
+  Tensor dh;
+  if (dy.dtype() == DType::kFloat32) {
+    ASSIGN_OR_RETURN(dh, dy.Clone(ctx.stream));
+  } else {
+    ASSIGN_OR_RETURN(dh, kernels::Convert(ctx, dy, DType::kFloat32));
+  }
+  RETURN_IF_ERROR(kernels::DropoutScale(ctx, draw, &dh));
   if (with_bias) {
     const int64_t hidden = dy.shape().back();
     ASSIGN_OR_RETURN(g.dbias, Tensor::Empty(DType::kFloat32, {hidden}, ctx.device, ctx.stream));
-    ASSIGN_OR_RETURN(Tensor rows, g.dh.Reshape({g.dh.numel() / std::max<int64_t>(hidden, 1), hidden}));
+    ASSIGN_OR_RETURN(Tensor rows, dh.Reshape({dh.numel() / std::max<int64_t>(hidden, 1), hidden}));
     RETURN_IF_ERROR(kernels::ColumnSum(ctx, rows, /*accumulate=*/false, &g.dbias));
   }
+  ASSIGN_OR_RETURN(g.dh, kernels::Convert(ctx, dh, dtype));
   return g;
 }
 
-// a + b as a new tensor on ctx's device.
-absl::StatusOr<Tensor> Add(const Context& ctx, const Tensor& a, const Tensor& b) {
-  ASSIGN_OR_RETURN(Tensor out, a.Clone(ctx.stream));
-  RETURN_IF_ERROR(kernels::AddInto(ctx, b, &out));
+// a + b in FP32 (both widened), as a new FP32 tensor on ctx's device.
+absl::StatusOr<Tensor> AddWide(const Context& ctx, const Tensor& a, const Tensor& b) {
+  ASSIGN_OR_RETURN(const Tensor a32, Wide(ctx, a));
+  ASSIGN_OR_RETURN(Tensor out, a32.Clone(ctx.stream));
+  ASSIGN_OR_RETURN(const Tensor b32, Wide(ctx, b));
+  RETURN_IF_ERROR(kernels::AddInto(ctx, b32, &out));
   return out;
+}
+
+// *into += x: in place for FP32 operands, else summed in FP32 and rounded once to
+// into's dtype.
+absl::Status Accumulate(const Context& ctx, const Tensor& x, Tensor* into) {
+  if (x.dtype() == DType::kFloat32 && into->dtype() == DType::kFloat32) return kernels::AddInto(ctx, x, into);
+  ASSIGN_OR_RETURN(const Tensor sum, AddWide(ctx, *into, x));
+  ASSIGN_OR_RETURN(*into, kernels::Convert(ctx, sum, into->dtype()));
+  return absl::OkStatus();
 }
 
 absl::Status CheckRate(float value, absl::string_view field) {
@@ -126,11 +166,17 @@ struct TransformerLayer::Saved : public SavedActivations {
   std::unique_ptr<SavedActivations> layernorm;
   BdaRandom random;
   Shape shape;
+  DType input_dtype = DType::kFloat32;  // hidden_states' (its gradient goes back in it)
 };
 
 absl::Status ValidateTransformerLayerOptions(const TransformerLayerOptions& options, absl::string_view field) {
   RETURN_IF_ERROR(CheckRate(options.hidden_dropout, absl::StrCat(field, ".hidden_dropout")));
   RETURN_IF_ERROR(CheckRate(options.drop_path_rate, absl::StrCat(field, ".drop_path_rate")));
+  if (options.params_dtype != DType::kFloat32 && options.params_dtype != DType::kBFloat16 &&
+      options.params_dtype != DType::kFloat16) {
+    return InvalidField(absl::StrCat(field, ".params_dtype"), "FLOAT32, BFLOAT16 or FLOAT16",
+                        DTypeName(options.params_dtype));
+  }
   const MultiheadAttentionOptions& sa = options.self_attention;
   if (options.drop_path_rate > 0.0f && sa.qkv_format == QkvFormat::kThd) {
     return InvalidField(absl::StrCat(field, ".drop_path_rate"),
@@ -178,6 +224,7 @@ absl::StatusOr<std::unique_ptr<TransformerLayer>> TransformerLayer::Create(std::
   sa.return_bias = sa.bias;
   sa.return_layernorm_output = layer->post_ln_attention();
   sa.seed = DeriveSeed(options.seed, 1);
+  sa.params_dtype = options.params_dtype;
   ASSIGN_OR_RETURN(layer->self_attention_,
                    MultiheadAttention::Create(absl::StrCat(name, ".self_attention"), sa, recipe));
 
@@ -187,6 +234,7 @@ absl::StatusOr<std::unique_ptr<TransformerLayer>> TransformerLayer::Create(std::
     ca.return_bias = ca.bias;
     ca.return_layernorm_output = options.apply_residual_connection_post_layernorm;
     ca.seed = DeriveSeed(options.seed, 2);
+    ca.params_dtype = options.params_dtype;
     ASSIGN_OR_RETURN(layer->inter_attention_,
                      MultiheadAttention::Create(absl::StrCat(name, ".inter_attention"), ca, recipe));
   }
@@ -195,6 +243,7 @@ absl::StatusOr<std::unique_ptr<TransformerLayer>> TransformerLayer::Create(std::
   mlp.return_bias = mlp.bias;
   mlp.return_layernorm_output = options.apply_residual_connection_post_layernorm;
   mlp.seed = DeriveSeed(options.seed, 3);
+  mlp.params_dtype = options.params_dtype;
   ASSIGN_OR_RETURN(layer->layernorm_mlp_, LayerNormMLP::Create(absl::StrCat(name, ".layernorm_mlp"), mlp, recipe));
 
   if (options.output_layernorm) {
@@ -203,6 +252,7 @@ absl::StatusOr<std::unique_ptr<TransformerLayer>> TransformerLayer::Create(std::
     norm.hidden_size = options.mlp.hidden_size;
     norm.eps = options.mlp.eps;
     norm.zero_centered_gamma = options.mlp.zero_centered_gamma;
+    norm.params_dtype = options.params_dtype;
     ASSIGN_OR_RETURN(layer->layernorm_, Normalization::Create(absl::StrCat(name, ".layernorm"), norm));
   }
   return layer;
@@ -225,7 +275,9 @@ absl::Status TransformerLayer::ValidateSide(const SideInputs& side, const std::v
 
 absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                                         const ForwardOptions& options) {
-  const Tensor& x = inputs[0];
+  const DType dtype = options_.params_dtype;
+  // The residual stream travels in params_dtype (TE's), whatever dtype x came in.
+  ASSIGN_OR_RETURN(const Tensor x, kernels::Convert(ctx, inputs[0], dtype));
   const bool save = options.save_for_backward;
   const bool bias = has_bias();
   const bool post_ln = options_.apply_residual_connection_post_layernorm;
@@ -243,6 +295,7 @@ absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, cons
     saved = std::make_unique<Saved>();
     saved->random = random;
     saved->shape = x.shape();
+    saved->input_dtype = inputs[0].dtype();
   }
 
   ASSIGN_OR_RETURN(ForwardOutput attn, self_attention_->Forward(ctx, {x}, options));
@@ -255,29 +308,30 @@ absl::StatusOr<ForwardOutput> TransformerLayer::Forward(const Context& ctx, cons
     ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {x}, options));
     if (save) saved->mlp = std::move(mlp.saved);
     BlockOutputs m = SplitOutputs(mlp.outputs, bias, false);
-    ASSIGN_OR_RETURN(Tensor sum, Add(ctx, a.out, m.out));
+    // The blocks' sums in FP32, so the output is rounded once.
+    ASSIGN_OR_RETURN(const Tensor sum, AddWide(ctx, a.out, m.out));
     Tensor bias_sum;
     if (bias) {
-      ASSIGN_OR_RETURN(bias_sum, Add(ctx, a.bias, m.bias));
+      ASSIGN_OR_RETURN(bias_sum, AddWide(ctx, a.bias, m.bias));
     }
-    ASSIGN_OR_RETURN(out, kernels::BiasDropoutAdd(ctx, sum, bias_sum, x, Draw(random, kMlpBda, x.shape())));
+    ASSIGN_OR_RETURN(out, BiasDropoutAdd(ctx, sum, bias_sum, x, Draw(random, kMlpBda, x.shape()), dtype));
   } else {
-    ASSIGN_OR_RETURN(Tensor h, kernels::BiasDropoutAdd(ctx, a.out, a.bias, post_ln_attention() ? a.ln : x,
-                                                       Draw(random, kSelfAttentionBda, x.shape())));
+    ASSIGN_OR_RETURN(Tensor h, BiasDropoutAdd(ctx, a.out, a.bias, post_ln_attention() ? a.ln : x,
+                                              Draw(random, kSelfAttentionBda, x.shape()), dtype));
     if (inter_attention_ != nullptr) {
       RETURN_IF_ERROR(CheckInterruption(ctx, "forward", inter_attention_->name()));
       ASSIGN_OR_RETURN(ForwardOutput cross, inter_attention_->Forward(ctx, {h}, options));
       if (save) saved->inter_attention = std::move(cross.saved);
       BlockOutputs c = SplitOutputs(cross.outputs, bias, post_ln);
-      ASSIGN_OR_RETURN(h, kernels::BiasDropoutAdd(ctx, c.out, c.bias, post_ln ? c.ln : h,
-                                                  Draw(random, kInterAttentionBda, x.shape())));
+      ASSIGN_OR_RETURN(h, BiasDropoutAdd(ctx, c.out, c.bias, post_ln ? c.ln : h,
+                                         Draw(random, kInterAttentionBda, x.shape()), dtype));
     }
     RETURN_IF_ERROR(CheckInterruption(ctx, "forward", layernorm_mlp_->name()));
     ASSIGN_OR_RETURN(ForwardOutput mlp, layernorm_mlp_->Forward(ctx, {h}, options));
     if (save) saved->mlp = std::move(mlp.saved);
     BlockOutputs m = SplitOutputs(mlp.outputs, bias, post_ln);
-    ASSIGN_OR_RETURN(out, kernels::BiasDropoutAdd(ctx, m.out, m.bias, post_ln ? m.ln : h,
-                                                  Draw(random, kMlpBda, x.shape())));
+    ASSIGN_OR_RETURN(out, BiasDropoutAdd(ctx, m.out, m.bias, post_ln ? m.ln : h, Draw(random, kMlpBda, x.shape()),
+                                         dtype));
   }
 
   if (layernorm_ != nullptr) {
@@ -296,10 +350,12 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
                                                                const std::vector<Tensor>& grad_outputs,
                                                                SideGrads* side_grads) {
   auto& saved = static_cast<Saved&>(saved_base);
+  const DType dtype = options_.params_dtype;
   const bool bias = has_bias();
   const bool post_ln = options_.apply_residual_connection_post_layernorm;
 
-  Tensor dy = grad_outputs[0];
+  // Gradients travel in params_dtype; dx goes back in hidden_states' dtype.
+  ASSIGN_OR_RETURN(Tensor dy, kernels::Convert(ctx, grad_outputs[0], dtype));
   if (layernorm_ != nullptr) {
     ASSIGN_OR_RETURN(std::vector<Tensor> g, layernorm_->Backward(ctx, *saved.layernorm, {dy}, side_grads));
     dy = std::move(g[0]);
@@ -314,43 +370,49 @@ absl::StatusOr<std::vector<Tensor>> TransformerLayer::Backward(const Context& ct
   };
 
   if (options_.parallel_attention_mlp) {
-    ASSIGN_OR_RETURN(BdaGrads g, BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias));
+    ASSIGN_OR_RETURN(BdaGrads g,
+                     BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias, dtype));
     ASSIGN_OR_RETURN(std::vector<Tensor> dm, layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(g, nullptr),
                                                                       side_grads));
     RETURN_IF_ERROR(CheckInterruption(ctx, "backward", self_attention_->name()));
     ASSIGN_OR_RETURN(std::vector<Tensor> da, self_attention_->Backward(ctx, *saved.self_attention,
                                                                        block_grads(g, nullptr), side_grads));
-    ASSIGN_OR_RETURN(Tensor dx, Add(ctx, dy, dm[0]));
-    RETURN_IF_ERROR(kernels::AddInto(ctx, da[0], &dx));
+    // dy + dm + da in FP32, rounded once.
+    ASSIGN_OR_RETURN(Tensor dx, AddWide(ctx, dy, dm[0]));
+    ASSIGN_OR_RETURN(const Tensor da32, Wide(ctx, da[0]));
+    RETURN_IF_ERROR(kernels::AddInto(ctx, da32, &dx));
+    ASSIGN_OR_RETURN(dx, kernels::Convert(ctx, dx, saved.input_dtype));
     return std::vector<Tensor>{std::move(dx)};
   }
 
   // MLP block: out = r + F (m + m_b), r = m_ln (post-LN residual) or h.
-  ASSIGN_OR_RETURN(BdaGrads gm, BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias));
+  ASSIGN_OR_RETURN(BdaGrads gm,
+                   BiasDropoutAddBackward(ctx, dy, Draw(saved.random, kMlpBda, saved.shape), bias, dtype));
   ASSIGN_OR_RETURN(std::vector<Tensor> dm,
                    layernorm_mlp_->Backward(ctx, *saved.mlp, block_grads(gm, post_ln ? &dy : nullptr), side_grads));
   Tensor dh = std::move(dm[0]);
-  if (!post_ln) RETURN_IF_ERROR(kernels::AddInto(ctx, dy, &dh));
+  if (!post_ln) RETURN_IF_ERROR(Accumulate(ctx, dy, &dh));
 
   if (inter_attention_ != nullptr) {
     RETURN_IF_ERROR(CheckInterruption(ctx, "backward", inter_attention_->name()));
-    ASSIGN_OR_RETURN(BdaGrads gc,
-                     BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kInterAttentionBda, saved.shape), bias));
+    ASSIGN_OR_RETURN(BdaGrads gc, BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kInterAttentionBda, saved.shape),
+                                                         bias, dtype));
     ASSIGN_OR_RETURN(std::vector<Tensor> dc,
                      inter_attention_->Backward(ctx, *saved.inter_attention,
                                                 block_grads(gc, post_ln ? &dh : nullptr), side_grads));
-    if (!post_ln) RETURN_IF_ERROR(kernels::AddInto(ctx, dh, &dc[0]));
+    if (!post_ln) RETURN_IF_ERROR(Accumulate(ctx, dh, &dc[0]));
     dh = std::move(dc[0]);
   }
 
   RETURN_IF_ERROR(CheckInterruption(ctx, "backward", self_attention_->name()));
-  ASSIGN_OR_RETURN(BdaGrads ga,
-                   BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kSelfAttentionBda, saved.shape), bias));
+  ASSIGN_OR_RETURN(BdaGrads ga, BiasDropoutAddBackward(ctx, dh, Draw(saved.random, kSelfAttentionBda, saved.shape),
+                                                       bias, dtype));
   ASSIGN_OR_RETURN(std::vector<Tensor> da,
                    self_attention_->Backward(ctx, *saved.self_attention,
                                              block_grads(ga, post_ln_attention() ? &dh : nullptr), side_grads));
-  if (!post_ln_attention()) RETURN_IF_ERROR(kernels::AddInto(ctx, dh, &da[0]));
-  return std::vector<Tensor>{std::move(da[0])};
+  if (!post_ln_attention()) RETURN_IF_ERROR(Accumulate(ctx, dh, &da[0]));
+  ASSIGN_OR_RETURN(Tensor dx, kernels::Convert(ctx, da[0], saved.input_dtype));
+  return std::vector<Tensor>{std::move(dx)};
 }
 
 void TransformerLayer::DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {

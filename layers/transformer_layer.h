@@ -26,6 +26,21 @@
 // mode; the masks are counter-based random draws from ctx.seed, the layer's seed and a
 // per-layer forward counter, and the backward regenerates them.
 //
+// params_dtype (TE's): FLOAT32, BFLOAT16 or FLOAT16, the dtype the activations compute
+// and travel in. It overrides the sub-modules' own: the self and cross attention
+// (layers/multihead_attention.h), the LayerNormMLP (layers/layernorm_mlp.h) and the
+// output_layernorm all compute in it. hidden_states is converted to it on entry, so
+// the residual stream is kept in params_dtype, as TE's. The glue (the bias-dropout-adds,
+// the parallel blocks' sums, the residual gradient adds) runs on FP32 kernels: its
+// operands are widened exactly and each result is rounded once to params_dtype, as
+// TE's fused bias-dropout-add computes in FP32 and writes BF16; the bias gradients of
+// the bias-dropout-adds are FP32 column sums. The dropout and drop path masks depend
+// on the seeds and the shape only, so a 16-bit layer draws the FP32 layer's masks bit
+// for bit. The output comes out in params_dtype, the gradients travel in it and the
+// hidden_states gradient goes back in the dtype hidden_states came in; the
+// encoder_output gradient is FP32 (the side input's dtype); parameters and their
+// gradients stay FP32 masters.
+//
 // checkpoint_core_attention (in the attention options) recomputes each attention core
 // in the backward; gradients are bit-exact against the stored path.
 //
@@ -75,11 +90,14 @@ struct TransformerLayerOptions {
   bool output_layernorm = false;
   bool parallel_attention_mlp = false;
   uint64_t seed = 0;
+  // TE's params_dtype (see above): FLOAT32, BFLOAT16 or FLOAT16; the sub-modules'
+  // params_dtype is set from it.
+  DType params_dtype = DType::kFloat32;
 };
 
-// Checks what the sub-module options do not: dropout rates in [0, 1), no drop path
-// with thd, the blocks agree on hidden_size and format, parallel_attention_mlp only for
-// encoders without post-layernorm residuals. INVALID_ARGUMENT names "<field>.<option>".
+// Checks what the sub-module options do not: dropout rates in [0, 1), params_dtype
+// FLOAT32, BFLOAT16 or FLOAT16, no drop path with thd, the blocks agree on hidden_size
+// and format, parallel_attention_mlp only for encoders without post-layernorm residuals. INVALID_ARGUMENT names "<field>.<option>".
 absl::Status ValidateTransformerLayerOptions(const TransformerLayerOptions& options, absl::string_view field);
 
 class TransformerLayer : public Module {

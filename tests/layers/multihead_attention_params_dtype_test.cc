@@ -5,9 +5,9 @@
 // before and after RoPE, cross-attention, thd, recomputed core attention, learnable
 // softmax): outputs and the hidden_states gradient come out in the 16-bit dtype (the
 // latter in the dtype hidden_states came in), the encoder_output gradient and every
-// parameter gradient in FP32. The spec builds the layer natively (no PrecisionBoundary)
-// and its attention core reports the 16-bit path; a TransformerLayer keeps its
-// attention in FP32 behind its boundary.
+// parameter gradient in FP32. The spec builds the layer natively and its attention
+// core reports the 16-bit path (a TransformerLayer's attention blocks compute in its
+// params_dtype the same way: transformer_layer_params_dtype_test).
 //
 // Tolerances, in units of the dtype's unit roundoff u (2^-8 for BF16, 2^-11 for FP16).
 // The 16-bit layer rounds each GEMM operand (weights from their masters), the fused
@@ -37,7 +37,6 @@
 #include "gtest/gtest.h"
 #include "kernels/cast.h"
 #include "layers/multihead_attention.h"
-#include "layers/precision_boundary.h"
 #include "layers/spec.h"
 #include "recipes/recipe.h"
 #include "tests/layers/grad_check.h"
@@ -355,7 +354,7 @@ TEST(MultiheadAttentionParamsDType, SpecBuildsItNatively) {
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_EQ(testing_util::ParameterNames(**low), testing_util::ParameterNames(**full));
   auto* mha = dynamic_cast<MultiheadAttention*>((*low)->modules()[1].get());
-  ASSERT_NE(mha, nullptr) << "a 16-bit MultiheadAttention is built without a PrecisionBoundary";
+  ASSERT_NE(mha, nullptr) << "a 16-bit MultiheadAttention is built as itself";
   EXPECT_EQ(mha->options().params_dtype, DType::kBFloat16);
 
   std::vector<AttentionPathInfo> paths;
@@ -400,55 +399,6 @@ TEST(MultiheadAttentionParamsDType, SpecBuildsItNatively) {
   }
   const std::vector<double> errors = GradientErrors(pl, pf);
   for (size_t i = 0; i < pl.size(); ++i) EXPECT_LT(errors[i], 8 * u) << pl[i]->name;
-}
-
-// A TransformerLayer keeps computing in FP32 inside its boundary, its attention
-// included: on FP32 inputs its BF16 output is the FP32 layer's rounded once, and its
-// (FP32) input gradient is the FP32 layer's for the same (BF16-representable) dy.
-TEST(MultiheadAttentionParamsDType, TransformerLayerKeepsItsAttentionInFloat32) {
-  v1::ModelSpec spec;
-  spec.set_seed(3);
-  v1::LayerSpec* layer = spec.add_layers();
-  layer->set_name("tl");
-  auto* tl = layer->mutable_transformer_layer();
-  tl->set_hidden_size(32);
-  tl->set_ffn_hidden_size(64);
-  tl->set_num_attention_heads(4);
-  tl->set_hidden_dropout(0.0f);
-  tl->set_attention_dropout(0.0f);
-  v1::ModelSpec low_spec = spec;
-  low_spec.mutable_layers(0)->set_params_dtype(v1::BFLOAT16);
-  auto low = BuildStack(low_spec, recipes::Recipe());
-  auto full = BuildStack(spec, recipes::Recipe());
-  ASSERT_TRUE(low.ok()) << low.status();
-  ASSERT_TRUE(full.ok()) << full.status();
-  EXPECT_NE(dynamic_cast<PrecisionBoundary*>((*low)->modules()[0].get()), nullptr);
-  EXPECT_EQ((*low)->modules()[0]->kind(), "TransformerLayer");
-
-  const Tensor x = RandomTensor({5, 2, 32}, 31);
-  auto y_low = (*low)->Forward(kCpu, {x}, ForwardOptions());
-  auto y_full = (*full)->Forward(kCpu, {x}, ForwardOptions());
-  ASSERT_TRUE(y_low.ok()) << y_low.status();
-  ASSERT_TRUE(y_full.ok()) << y_full.status();
-  ASSERT_EQ(y_low->outputs[0].dtype(), DType::kBFloat16);
-  EXPECT_TRUE(BitwiseEqual(y_low->outputs[0], As(y_full->outputs[0], DType::kBFloat16)));
-  const Tensor dy = Rounded(RandomTensor({5, 2, 32}, 32, 0.1f), DType::kBFloat16);
-  auto dx_low = (*low)->Backward(kCpu, *y_low->saved, {As(dy, DType::kBFloat16)});
-  auto dx_full = (*full)->Backward(kCpu, *y_full->saved, {dy});
-  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
-  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
-  ASSERT_EQ((*dx_low)[0].dtype(), DType::kFloat32);
-  EXPECT_TRUE(BitwiseEqual((*dx_low)[0], (*dx_full)[0]));
-
-  std::vector<AttentionPathInfo> paths;
-  (*low)->modules()[0]->DescribeAttention(Device::Cuda(0), &paths);
-  ASSERT_EQ(paths.size(), 1u);
-  EXPECT_EQ(paths[0].path, "cuda_unfused");
-#if TESERVE_WITH_CUDA
-  EXPECT_THAT(paths[0].reason, testing::HasSubstr("q, k, v are not BF16 / FP16"));
-#else
-  EXPECT_THAT(paths[0].reason, testing::HasSubstr("not fused: built without the CUDA backend"));
-#endif
 }
 
 }  // namespace

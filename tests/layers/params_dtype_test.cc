@@ -2,10 +2,10 @@
 // LayerNormLinear and LayerNormMLP compute in the 16-bit dtype (x and the weights
 // rounded to it, outputs and input gradients in it, FP32 master weights and
 // gradients); DotProductAttention hands 16-bit q, k, v to the attention kernels, and
-// MultiheadAttention computes in 16 bits around it (multihead_attention_params_dtype_test);
-// TransformerLayer computes in FP32 behind a PrecisionBoundary that converts its
-// activations. A quantized 16-bit Linear reads the same FP8 codes as an
-// FP32 Linear given the same (16-bit representable) values.
+// MultiheadAttention computes in 16 bits around it (multihead_attention_params_dtype_test),
+// and so does TransformerLayer around its blocks (transformer_layer_params_dtype_test).
+// A quantized 16-bit Linear reads the same FP8 codes as an FP32 Linear given the same
+// (16-bit representable) values.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +19,7 @@
 #include "kernels/cast.h"
 #include "layers/init.h"
 #include "layers/spec.h"
+#include "layers/transformer_layer.h"
 #include "recipes/recipe.h"
 #include "tests/layers/layer_test_util.h"
 #include "tests/recipe_specs.h"
@@ -134,11 +135,11 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LinearParamsDType,
                            return std::get<0>(info.param) + "_" + v1::DType_Name(std::get<1>(info.param));
                          });
 
-// A stack of LayerNorm, MultiheadAttention (both 16-bit) and TransformerLayer (FP32 behind
-// its boundary) in BF16 against the FP32 stack: the first layer's output is the FP32
-// one rounded once, the stack's output and gradients stay within 16-bit rounding, and
-// the gradient of an FP32 input comes back FP32.
-TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
+// A stack of LayerNorm, MultiheadAttention and TransformerLayer, each computing in BF16
+// itself (no layer is wrapped), against the FP32 stack: the first layer's output is the
+// FP32 one rounded once, the stack's output and gradients stay within 16-bit rounding,
+// and the gradient of an FP32 input comes back FP32.
+TEST(ParamsDType, StackOfLayersComputesInBf16) {
   v1::ModelSpec spec;
   spec.set_seed(3);
   spec.add_layers()->mutable_layer_norm()->set_hidden_size(64);
@@ -160,6 +161,9 @@ TEST(ParamsDType, OtherLayersConvertAtTheirBoundary) {
   ASSERT_EQ(low->modules().size(), 3u);
   EXPECT_EQ(low->modules()[1]->kind(), "MultiheadAttention");
   EXPECT_EQ(low->modules()[2]->name(), "layers.2");
+  auto* native = dynamic_cast<TransformerLayer*>(low->modules()[2].get());
+  ASSERT_NE(native, nullptr);
+  EXPECT_EQ(native->options().params_dtype, DType::kBFloat16);
 
   // Layer by layer: the 16-bit stack's first layer is the FP32 one rounded.
   const Tensor x = Random({8, 2, 64}, 5);
