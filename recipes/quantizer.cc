@@ -327,7 +327,7 @@ void Quantizer::EndRegion() {
     return;
   }
   ResolveEndedRegions();  // a no-op: Quantize resolved them before this region's first amax
-  if (StartAmaxRead()) {
+  if (lazy_region_end_ && StartAmaxRead()) {
     ended_regions_ = 1;
     return;
   }

@@ -134,6 +134,9 @@ class Quantizer {
   // over the same way (an amax_bits tensor, here on the host), so the lazy region end
   // above runs without a GPU. Every result stays the same.
   void set_defer_host_amax_for_testing(bool on) { defer_host_amax_for_testing_ = on; }
+  // false: EndRegion reads the amaxes left on the device at once (a wait for the stream)
+  // and updates, the eager region end the lazy one (the default) is tested against.
+  void set_lazy_region_end(bool on) { lazy_region_end_ = on; }
 
  protected:
   // x is what Source returned; dbias is only passed to per-tensor recipes. A recipe may
@@ -192,6 +195,7 @@ class Quantizer {
   size_t reading_amaxes_ = 0;
   std::unique_ptr<kernels::HostReadback> readback_;  // made on first use, then reused
   bool defer_host_amax_for_testing_ = false;
+  bool lazy_region_end_ = true;
 
   TensorRole role_;
   std::string recipe_;
