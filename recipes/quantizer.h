@@ -34,7 +34,8 @@
 //     amaxes came from more than one stream, or whose read cannot start, is read at
 //     EndRegion with a wait, as before.
 // In a training step the next Quantize of a forward quantizer comes after the backward
-// has been enqueued, so its region has long finished on the GPU and the wait is none.
+// has been enqueued, so by then its region has usually finished on the GPU and the wait
+// costs nothing.
 // On the CPU the amax is computed in place and EndRegion updates at once.
 #ifndef TESERVE_RECIPES_QUANTIZER_H_
 #define TESERVE_RECIPES_QUANTIZER_H_
