@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   options.fp8_stats_interval = absl::GetFlag(FLAGS_fp8_stats_interval);
   options.kernel_timing_interval = absl::GetFlag(FLAGS_kernel_timing_interval);
   options.device = absl::GetFlag(FLAGS_device);
-  kernels::AllowNondeterministicAttention(absl::GetFlag(FLAGS_allow_nondeterministic_attention));
+  teserve::kernels::AllowNondeterministicAttention(absl::GetFlag(FLAGS_allow_nondeterministic_attention));
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
