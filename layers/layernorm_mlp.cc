@@ -76,11 +76,12 @@ LayerNormMLP::FpropQuantization LayerNormMLP::Record(TensorRole role) const {
   if (replay_input_ == nullptr) return how;  // not checkpointing a quantizing recipe
   for (const NamedQuantizer& q : fc1_->Quantizers()) {
     if (q.quantizer->role() != role) continue;
-    const recipes::QuantizerSnapshot snapshot = q.quantizer->Snapshot();
     how.quantized = true;
-    how.per_tensor = snapshot.mode == ScalingMode::kPerTensor;
-    how.format = snapshot.format;
-    how.scale = snapshot.scale;  // delayed: the scale in use until the region ends; current: the latest
+    how.per_tensor = q.quantizer->mode() == ScalingMode::kPerTensor;
+    how.format = q.quantizer->format();
+    // Delayed: the scale in use until the region ends; current: the latest. Unlike a
+    // Snapshot this leaves this region's amaxes on the device (no wait mid-forward).
+    how.scale = q.quantizer->ScaleInUse();
   }
   return how;
 }

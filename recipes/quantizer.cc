@@ -3,14 +3,17 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "core/status.h"
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/host_readback.h"
 #include "kernels/nvfp4.h"
 #include "recipes/scaling.h"
 
@@ -34,13 +37,15 @@ class DelayedScalingQuantizer : public Quantizer {
     kernels::PerTensorQuantizeOptions options;
     options.format = format();
     options.scale = state_.scale();
-    // The scale comes from the history; this amax is only needed at EndRegion.
-    options.defer_amax = !health_stats();
+    options.defer_amax = DefersAmax();
     options.rowwise = rowwise;
     options.columnwise = columnwise;
     options.dbias = dbias;
     return kernels::QuantizePerTensor(ctx, x, options);
   }
+  // The scale comes from the history; this amax is only needed at the region's end
+  // (health statistics read it at once).
+  bool DefersAmax() const override { return !health_stats(); }
   void RecordAmax(float amax) override { state_.RecordAmax(amax); }
   void FillSnapshot(QuantizerSnapshot* s) const override {
     s->scale = state_.scale();
@@ -189,7 +194,27 @@ absl::StatusOr<Tensor> OnHost(const Context& ctx, const Tensor& t) {
   return kernels::CopyTo(ctx, t, Device::Cpu());
 }
 
+// An amax as a device leaves it (QuantizedTensor::amax_bits) read back: its FP32 bits,
+// any NaN as the canonical quiet NaN (the CPU's); NaN when the bytes are not one word.
+float DecodeAmaxBits(absl::Span<const uint8_t> bytes) {
+  uint32_t b = 0x7FC00000u;
+  if (bytes.size() == sizeof(b)) std::memcpy(&b, bytes.data(), sizeof(b));
+  if (b > 0x7F800000u) b = 0x7FC00000u;
+  float amax;
+  std::memcpy(&amax, &b, sizeof(amax));
+  return amax;
+}
+
+// The testing hook's stand-in for a device's amax_bits: an INT32 [1] CPU tensor.
+absl::StatusOr<Tensor> HostAmaxBits(float amax) {
+  ASSIGN_OR_RETURN(Tensor bits, Tensor::Zeros(DType::kInt32, {1}));
+  std::memcpy(bits.raw_data(), &amax, sizeof(amax));
+  return bits;
+}
+
 }  // namespace
+
+Quantizer::~Quantizer() = default;
 
 absl::StatusOr<Tensor> Quantizer::Source(const Context& ctx, const Tensor& x) const {
   if (x.dtype() == DType::kFloat32) return x;
@@ -199,6 +224,7 @@ absl::StatusOr<Tensor> Quantizer::Source(const Context& ctx, const Tensor& x) co
 
 absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Tensor& input, bool rowwise,
                                                     bool columnwise, Tensor* dbias) {
+  ResolveEndedRegions();  // this quantization belongs to the next region: it needs their scale
   ASSIGN_OR_RETURN(const Tensor x, Source(ctx, input));
   QuantizedTensor q;
   if (dbias != nullptr && mode_ == ScalingMode::kPerTensor) {
@@ -206,6 +232,10 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
   } else {
     ASSIGN_OR_RETURN(q, DoQuantize(ctx, x, rowwise, columnwise, nullptr));
     if (dbias != nullptr) RETURN_IF_ERROR(kernels::ColumnSum(ctx, x, /*accumulate=*/false, dbias));
+  }
+  if (defer_host_amax_for_testing_ && DefersAmax() && !q.amax_bits.defined()) {
+    ASSIGN_OR_RETURN(q.amax_bits, HostAmaxBits(q.amax));
+    q.amax = 0.0f;
   }
   if (q.amax_bits.defined()) {
     pending_amax_.push_back(PendingAmax{ctx, q.amax_bits});
@@ -233,6 +263,7 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
 }
 
 absl::Status Quantizer::Observe(const Context& ctx, const Tensor& input) {
+  ResolveEndedRegions();
   ASSIGN_OR_RETURN(const Tensor x, Source(ctx, input));
   ASSIGN_OR_RETURN(float amax, kernels::Amax(ctx, x));
   RecordAmax(amax);
@@ -244,10 +275,8 @@ void Quantizer::RecordDeviceAmax(const Context& ctx, const Tensor& bits) {
   float amax = std::numeric_limits<float>::quiet_NaN();
   absl::StatusOr<Tensor> host = kernels::CopyTo(ctx, bits, Device::Cpu());  // waits for the stream
   if (host.ok()) {
-    uint32_t b = 0;
-    std::memcpy(&b, host->raw_data(), sizeof(b));
-    if (b > 0x7F800000u) b = 0x7FC00000u;  // any NaN as the canonical quiet NaN (the CPU's)
-    std::memcpy(&amax, &b, sizeof(amax));
+    amax = DecodeAmaxBits(absl::Span<const uint8_t>(static_cast<const uint8_t*>(host->raw_data()),
+                                                    static_cast<size_t>(host->nbytes())));
   }
   RecordAmax(amax);
   last_amax_ = amax;
@@ -258,12 +287,63 @@ void Quantizer::ResolvePendingAmax() {
   pending_amax_.clear();
 }
 
+bool Quantizer::StartAmaxRead() {
+  const Context& ctx = pending_amax_.front().ctx;
+  std::vector<Tensor> bits;
+  bits.reserve(pending_amax_.size());
+  for (const PendingAmax& p : pending_amax_) {
+    // One read is ordered on one stream: amaxes from several are read eagerly.
+    if (p.ctx.device != ctx.device || p.ctx.stream != ctx.stream) return false;
+    bits.push_back(p.bits);
+  }
+  if (readback_ == nullptr) readback_ = std::make_unique<kernels::HostReadback>();
+  if (!readback_->Start(ctx, bits).ok()) return false;
+  reading_amaxes_ = pending_amax_.size();
+  pending_amax_.clear();
+  return true;
+}
+
+void Quantizer::ResolveEndedRegions() {
+  if (ended_regions_ == 0) return;
+  if (reading_amaxes_ > 0) {
+    const bool read = readback_->Wait().ok();
+    for (size_t i = 0; i < reading_amaxes_; ++i) {
+      const float amax = read ? DecodeAmaxBits(readback_->bytes(i)) : std::numeric_limits<float>::quiet_NaN();
+      RecordAmax(amax);
+      last_amax_ = amax;
+    }
+    reading_amaxes_ = 0;
+  }
+  for (; ended_regions_ > 0; --ended_regions_) DoEndRegion();
+}
+
 void Quantizer::EndRegion() {
+  if (pending_amax_.empty()) {
+    if (ended_regions_ == 0) {
+      DoEndRegion();  // nothing to read: the update runs now, as on the CPU
+    } else {
+      ++ended_regions_;  // runs after the ended regions before it
+    }
+    return;
+  }
+  ResolveEndedRegions();  // a no-op: Quantize resolved them before this region's first amax
+  if (lazy_region_end_ && StartAmaxRead()) {
+    ended_regions_ = 1;
+    return;
+  }
   ResolvePendingAmax();
   DoEndRegion();
 }
 
+float Quantizer::ScaleInUse() {
+  ResolveEndedRegions();
+  QuantizerSnapshot s;
+  FillSnapshot(&s);
+  return s.scale;
+}
+
 QuantizerSnapshot Quantizer::Snapshot() {
+  ResolveEndedRegions();
   ResolvePendingAmax();
   QuantizerSnapshot s;
   s.recipe = recipe_;
@@ -278,6 +358,7 @@ QuantizerSnapshot Quantizer::Snapshot() {
 }
 
 QuantizerState Quantizer::ExportState() {
+  ResolveEndedRegions();
   ResolvePendingAmax();
   QuantizerState s;
   s.amax = last_amax_;
@@ -305,7 +386,12 @@ absl::Status Quantizer::CheckState(const QuantizerState& state, absl::string_vie
 }
 
 void Quantizer::ImportState(const QuantizerState& state) {
-  pending_amax_.clear();  // amaxes of quantizations the imported state supersedes
+  // The imported state replaces everything the ended regions' updates and the open
+  // region's amaxes would change, so they are dropped unread (a read still in flight is
+  // waited for by the next Start or the destructor, before its staging is reused).
+  ended_regions_ = 0;
+  reading_amaxes_ = 0;
+  pending_amax_.clear();
   last_amax_ = state.amax;
   calls_ = state.quantize_calls;
   ImportExtra(state);

@@ -7,6 +7,36 @@
 // (latest amax, call count, block-scale summary) and, when enabled, the FP8 health
 // statistics measured against the source. Observe() is the calibration path: the amax
 // is collected (and delayed scaling updates its history) but nothing is cast.
+//
+// Delayed scaling on a device never makes the host wait for the stream in the middle of a
+// step. Each quantization leaves its amax on the device (QuantizedTensor::amax_bits, the
+// quantize kernel's PerTensorQuantizeOptions::defer_amax), and the end of a region is
+// lazy:
+//   - EndRegion closes the region: it starts one asynchronous read of the region's
+//     amaxes (kernels::HostReadback on the stream that quantized: copies into reused
+//     page-locked memory, then an event) and returns at once. The region's update, i.e.
+//     RecordAmax of each amax in quantization order and then DoEndRegion (the history
+//     roll and the next scale), is left to do.
+//   - Whatever reads or changes the quantizer's state first resolves the ended regions:
+//     it waits for that event (the work enqueued before EndRegion, not the stream's later
+//     work) and runs the updates exactly as an eager EndRegion would have. These are
+//     Quantize and Observe (the next region's scale comes from the update), Snapshot,
+//     ExportState and ScaleInUse. ImportState drops the updates (the imported state
+//     replaces all they change); CheckState reads only the history length, which they
+//     never change. So the host state goes through the eager sequence of values, only
+//     later, and every result is bit for bit the eager one.
+//   - Invariants: quantizations after EndRegion belong to the next region, and Quantize
+//     resolves before it adds an amax, so the open region's amaxes (pending_amax_) and an
+//     unresolved ended region never coexist, and at most one read is in flight. A
+//     further EndRegion before the resolution is counted and runs its DoEndRegion after
+//     the earlier ones (an empty region still updates the scale, as eagerly).
+//   - An amax that cannot be read (a failed device) is recorded as NaN. A region whose
+//     amaxes came from more than one stream, or whose read cannot start, is read at
+//     EndRegion with a wait, as before.
+// In a training step the next Quantize of a forward quantizer comes after the backward
+// has been enqueued, so by then its region has usually finished on the GPU and the wait
+// costs nothing.
+// On the CPU the amax is computed in place and EndRegion updates at once.
 #ifndef TESERVE_RECIPES_QUANTIZER_H_
 #define TESERVE_RECIPES_QUANTIZER_H_
 
@@ -20,6 +50,7 @@
 #include "core/context.h"
 #include "core/quantized_tensor.h"
 #include "kernels/cast.h"
+#include "kernels/host_readback.h"
 #include "recipes/health.h"
 #include "recipes/recipe.h"
 
@@ -56,7 +87,7 @@ class Quantizer {
  public:
   Quantizer(TensorRole role, std::string recipe, DType format, ScalingMode mode)
       : role_(role), recipe_(std::move(recipe)), format_(format), mode_(mode) {}
-  virtual ~Quantizer() = default;
+  virtual ~Quantizer();
 
   // x: FP32, BF16 or FP16 [rows, cols]. Produces the requested copies (rowwise
   // [rows, cols], columnwise [cols, rows]). Per-tensor recipes read FP32 and BF16
@@ -69,13 +100,14 @@ class Quantizer {
                                            Tensor* dbias = nullptr);
   // Calibration: records the amax of x (FP32, BF16 or FP16) without casting.
   absl::Status Observe(const Context& ctx, const Tensor& x);
-  // End of the region this operand belongs to (forward or backward): the amaxes left on
-  // the device by this region's quantizations are read (one wait for the stream, not one
-  // per quantization), then delayed scaling rolls the history and computes the next
-  // scale. An amax that cannot be read (a failed device) is recorded as NaN, which the
-  // scale update and the health metrics then show.
+  // End of the region this operand belongs to (forward or backward): the region's
+  // amaxes are recorded, then delayed scaling rolls the history and computes the next
+  // scale. With amaxes on a device this only starts their read and returns (see above);
+  // the update runs when the state is next needed. An amax that cannot be read (a failed
+  // device) is recorded as NaN, which the scale update and the health metrics then show.
   void EndRegion();
-  // Both read any amax still on the device first.
+  // Both resolve the ended regions, then read any amax of the open region still on the
+  // device (a wait for the stream: they report the latest amax).
   QuantizerSnapshot Snapshot();
   QuantizerState ExportState();
   // Whether ImportState may take `state` (what ExportState returned for a quantizer of
@@ -86,17 +118,34 @@ class Quantizer {
   absl::Status CheckState(const QuantizerState& state, absl::string_view field) const;
   // Puts back a state that CheckState accepted.
   void ImportState(const QuantizerState& state);
+  // Snapshot().scale without reading the open region's amaxes (they change the next
+  // scale, not this one): the scale the open region's quantizations use (delayed: from
+  // the history; current: the latest; 1 for the block recipes). What a replay of the
+  // latest quantization needs, with format() and mode().
+  float ScaleInUse();
+  // Whether an ended region's update waits for its amaxes (delayed scaling on a device).
+  bool region_pending() const { return ended_regions_ > 0; }
 
   void set_health_stats(bool enabled) { health_stats_ = enabled; }
   TensorRole role() const { return role_; }
   DType format() const { return format_; }
+  ScalingMode mode() const { return mode_; }
+
+  // Tests: quantizations on a CPU context that would leave their amax on a device hand it
+  // over the same way (an amax_bits tensor, here on the host), so the lazy region end
+  // above runs without a GPU. Every result stays the same.
+  void set_defer_host_amax_for_testing(bool on) { defer_host_amax_for_testing_ = on; }
+  // false: EndRegion reads the amaxes left on the device at once (a wait for the stream)
+  // and updates, the eager region end the lazy one (the default) is tested against.
+  void set_lazy_region_end(bool on) { lazy_region_end_ = on; }
 
  protected:
   // x is what Source returned; dbias is only passed to per-tensor recipes. A recipe may
   // leave the amax on the device (q.amax_bits, PerTensorQuantizeOptions::defer_amax)
-  // when only EndRegion needs it.
+  // when only EndRegion needs it, and then says so in DefersAmax.
   virtual absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
                                                      bool columnwise, Tensor* dbias) = 0;
+  virtual bool DefersAmax() const { return false; }
   // Delayed scaling records observed amaxes in its history.
   virtual void RecordAmax(float amax) {}
   // The recipe's part of EndRegion (delayed scaling's history roll).
@@ -124,15 +173,30 @@ class Quantizer {
   // x as this recipe's quantize kernels read it: itself (FP32; BF16 for per-tensor
   // recipes) or its FP32 value.
   absl::StatusOr<Tensor> Source(const Context& ctx, const Tensor& x) const;
-  // Records an amax read back from the device (NaN when the read fails).
+  // Records an amax read back from the device (NaN when the read fails), waiting for
+  // the stream.
   void RecordDeviceAmax(const Context& ctx, const Tensor& bits);
+  // Records the open region's amaxes (eagerly, a wait for the stream each).
   void ResolvePendingAmax();
+  // Starts reading the open region's amaxes (readback_) and moves them to the ended
+  // region; false, with nothing moved, when they span streams or the read cannot start.
+  bool StartAmaxRead();
+  // Waits for the read of the ended region, if any, and runs the updates of every ended
+  // region, in order.
+  void ResolveEndedRegions();
 
   struct PendingAmax {
     Context ctx;  // the device and stream that quantized
     Tensor bits;  // QuantizedTensor::amax_bits
   };
-  std::vector<PendingAmax> pending_amax_;
+  std::vector<PendingAmax> pending_amax_;  // the open region's
+  // EndRegion calls whose update has not run yet; the first of them owns the read in
+  // flight (reading_amaxes_ amaxes, in quantization order) when reading_amaxes_ > 0.
+  int ended_regions_ = 0;
+  size_t reading_amaxes_ = 0;
+  std::unique_ptr<kernels::HostReadback> readback_;  // made on first use, then reused
+  bool defer_host_amax_for_testing_ = false;
+  bool lazy_region_end_ = true;
 
   TensorRole role_;
   std::string recipe_;

@@ -1,4 +1,4 @@
-// Host side of the CUDA RoPE: cu_seqlens to the device, one launch, a stream sync.
+// Host side of the CUDA RoPE: cu_seqlens to the device (thd), one launch.
 #include "kernels/cuda/rope/rope_cuda.h"
 
 #include <cuda_runtime_api.h>
@@ -60,7 +60,8 @@ absl::StatusOr<Tensor> Apply(const Context& ctx, const Tensor& in, const Tensor&
     }
   }
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchRope(p, StreamOf(ctx)));
-  TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(StreamOf(ctx)));  // before cu_device is freed
+  // thd only: the cu_seqlens upload came from pageable host memory.
+  if (cu_device.defined()) TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(StreamOf(ctx)));
   return out;
 }
 

@@ -1,7 +1,8 @@
 // CUDA RoPE (contract: kernels/rope.h). The dispatcher in kernels/rope.cc has checked
 // the arguments: t (or dy) and freqs FP32 on ctx's CUDA device; cu_seqlens (thd) stays
 // on the host, where the checks read it, and is copied to the device here. Runs on
-// ctx.stream and synchronizes it before returning (the cu_seqlens copy is freed then).
+// ctx.stream without waiting for it, except under thd, which synchronizes the stream
+// after the launch (its cu_seqlens upload reads pageable host memory).
 #ifndef TESERVE_KERNELS_CUDA_ROPE_CUDA_H_
 #define TESERVE_KERNELS_CUDA_ROPE_CUDA_H_
 

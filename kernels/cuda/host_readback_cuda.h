@@ -1,0 +1,40 @@
+// CUDA side of kernels/host_readback.h: page-locked staging memory, the copies and the
+// event. HostReadback (kernels/host_readback.cc) owns what these functions make.
+#ifndef TESERVE_KERNELS_CUDA_HOST_READBACK_CUDA_H_
+#define TESERVE_KERNELS_CUDA_HOST_READBACK_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace teserve {
+namespace kernels {
+namespace cuda {
+
+// Page-locked host memory that copies on any device treat as such (cudaHostAllocPortable).
+absl::StatusOr<void*> AllocatePinnedHost(size_t bytes);
+void FreePinnedHost(void* ptr);
+
+// Enqueues on ctx.stream one device-to-host copy of tensors[i] (on ctx.device) into
+// dst + offsets[i], then records *event there; *event (cudaEvent_t, without timing) is
+// made on ctx.device when null or of another device (*event_device). On an error after
+// some copies were enqueued the stream is drained before returning, so that nothing
+// writes into dst afterwards.
+absl::Status StartDeviceToHost(const Context& ctx, absl::Span<const Tensor> tensors, uint8_t* dst,
+                               absl::Span<const size_t> offsets, void** event, int* event_device);
+// Blocks until the event has completed (cudaEventSynchronize: that event only).
+absl::Status WaitEvent(void* event, int event_device);
+// Whether the event has completed (an error counts as completed: Wait reports it).
+bool EventDone(void* event, int event_device);
+void DestroyEvent(void* event, int event_device);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace teserve
+
+#endif  // TESERVE_KERNELS_CUDA_HOST_READBACK_CUDA_H_
