@@ -91,9 +91,11 @@ class PinnedBuffer {
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
-  absl::Status Allocate(size_t bytes) {
-    TESERVE_CUDA_RETURN_IF_ERROR(cudaMallocHost(&data_, bytes));
-    return absl::OkStatus();
+  // False when no page-locked memory could be had (then the destructor does nothing).
+  bool Allocate(size_t bytes) {
+    if (cudaMallocHost(&data_, bytes) == cudaSuccess) return true;
+    data_ = nullptr;
+    return false;
   }
   char* data() const { return static_cast<char*>(data_); }
 
@@ -120,7 +122,18 @@ absl::Status StagedCopies(const std::vector<HostCopy>& copies, bool to_host, siz
   if (total == 0) return absl::OkStatus();
   const size_t capacity = std::min(total, chunk_bytes);
   PinnedBuffer staging(stream);
-  RETURN_IF_ERROR(staging.Allocate(capacity));
+  if (!staging.Allocate(capacity)) {
+    // No page-locked memory to be had (a locked-memory limit): the copies still happen,
+    // one synchronous copy each, as CopyInto makes them.
+    cudaGetLastError();
+    for (const HostCopy& c : copies) {
+      TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.dst, c.src, c.bytes, to_host ? cudaMemcpyDeviceToHost
+                                                                                : cudaMemcpyHostToDevice,
+                                                   stream));
+      TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    }
+    return absl::OkStatus();
+  }
   struct Piece {
     char* host;      // the host side: dst (to_host) or src
     size_t offset;   // in staging
