@@ -2,6 +2,9 @@
 // (errors name the argument and say expected vs got), then the device's kernel.
 #include "kernels/elementwise.h"
 
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cpu/elementwise_cpu.h"
@@ -19,6 +22,19 @@ namespace {
 absl::Status CheckOutput(absl::string_view name, const Tensor* t, const Context& ctx) {
   if (t == nullptr) return InvalidField(name, "a tensor", "nullptr");
   return CheckTensor(name, *t, DType::kFloat32, kAnyRank, ctx);
+}
+
+// The one non-CPU device of `tensors` (CPU when there is none): the device a batched copy
+// enters. `field` names the group in errors ("srcs", "dsts", "tensors").
+absl::Status OneDevice(absl::string_view field, size_t i, const Tensor& t, Device* device) {
+  if (t.device().is_cpu()) return absl::OkStatus();
+  if (device->is_cpu()) {
+    *device = t.device();
+    return absl::OkStatus();
+  }
+  if (t.device() == *device) return absl::OkStatus();
+  return InvalidField(absl::StrCat(field, "[", i, "].device"),
+                      absl::StrCat(device->ToString(), " or cpu (one device per batched copy)"), t.device().ToString());
 }
 
 }  // namespace
@@ -133,6 +149,71 @@ absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device
 #else
   return NoKernel("CopyTo", t.device().is_cpu() ? device : t.device(), kNoCudaBackend);
 #endif
+}
+
+absl::Status CopyManyInto(const Context& ctx, absl::Span<const Tensor* const> srcs, absl::Span<Tensor* const> dsts,
+                          int64_t chunk_bytes) {
+  if (chunk_bytes <= 0) return InvalidField("chunk_bytes", "> 0", chunk_bytes);
+  if (srcs.size() != dsts.size()) {
+    return InvalidField("dsts.size", absl::StrCat(srcs.size(), " (one per src)"), dsts.size());
+  }
+  Device device = Device::Cpu();
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const std::string src_name = absl::StrCat("srcs[", i, "]");
+    const std::string dst_name = absl::StrCat("dsts[", i, "]");
+    if (srcs[i] == nullptr) return InvalidField(src_name, "a tensor", "nullptr");
+    if (dsts[i] == nullptr) return InvalidField(dst_name, "a tensor", "nullptr");
+    const Tensor& src = *srcs[i];
+    const Tensor& dst = *dsts[i];
+    RETURN_IF_ERROR(CheckDefined(src_name, src));
+    RETURN_IF_ERROR(CheckDefined(dst_name, dst));
+    if (dst.dtype() != src.dtype()) {
+      return InvalidField(absl::StrCat(dst_name, ".dtype"), DTypeName(src.dtype()), DTypeName(dst.dtype()));
+    }
+    RETURN_IF_ERROR(CheckShape(dst_name, dst, src.shape()));
+    RETURN_IF_ERROR(OneDevice("srcs", i, src, &device));
+    RETURN_IF_ERROR(OneDevice("dsts", i, dst, &device));
+  }
+  if (device.is_cpu()) {
+    for (size_t i = 0; i < srcs.size(); ++i) RETURN_IF_ERROR(cpu::CopyInto(ctx, *srcs[i], dsts[i]));
+    return absl::OkStatus();
+  }
+#if TESERVE_WITH_CUDA
+  return cuda::CopyManyInto(ctx, device, srcs, dsts, chunk_bytes);
+#else
+  return NoKernel("CopyManyInto", device, kNoCudaBackend);
+#endif
+}
+
+absl::StatusOr<std::vector<Tensor>> CopyManyTo(const Context& ctx, absl::Span<const Tensor* const> tensors,
+                                               Device device, int64_t chunk_bytes) {
+  if (chunk_bytes <= 0) return InvalidField("chunk_bytes", "> 0", chunk_bytes);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string name = absl::StrCat("tensors[", i, "]");
+    if (tensors[i] == nullptr) return InvalidField(name, "a tensor", "nullptr");
+    RETURN_IF_ERROR(CheckDefined(name, *tensors[i]));
+  }
+  if (!device.is_cpu()) {
+#if TESERVE_WITH_CUDA
+    // The outputs are allocated on the device (under its allocator) by the backend.
+    Device other = device;
+    for (size_t i = 0; i < tensors.size(); ++i) RETURN_IF_ERROR(OneDevice("tensors", i, *tensors[i], &other));
+    return cuda::CopyManyTo(ctx, tensors, device, chunk_bytes);
+#else
+    return NoKernel("CopyManyTo", device, kNoCudaBackend);
+#endif
+  }
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  std::vector<Tensor*> dsts;
+  dsts.reserve(tensors.size());
+  for (const Tensor* t : tensors) {
+    ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(t->dtype(), t->shape(), Device::Cpu(), nullptr));
+    out.push_back(std::move(copy));
+  }
+  for (Tensor& t : out) dsts.push_back(&t);
+  RETURN_IF_ERROR(CopyManyInto(ctx, tensors, dsts, chunk_bytes));
+  return out;
 }
 
 }  // namespace kernels

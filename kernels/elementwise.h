@@ -8,6 +8,11 @@
 //   CopyInto / CopyTo: bytes between tensors of any devices (the RPC edge: inputs to
 //                   the session's device, results back). Ordered on ctx.stream; a copy
 //                   that reads or writes host memory is complete when it returns.
+//   CopyManyInto / CopyManyTo: the same for many tensors at once (session checkpoints:
+//                   snapshots to the host, restores to the device). On CUDA the
+//                   host <-> device copies go through one pinned staging buffer of at
+//                   most kCopyManyChunkBytes, enqueued on ctx.stream chunk by chunk with
+//                   one wait per chunk instead of one per tensor.
 //   CopyColumns:    dst[:, dst_col + j] = src[:, src_col + j] for j < cols, rank-2
 //                   tensors of one dtype (any) with the same row count on ctx's device:
 //                   attention's head split and merge of fused projections.
@@ -22,6 +27,9 @@
 // CPU's in the last bits (a different summation order).
 #ifndef TESERVE_KERNELS_ELEMENTWISE_H_
 #define TESERVE_KERNELS_ELEMENTWISE_H_
+
+#include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +62,25 @@ absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
 
 // A copy of t on `device` (t itself when it is there already: tensors share buffers).
 absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device);
+
+// The pinned staging buffer of CopyManyInto / CopyManyTo on CUDA: a call allocates one
+// of min(chunk_bytes, the bytes it moves between host and device) and reuses it chunk
+// by chunk (a tensor larger than the room left is split across chunks). chunk_bytes must
+// be > 0; tests pass small values to exercise the splitting.
+inline constexpr int64_t kCopyManyChunkBytes = int64_t{64} << 20;
+
+// CopyInto for every pair: dsts[i]'s bytes become srcs[i]'s (same dtype and shape; any
+// devices, but the non-CPU tensors all on one device). No dst may be a src of another
+// pair. Ordered on ctx.stream; every copy that reads or writes host memory is complete
+// when it returns (device-to-device copies are only enqueued, as CopyInto's). On an
+// error, dsts may be partly written.
+absl::Status CopyManyInto(const Context& ctx, absl::Span<const Tensor* const> srcs, absl::Span<Tensor* const> dsts,
+                          int64_t chunk_bytes = kCopyManyChunkBytes);
+
+// New copies of `tensors` on `device`, in order: each a tensor of its own (never t itself,
+// unlike CopyTo), copied as CopyManyInto copies. Empty tensors are fine.
+absl::StatusOr<std::vector<Tensor>> CopyManyTo(const Context& ctx, absl::Span<const Tensor* const> tensors,
+                                               Device device, int64_t chunk_bytes = kCopyManyChunkBytes);
 
 }  // namespace kernels
 }  // namespace teserve

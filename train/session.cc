@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -434,12 +436,12 @@ struct Session::State {
   // Deep copies of the named parameters (all when `names` is empty), or of their grads.
   absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<std::string>& names, bool grads) const {
     ASSIGN_OR_RETURN(const std::vector<layers::Parameter*> selected, Select(names));
+    std::vector<const Tensor*> sources;
+    for (const layers::Parameter* p : selected) sources.push_back(grads ? &p->grad : &p->value);
+    // One batched copy to the host: a wait per staging chunk, not per tensor.
+    ASSIGN_OR_RETURN(std::vector<Tensor> copies, kernels::CopyManyTo(ctx, sources, Device::Cpu()));
     std::vector<NamedTensor> out;
-    for (const layers::Parameter* p : selected) {
-      const Tensor& source = grads ? p->grad : p->value;
-      ASSIGN_OR_RETURN(Tensor copy, source.device().is_cpu() ? source.Clone() : kernels::CopyTo(ctx, source, Device::Cpu()));
-      out.push_back(NamedTensor{p->name, std::move(copy)});
-    }
+    for (size_t i = 0; i < selected.size(); ++i) out.push_back(NamedTensor{selected[i]->name, std::move(copies[i])});
     return out;
   }
 };
@@ -817,16 +819,31 @@ absl::StatusOr<SessionState> Session::CaptureState(uint64_t* version) const {
   if (version != nullptr) *version = s.version;
   SessionState out;
   out.step = s.step;
-  ASSIGN_OR_RETURN(out.parameters, s.CopyTensors({}, /*grads=*/false));
-  ASSIGN_OR_RETURN(out.gradients, s.CopyTensors({}, /*grads=*/true));
+  // Every device tensor of the state (parameters, gradients, optimizer buffers) goes to
+  // the host in one batched copy (kernels::CopyManyTo): enqueued on the session's stream
+  // through a pinned staging buffer and waited for once per chunk, not once per tensor.
+  std::vector<const Tensor*> sources;
+  std::vector<std::string> names;
+  for (const layers::Parameter* p : s.params) {
+    sources.push_back(&p->value);
+    names.push_back(p->name);
+  }
+  for (const layers::Parameter* p : s.params) {
+    sources.push_back(&p->grad);
+    names.push_back(p->name);
+  }
   for (const Optimizer::StateBuffer& b : s.optimizer->StateBuffers()) {
     if (b.tensors->empty()) continue;
     for (size_t i = 0; i < s.params.size() && i < b.tensors->size(); ++i) {
-      const Tensor& source = (*b.tensors)[i];
-      ASSIGN_OR_RETURN(Tensor copy,
-                       source.device().is_cpu() ? source.Clone() : kernels::CopyTo(s.ctx, source, Device::Cpu()));
-      out.optimizer.push_back(NamedTensor{absl::StrCat(s.params[i]->name, ".", b.name), std::move(copy)});
+      sources.push_back(&(*b.tensors)[i]);
+      names.push_back(absl::StrCat(s.params[i]->name, ".", b.name));
     }
+  }
+  ASSIGN_OR_RETURN(std::vector<Tensor> copies, kernels::CopyManyTo(s.ctx, sources, Device::Cpu()));
+  const size_t n = s.params.size();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    std::vector<NamedTensor>& group = i < n ? out.parameters : i < 2 * n ? out.gradients : out.optimizer;
+    group.push_back(NamedTensor{std::move(names[i]), std::move(copies[i])});
   }
   std::vector<TensorSpec> specs;
   RETURN_IF_ERROR(s.StateGroup(&specs, &out.state));
@@ -883,22 +900,34 @@ absl::Status Session::RestoreState(const SessionState& in) {
     quantizer_states.push_back(std::move(qs));
   }
   // The optimizer buffers are built on the session's device before anything is replaced.
+  // Host-to-device copies are batched as CaptureState's (kernels::CopyManyTo / CopyManyInto:
+  // one wait per staging chunk, not per tensor).
   std::vector<Optimizer::StateBuffer> buffers = s.optimizer->StateBuffers();
   std::vector<std::vector<Tensor>> new_buffers(buffers.size());
-  for (size_t b = 0; b < buffers.size() && !moments.empty(); ++b) {
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      const Tensor& host = *moments[b * s.params.size() + i];
-      ASSIGN_OR_RETURN(Tensor t, s.ctx.device.is_cpu() ? host.Clone() : kernels::CopyTo(s.ctx, host, s.ctx.device));
-      new_buffers[b].push_back(std::move(t));
+  if (!moments.empty()) {
+    std::vector<const Tensor*> sources;
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      for (size_t i = 0; i < s.params.size(); ++i) sources.push_back(moments[b * s.params.size() + i]);
+    }
+    ASSIGN_OR_RETURN(std::vector<Tensor> copies, kernels::CopyManyTo(s.ctx, sources, s.ctx.device));
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      for (size_t i = 0; i < s.params.size(); ++i) {
+        new_buffers[b].push_back(std::move(copies[b * s.params.size() + i]));
+      }
     }
   }
 
   for (layers::Parameter* p : s.params) layers::InvalidateComputeCopy(*p);
   s.GradsWritten();  // whatever the checkpoint held
+  std::vector<const Tensor*> srcs;
+  std::vector<Tensor*> dsts;
   for (size_t i = 0; i < s.params.size(); ++i) {
-    RETURN_IF_ERROR(kernels::CopyInto(s.ctx, *params[i], &s.params[i]->value));
-    RETURN_IF_ERROR(kernels::CopyInto(s.ctx, *grads[i], &s.params[i]->grad));
+    srcs.push_back(params[i]);
+    dsts.push_back(&s.params[i]->value);
+    srcs.push_back(grads[i]);
+    dsts.push_back(&s.params[i]->grad);
   }
+  RETURN_IF_ERROR(kernels::CopyManyInto(s.ctx, srcs, dsts));
   RETURN_IF_ERROR(layers::RefreshComputeCopies(s.ctx, s.params));
   for (size_t b = 0; b < buffers.size(); ++b) *buffers[b].tensors = std::move(new_buffers[b]);
   for (size_t i = 0; i < rng.size(); ++i) *rng[i].value = static_cast<uint64_t>(rng_values[i]);

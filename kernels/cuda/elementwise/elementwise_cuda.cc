@@ -2,6 +2,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
 #include "core/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise/elementwise_kernels.h"
@@ -67,6 +72,152 @@ absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.is_cpu() ? t.device().index : device.index));
   ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.dtype(), t.shape(), device, ctx.stream));
   RETURN_IF_ERROR(CopyInto(ctx, t, &out));
+  return out;
+}
+
+namespace {
+
+// Page-locked host memory for CopyManyInto's staging (cudaMemcpyAsync from or to
+// pageable memory is staged by the driver and waits, one copy at a time).
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(cudaStream_t stream) : stream_(stream) {}
+  ~PinnedBuffer() {
+    if (data_ == nullptr) return;
+    // After an error copies into or out of it may still be queued: they finish first.
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  // False when no page-locked memory could be had (then the destructor does nothing).
+  bool Allocate(size_t bytes) {
+    if (cudaMallocHost(&data_, bytes) == cudaSuccess) return true;
+    data_ = nullptr;
+    return false;
+  }
+  char* data() const { return static_cast<char*>(data_); }
+
+ private:
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+};
+
+// One host <-> device copy of a batch.
+struct HostCopy {
+  char* dst;
+  const char* src;
+  size_t bytes;
+};
+
+// Moves `copies` (all device-to-host when to_host, else all host-to-device) through one
+// pinned staging buffer: a chunk is up to chunk_bytes of consecutive copies
+// (a copy larger than the room left is split across chunks), enqueued on `stream` as one
+// cudaMemcpyAsync per piece and waited for once.
+absl::Status StagedCopies(const std::vector<HostCopy>& copies, bool to_host, size_t chunk_bytes,
+                          cudaStream_t stream) {
+  size_t total = 0;
+  for (const HostCopy& c : copies) total += c.bytes;
+  if (total == 0) return absl::OkStatus();
+  const size_t capacity = std::min(total, chunk_bytes);
+  PinnedBuffer staging(stream);
+  if (!staging.Allocate(capacity)) {
+    // No page-locked memory to be had (a locked-memory limit): the copies still happen,
+    // one synchronous copy each, as CopyInto makes them.
+    cudaGetLastError();
+    for (const HostCopy& c : copies) {
+      TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.dst, c.src, c.bytes, to_host ? cudaMemcpyDeviceToHost
+                                                                                : cudaMemcpyHostToDevice,
+                                                   stream));
+      TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    }
+    return absl::OkStatus();
+  }
+  struct Piece {
+    char* host;      // the host side: dst (to_host) or src
+    size_t offset;   // in staging
+    size_t bytes;
+  };
+  std::vector<Piece> pieces;
+  size_t next = 0;   // copies[next] is the first not fully staged
+  size_t done = 0;   // bytes of copies[next] already staged
+  while (next < copies.size()) {
+    pieces.clear();
+    size_t fill = 0;
+    while (next < copies.size() && fill < capacity) {
+      const HostCopy& c = copies[next];
+      const size_t take = std::min(c.bytes - done, capacity - fill);
+      if (take > 0) {
+        if (to_host) {
+          TESERVE_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(staging.data() + fill, c.src + done, take, cudaMemcpyDeviceToHost, stream));
+          pieces.push_back(Piece{c.dst + done, fill, take});
+        } else {
+          std::memcpy(staging.data() + fill, c.src + done, take);
+          TESERVE_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(c.dst + done, staging.data() + fill, take, cudaMemcpyHostToDevice, stream));
+        }
+      }
+      fill += take;
+      done += take;
+      if (done == c.bytes) {
+        ++next;
+        done = 0;
+      }
+    }
+    // The one wait of this chunk: its bytes have landed (to_host) or the staging buffer
+    // may be refilled (to the device).
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    for (const Piece& p : pieces) std::memcpy(p.host, staging.data() + p.offset, p.bytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CopyManyInto(const Context& ctx, Device device, absl::Span<const Tensor* const> srcs,
+                          absl::Span<Tensor* const> dsts, int64_t chunk_bytes) {
+  ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.index));
+  const cudaStream_t stream = StreamOf(ctx);
+  std::vector<HostCopy> to_host;
+  std::vector<HostCopy> to_device;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const Tensor& src = *srcs[i];
+    Tensor& dst = *dsts[i];
+    const size_t bytes = static_cast<size_t>(src.nbytes());
+    if (bytes == 0 || src.raw_data() == dst.raw_data()) continue;
+    const HostCopy copy{static_cast<char*>(dst.raw_data()), static_cast<const char*>(src.raw_data()), bytes};
+    if (src.device().is_cpu() && dst.device().is_cpu()) {
+      std::memcpy(copy.dst, copy.src, bytes);
+    } else if (dst.device().is_cpu()) {
+      to_host.push_back(copy);
+    } else if (src.device().is_cpu()) {
+      to_device.push_back(copy);
+    } else {
+      TESERVE_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(copy.dst, copy.src, bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  RETURN_IF_ERROR(StagedCopies(to_host, /*to_host=*/true, static_cast<size_t>(chunk_bytes), stream));
+  RETURN_IF_ERROR(StagedCopies(to_device, /*to_host=*/false, static_cast<size_t>(chunk_bytes), stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Tensor>> CopyManyTo(const Context& ctx, absl::Span<const Tensor* const> tensors,
+                                               Device device, int64_t chunk_bytes) {
+  // Entering the device registers the allocator the new tensors come from.
+  ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.index));
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  for (const Tensor* t : tensors) {
+    ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(t->dtype(), t->shape(), device, ctx.stream));
+    out.push_back(std::move(copy));
+  }
+  std::vector<Tensor*> dsts;
+  dsts.reserve(out.size());
+  for (Tensor& t : out) dsts.push_back(&t);
+  RETURN_IF_ERROR(CopyManyInto(ctx, device, tensors, dsts, chunk_bytes));
   return out;
 }
 

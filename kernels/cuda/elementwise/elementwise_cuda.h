@@ -3,6 +3,8 @@
 #ifndef TESERVE_KERNELS_CUDA_ELEMENTWISE_ELEMENTWISE_CUDA_H_
 #define TESERVE_KERNELS_CUDA_ELEMENTWISE_ELEMENTWISE_CUDA_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -22,6 +24,13 @@ absl::Status FillZero(const Context& ctx, Tensor* x);
 absl::Status CopyInto(const Context& ctx, const Tensor& src, Tensor* dst);
 // A copy of t on `device`, one of the two sides being a CUDA device.
 absl::StatusOr<Tensor> CopyTo(const Context& ctx, const Tensor& t, Device device);
+// kernels::CopyManyInto / CopyManyTo (checked there): `device` is the one CUDA device of
+// the non-CPU tensors; CopyManyTo's `device` is a CUDA device; chunk_bytes > 0 bounds the
+// pinned staging buffer.
+absl::Status CopyManyInto(const Context& ctx, Device device, absl::Span<const Tensor* const> srcs,
+                          absl::Span<Tensor* const> dsts, int64_t chunk_bytes);
+absl::StatusOr<std::vector<Tensor>> CopyManyTo(const Context& ctx, absl::Span<const Tensor* const> tensors,
+                                               Device device, int64_t chunk_bytes);
 absl::Status CopyColumns(const Context& ctx, const Tensor& src, int64_t src_col, Tensor* dst, int64_t dst_col,
                          int64_t cols);
 absl::Status BiasDropoutAdd(const Context& ctx, const Tensor& h, const Tensor& bias, const Tensor& residual,
