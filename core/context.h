@@ -20,6 +20,8 @@ class KernelTimingSink;  // kernels/timing.h
 // Layers ask between their parts (LayerStack between modules, TransformerLayer between
 // its blocks), never inside a kernel; the train::Session call that started the work then
 // puts back everything the call changed (train/session.h).
+struct Context;
+
 class Interruption {
  public:
   virtual ~Interruption() = default;
@@ -28,6 +30,10 @@ class Interruption {
   // have run next ("fc2", "block.layernorm_mlp"; empty: the pass is done and its
   // results not yet kept).
   virtual absl::Status Check(absl::string_view pass, absl::string_view next) const = 0;
+  // Called before each Check with the pass's context: an implementation may wait here so
+  // that the device is never more than a few parts behind the host (kernels::RunAheadLimit),
+  // which makes a stop decided by Check take effect within those parts.
+  virtual void Pace(const Context& ctx) const {}
 };
 
 struct Context {
@@ -45,7 +51,9 @@ struct Context {
 
 // OK unless ctx has an Interruption that says to stop before `next` of `pass`.
 inline absl::Status CheckInterruption(const Context& ctx, absl::string_view pass, absl::string_view next) {
-  return ctx.interruption == nullptr ? absl::OkStatus() : ctx.interruption->Check(pass, next);
+  if (ctx.interruption == nullptr) return absl::OkStatus();
+  ctx.interruption->Pace(ctx);
+  return ctx.interruption->Check(pass, next);
 }
 
 }  // namespace teserve

@@ -366,6 +366,12 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
   return std::vector<Tensor>{std::move(grads.dq), std::move(grads.dk), std::move(grads.dv)};
 }
 
+kernels::AttentionConfig DotProductAttention::TrainingConfig() const {
+  kernels::AttentionConfig config = config_;
+  config.dropout = options_.attention_dropout;  // what a training forward runs with
+  return config;
+}
+
 void DotProductAttention::DescribeAttention(const Device& device, std::vector<AttentionPathInfo>* out) const {
   // The CUDA kernels' register tiles hold head sizes up to this (kernels/cuda/attention).
   constexpr int64_t kCudaMaxHeadSize = 256;
@@ -379,8 +385,8 @@ void DotProductAttention::DescribeAttention(const Device& device, std::vector<At
   } else if (!last_path_.empty()) {
     info.path = last_path_;
     info.reason = last_reason_;
-  } else if (const absl::Status fused =
-                 kernels::FusedAttentionEligible(device, config_, options_.activation_dtype, d_qk, d_v);
+  } else if (const absl::Status fused = kernels::FusedAttentionEligible(device, TrainingConfig(),
+                                                                      options_.activation_dtype, d_qk, d_v);
              fused.ok()) {
     info.path = "cudnn_fused";
     info.reason = absl::StrCat("cuDNN fused SDPA for ", DTypeName(options_.activation_dtype),

@@ -124,6 +124,9 @@ class DotProductAttention : public Module {
 
   DotProductAttentionOptions options_;
   kernels::AttentionConfig config_;
+  // config_ with the dropout a training forward runs with (the path GetSession predicts).
+  kernels::AttentionConfig TrainingConfig() const;
+
   Parameter softmax_offset_;  // learnable only
   // The path the last forward took and why (empty before the first), for GetSession.
   std::string last_path_;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "core/context.h"
 #include "core/status.h"
+#include "kernels/run_ahead.h"
 #include "server/recipe_availability.h"
 #include "server/tensor_codec.h"
 #include "server/unknown_fields.h"
@@ -239,6 +240,10 @@ class CallInterruption final : public Interruption {
                    const std::atomic<int64_t>& stop_calls_at_ns)
       : context_(context), method_(method), stop_calls_at_ns_(stop_calls_at_ns) {}
 
+  // At most kRunAhead parts of a pass queued ahead of the GPU, so that a stop lands
+  // within them (kernels/run_ahead.h).
+  void Pace(const Context& ctx) const override { run_ahead_.Mark(ctx); }
+
   absl::Status Check(absl::string_view pass, absl::string_view next) const override {
     const bool abandoned = const_cast<grpc::CallbackServerContext&>(context_).IsCancelled() ||
                            context_.deadline() <= std::chrono::system_clock::now();
@@ -258,6 +263,8 @@ class CallInterruption final : public Interruption {
   const grpc::CallbackServerContext& context_;
   const std::string method_;
   const std::atomic<int64_t>& stop_calls_at_ns_;
+  static constexpr int kRunAhead = 4;
+  mutable kernels::RunAheadLimit run_ahead_{kRunAhead};
 };
 
 }  // namespace

@@ -636,7 +636,9 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
     if (return_input_grad) {
       r.grad_inputs = std::move(grad_inputs);
       if (layer_side_grads.encoder_output.defined()) {
-        r.side_grads.push_back(NamedTensor{"encoder_output", std::move(layer_side_grads.encoder_output)});
+        // Like Backward's: a device session's side gradient leaves through a host copy.
+        ASSIGN_OR_RETURN(std::vector<Tensor> encoder_grad, s.ToHost({std::move(layer_side_grads.encoder_output)}));
+        r.side_grads.push_back(NamedTensor{"encoder_output", std::move(encoder_grad[0])});
       }
     }
     // The model has exactly one output (checked above), the one the loss read.
