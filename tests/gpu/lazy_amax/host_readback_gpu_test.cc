@@ -56,9 +56,10 @@ TEST(HostReadbackGpu, WaitsForTheWorkBeforeStartOnly) {
   ASSERT_EQ(cudaPointerGetAttributes(&attributes, staging), cudaSuccess);
   EXPECT_EQ(attributes.type, cudaMemoryTypeHost);  // page-locked
 
-  // Work before Start: a long kernel, then a doubling of a.
-  ASSERT_EQ(testing::LaunchSpin(400 * kMillisecond, stream.get()), cudaSuccess);
+  // Work before Start: a doubling of a, then a long kernel (in that order: kernels::Scale
+  // may wait for the stream itself, which would drain a spin queued before it).
   ASSERT_TRUE(Scale(ctx, 2.0f, &a).ok());
+  ASSERT_EQ(testing::LaunchSpin(400 * kMillisecond, stream.get()), cudaSuccess);
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(r.Start(ctx, {a, b}).ok());
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.2);
