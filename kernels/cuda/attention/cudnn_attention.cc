@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -265,6 +266,43 @@ LseLayout LseLayoutOf(QkvFormat format, const Tensor& q) {
   return layout;
 }
 
+// What both directions start from: the checks, the cuDNN handle of ctx's stream (on the
+// current device) and the [B, H, S, D] views.
+struct Problem {
+  cudnnHandle_t handle = nullptr;
+  View q, k, v;
+  int64_t b = 0, h = 0, s_q = 0;
+};
+
+absl::StatusOr<Problem> PrepareProblem(const Context& ctx, const AttentionConfig& config, const Tensor& q,
+                                       const Tensor& k, const Tensor& v) {
+  RETURN_IF_ERROR(FusedAttentionEligible(config, q.dtype(), q.dim(-1), v.dim(-1)));
+  RETURN_IF_ERROR(CudnnLoaded());
+  Problem p;
+  ASSIGN_OR_RETURN(p.handle, CudnnState::Get().Handle(ctx.device.index, StreamOf(ctx)));
+  p.q = ViewOf(config.qkv_format, q);
+  p.k = ViewOf(config.qkv_format, k);
+  p.v = ViewOf(config.qkv_format, v);
+  p.b = p.q.dims[0];
+  p.h = p.q.dims[1];
+  p.s_q = p.q.dims[2];
+  return p;
+}
+
+// A graph computing in FP32 on `dtype` inputs, with q, k and v as its first inputs.
+std::tuple<std::shared_ptr<fe::graph::Graph>, std::shared_ptr<fe::graph::Tensor_attributes>,
+           std::shared_ptr<fe::graph::Tensor_attributes>, std::shared_ptr<fe::graph::Tensor_attributes>>
+NewGraph(DType dtype, const Problem& p) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(FrontendType(dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto tq = Input(*graph, "q", kQ, p.q);
+  auto tk = Input(*graph, "k", kK, p.k);
+  auto tv = Input(*graph, "v", kV, p.v);
+  return {graph, tq, tk, tv};
+}
+
 }  // namespace
 
 absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, int64_t d_qk, int64_t d_v) {
@@ -293,22 +331,15 @@ absl::StatusOr<int64_t> CudnnRuntimeVersion() {
 
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx, const AttentionConfig& config,
                                                               const Tensor& q, const Tensor& k, const Tensor& v) {
-  RETURN_IF_ERROR(FusedAttentionEligible(config, q.dtype(), q.dim(-1), v.dim(-1)));
-  RETURN_IF_ERROR(CudnnLoaded());
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v));
   const cudaStream_t stream = StreamOf(ctx);
-  ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnState::Get().Handle(ctx.device.index, stream));
-  const View qv = ViewOf(config.qkv_format, q), kv = ViewOf(config.qkv_format, k), vv = ViewOf(config.qkv_format, v);
-  const int64_t b = qv.dims[0], h = qv.dims[1], s_q = qv.dims[2];
+  const cudnnHandle_t handle = p.handle;
+  const View &qv = p.q, &kv = p.k, &vv = p.v;
+  const int64_t b = p.b, h = p.h, s_q = p.s_q;
   const std::string key = ProblemKey("fwd", ctx.device.index, config, q, k, v);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
-    auto graph = std::make_shared<fe::graph::Graph>();
-    graph->set_io_data_type(FrontendType(q.dtype()))
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tq = Input(*graph, "q", kQ, qv);
-    auto tk = Input(*graph, "k", kK, kv);
-    auto tv = Input(*graph, "v", kV, vv);
+    auto [graph, tq, tk, tv] = NewGraph(q.dtype(), p);
     fe::graph::SDPA_attributes attributes;
     attributes.set_name("sdpa_forward").set_generate_stats(true).set_attn_scale(config.softmax_scale);
     SetMask(config, attributes);
@@ -340,22 +371,15 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
                                                                 const Tensor& q, const Tensor& k, const Tensor& v,
                                                                 const Tensor& out, const Tensor& softmax_lse,
                                                                 const Tensor& dout) {
-  RETURN_IF_ERROR(FusedAttentionEligible(config, q.dtype(), q.dim(-1), v.dim(-1)));
-  RETURN_IF_ERROR(CudnnLoaded());
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v));
   const cudaStream_t stream = StreamOf(ctx);
-  ASSIGN_OR_RETURN(cudnnHandle_t handle, CudnnState::Get().Handle(ctx.device.index, stream));
-  const View qv = ViewOf(config.qkv_format, q), kv = ViewOf(config.qkv_format, k), vv = ViewOf(config.qkv_format, v);
-  const int64_t b = qv.dims[0], h = qv.dims[1], s_q = qv.dims[2];
+  const cudnnHandle_t handle = p.handle;
+  const View &qv = p.q, &kv = p.k, &vv = p.v;
+  const int64_t b = p.b, h = p.h, s_q = p.s_q;
   const std::string key = ProblemKey("bwd", ctx.device.index, config, q, k, v);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
-    auto graph = std::make_shared<fe::graph::Graph>();
-    graph->set_io_data_type(FrontendType(q.dtype()))
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tq = Input(*graph, "q", kQ, qv);
-    auto tk = Input(*graph, "k", kK, kv);
-    auto tv = Input(*graph, "v", kV, vv);
+    auto [graph, tq, tk, tv] = NewGraph(q.dtype(), p);
     auto to = Input(*graph, "o", kO, qv);
     auto tdo = Input(*graph, "do", kDo, qv);
     auto tstats = graph->tensor(fe::graph::Tensor_attributes()
