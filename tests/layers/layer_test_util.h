@@ -96,6 +96,36 @@ inline Tensor CuSeqlens(const std::vector<int32_t>& cu) {
 }
 
 // ||got - want|| / ||want|| over FP32 tensors of equal size.
+// The unit roundoff of a 16-bit dtype: 2^-8 for BFLOAT16, 2^-11 for FLOAT16.
+inline double UnitRoundoff(DType dtype) {
+  return dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+}
+
+// Per parameter (same order): ||got.grad - want.grad|| / max(||want.grad||, r sqrt(n)),
+// r the RMS over every gradient entry of `want`: a gradient that vanishes analytically
+// is judged against the size a typical gradient of its n entries has.
+inline std::vector<double> GradientErrors(const std::vector<layers::Parameter*>& got,
+                                          const std::vector<layers::Parameter*>& want) {
+  double all = 0.0;
+  int64_t entries = 0;
+  for (const layers::Parameter* p : want) {
+    for (float v : p->grad.floats()) all += static_cast<double>(v) * v;
+    entries += p->grad.numel();
+  }
+  const double rms = std::sqrt(all / std::max<int64_t>(entries, 1));
+  std::vector<double> errors;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double diff = 0.0, norm = 0.0;
+    for (int64_t j = 0; j < want[i]->grad.numel(); ++j) {
+      diff += std::pow(static_cast<double>(got[i]->grad.floats()[j]) - want[i]->grad.floats()[j], 2);
+      norm += std::pow(static_cast<double>(want[i]->grad.floats()[j]), 2);
+    }
+    const double floor = rms * std::sqrt(static_cast<double>(want[i]->grad.numel()));
+    errors.push_back(std::sqrt(diff) / std::max(std::sqrt(norm), floor));
+  }
+  return errors;
+}
+
 inline double RelativeError(const Tensor& got, const Tensor& want) {
   double num = 0.0, den = 0.0;
   for (int64_t i = 0; i < want.numel(); ++i) {

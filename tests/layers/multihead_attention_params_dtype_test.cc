@@ -55,7 +55,9 @@ using testing_mha::Set;
 using testing_util::CuSeqlens;
 using testing_util::PerturbSmallParameters;
 using testing_util::RandomTensor;
+using testing_util::GradientErrors;
 using testing_util::RelativeError;
+using testing_util::UnitRoundoff;
 
 const Context kCpu = Context::Cpu();
 
@@ -64,31 +66,7 @@ Tensor As(const Tensor& t, DType dtype) { return kernels::Convert(kCpu, t, dtype
 // t rounded to `dtype` and back: values that dtype represents exactly.
 Tensor Rounded(const Tensor& t, DType dtype) { return As(As(t, dtype), DType::kFloat32); }
 
-double UnitRoundoff(DType dtype) { return dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
 
-// Per parameter (same order): ||got.grad - want.grad|| / max(||want.grad||, r sqrt(n)),
-// r the RMS over every gradient entry of `want`: a gradient that vanishes analytically
-// is judged against the size a typical gradient of its n entries has.
-std::vector<double> GradientErrors(const std::vector<Parameter*>& got, const std::vector<Parameter*>& want) {
-  double all = 0.0;
-  int64_t entries = 0;
-  for (const Parameter* p : want) {
-    for (float v : p->grad.floats()) all += static_cast<double>(v) * v;
-    entries += p->grad.numel();
-  }
-  const double rms = std::sqrt(all / std::max<int64_t>(entries, 1));
-  std::vector<double> errors;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double diff = 0.0, norm = 0.0;
-    for (int64_t j = 0; j < want[i]->grad.numel(); ++j) {
-      diff += std::pow(static_cast<double>(got[i]->grad.floats()[j]) - want[i]->grad.floats()[j], 2);
-      norm += std::pow(static_cast<double>(want[i]->grad.floats()[j]), 2);
-    }
-    const double floor = rms * std::sqrt(static_cast<double>(want[i]->grad.numel()));
-    errors.push_back(std::sqrt(diff) / std::max(std::sqrt(norm), floor));
-  }
-  return errors;
-}
 
 struct DTypeCase {
   std::string name;

@@ -291,7 +291,7 @@ TEST(ParamsDType, LayerNormLinearComputesInBf16) {
 
 // Unit roundoff of a 16-bit dtype (half the distance between neighbouring values,
 // relative): BF16 has 8 significant bits (2^-8), FP16 11 (2^-11).
-double UnitRoundoff(DType dtype) { return std::ldexp(1.0, dtype == DType::kBFloat16 ? -8 : -11); }
+using testing_util::UnitRoundoff;
 
 DType ToDType(v1::DType wire) { return wire == v1::BFLOAT16 ? DType::kBFloat16 : DType::kFloat16; }
 
