@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cast.h"
 #include "layers/init.h"
 #include "layers/module.h"
 #include "layers/spec.h"
@@ -133,6 +134,36 @@ inline double RelativeError(const Tensor& got, const Tensor& want) {
     den += std::pow(static_cast<double>(want.floats()[i]), 2);
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// A 16-bit module against the FP32 one with the same masters, on an FP32 input of
+// `shape` (random, seed `seed`) and a gradient of std 0.1 (seed + 1): the output has
+// `dtype`, the input gradient comes back FP32 (the input's dtype), and both are within
+// forward_units / backward_units of `dtype`'s unit roundoff of the FP32 module's.
+inline void ExpectNearFloat32Module(layers::Module& low, layers::Module& full, const Shape& shape, uint64_t seed,
+                                   DType dtype, double forward_units, double backward_units) {
+  const Context cpu = Context::Cpu();
+  auto random = [&shape](uint64_t s, float std) {
+    Tensor t = Tensor::Zeros(DType::kFloat32, shape).value();
+    layers::FillNormal(s, std, t.mutable_floats());
+    return t;
+  };
+  const Tensor x = random(seed, 1.0f);
+  auto y_low = low.Forward(cpu, {x}, layers::ForwardOptions());
+  auto y_full = full.Forward(cpu, {x}, layers::ForwardOptions());
+  ASSERT_TRUE(y_low.ok()) << y_low.status();
+  ASSERT_TRUE(y_full.ok()) << y_full.status();
+  ASSERT_EQ(y_low->outputs[0].dtype(), dtype);
+  const double u = UnitRoundoff(dtype);
+  const Tensor y32 = kernels::Convert(cpu, y_low->outputs[0], DType::kFloat32).value();
+  EXPECT_LT(RelativeError(y32, y_full->outputs[0]), forward_units * u);
+  const Tensor dy = random(seed + 1, 0.1f);
+  auto dx_low = low.Backward(cpu, *y_low->saved, {dy});
+  auto dx_full = full.Backward(cpu, *y_full->saved, {dy});
+  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
+  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
+  ASSERT_EQ((*dx_low)[0].dtype(), DType::kFloat32);
+  EXPECT_LT(RelativeError((*dx_low)[0], (*dx_full)[0]), backward_units * u);
 }
 
 inline bool AllFinite(const Tensor& t) {

@@ -354,22 +354,9 @@ TEST(MultiheadAttentionParamsDType, SpecBuildsItNatively) {
   EXPECT_THAT(paths[0].reason, testing::HasSubstr("not fused: built without the CUDA backend"));
 #endif
 
-  const Tensor x = RandomTensor({6, 2, 32}, 21);
-  auto y_low = (*low)->Forward(kCpu, {x}, ForwardOptions());
-  auto y_full = (*full)->Forward(kCpu, {x}, ForwardOptions());
-  ASSERT_TRUE(y_low.ok()) << y_low.status();
-  ASSERT_TRUE(y_full.ok()) << y_full.status();
-  ASSERT_EQ(y_low->outputs[0].dtype(), DType::kBFloat16);
+  // One more layer's roundings than the single layer above; the stack's FP32 input.
+  testing_util::ExpectNearFloat32Module(**low, **full, {6, 2, 32}, 21, DType::kBFloat16, 4, 8);
   const double u = UnitRoundoff(DType::kBFloat16);
-  // One more layer's roundings than the single layer above.
-  EXPECT_LT(RelativeError(As(y_low->outputs[0], DType::kFloat32), y_full->outputs[0]), 4 * u);
-  const Tensor dy = RandomTensor({6, 2, 32}, 22, 0.1f);
-  auto dx_low = (*low)->Backward(kCpu, *y_low->saved, {dy});
-  auto dx_full = (*full)->Backward(kCpu, *y_full->saved, {dy});
-  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
-  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
-  ASSERT_EQ((*dx_low)[0].dtype(), DType::kFloat32);  // the stack's FP32 input
-  EXPECT_LT(RelativeError((*dx_low)[0], (*dx_full)[0]), 8 * u);
   const std::vector<Parameter*> pl = (*low)->Parameters(), pf = (*full)->Parameters();
   for (const Parameter* p : pl) {
     ASSERT_EQ(p->value.dtype(), DType::kFloat32) << p->name;

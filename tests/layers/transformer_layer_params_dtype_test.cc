@@ -308,21 +308,7 @@ TEST(TransformerLayerParamsDType, SpecBuildsItNatively) {
 #endif
 
   // The stack's FP32 input: a BF16 output, an FP32 input gradient.
-  const Tensor x = RandomTensor({5, 2, 32}, 31);
-  auto y_low = (*low)->Forward(kCpu, {x}, ForwardOptions());
-  auto y_full = (*full)->Forward(kCpu, {x}, ForwardOptions());
-  ASSERT_TRUE(y_low.ok()) << y_low.status();
-  ASSERT_TRUE(y_full.ok()) << y_full.status();
-  ASSERT_EQ(y_low->outputs[0].dtype(), DType::kBFloat16);
-  const double u = UnitRoundoff(DType::kBFloat16);
-  EXPECT_LT(RelativeError(As(y_low->outputs[0], DType::kFloat32), y_full->outputs[0]), 3 * u);
-  const Tensor dy = RandomTensor({5, 2, 32}, 32, 0.1f);
-  auto dx_low = (*low)->Backward(kCpu, *y_low->saved, {dy});
-  auto dx_full = (*full)->Backward(kCpu, *y_full->saved, {dy});
-  ASSERT_TRUE(dx_low.ok()) << dx_low.status();
-  ASSERT_TRUE(dx_full.ok()) << dx_full.status();
-  ASSERT_EQ((*dx_low)[0].dtype(), DType::kFloat32);
-  EXPECT_LT(RelativeError((*dx_low)[0], (*dx_full)[0]), 6 * u);
+  testing_util::ExpectNearFloat32Module(**low, **full, {5, 2, 32}, 31, DType::kBFloat16, 3, 6);
 }
 
 }  // namespace
