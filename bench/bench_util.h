@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/activity_trace.h"
+
 namespace teserve {
 namespace bench {
 
@@ -84,8 +86,10 @@ struct Timing {
   double min_us = 0.0;
 };
 
-// Runs `launch` warmup times, then times each of `iters` runs with its own event pair.
-inline Timing TimeLaunches(const std::function<cudaError_t()>& launch, const Flags& flags) {
+// Runs `launch` warmup times, then times each of `iters` runs with its own event pair;
+// then, with TESERVE_BENCH_TRACE set, traces a few more runs (activity_trace.h).
+inline Timing TimeLaunches(const std::function<cudaError_t()>& launch, const Flags& flags,
+                           const std::string& trace_label = "call") {
   for (int i = 0; i < flags.warmup; ++i) BENCH_CHECK(launch());
   BENCH_CHECK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> events(2 * flags.iters);
@@ -103,6 +107,10 @@ inline Timing TimeLaunches(const std::function<cudaError_t()>& launch, const Fla
     us[i] = 1000.0 * ms;
   }
   for (cudaEvent_t& e : events) BENCH_CHECK(cudaEventDestroy(e));
+  TraceLaunches(trace_label, [&] {
+    BENCH_CHECK(launch());
+    BENCH_CHECK(cudaDeviceSynchronize());
+  });
   std::sort(us.begin(), us.end());
   return Timing{us[us.size() / 2], us.front()};
 }

@@ -159,7 +159,7 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
         }
         return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
       },
-      flags);
+      flags, op);
   const int64_t act_bytes = dtype == DType::kFloat32 ? 4 : 2;
   if (flags_breakdown && !quantizers.empty()) Breakdown(op, ctx, *linear, x, dy, tokens, features, flags, results);
   Result r{op,      tokens, features, dtype == DType::kFloat32 ? "fp32" : "bf16",

@@ -61,6 +61,36 @@ def te_kernels(tokens, features, iters):
     for name, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         print(json.dumps({"probe": "te.Linear kernel", "name": name[:300], "per_step": count / iters,
                           "mean_us": round(us / count, 1)}), flush=True)
+    timeline(step)
+
+
+def timeline(step):
+    """One step's device timeline (as linear_bench's TESERVE_BENCH_TRACE prints ours):
+    each kernel / memcpy / memset with its offset from the first, the idle gap before it
+    and its duration, then device busy against the step's device span."""
+    import os
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    if not gpu:
+        return
+    first, last_end, busy = gpu[0]["ts"], None, 0.0
+    for e in gpu:
+        gap = 0.0 if last_end is None else e["ts"] - last_end
+        busy += e["dur"]
+        print("trace te.Linear | +%9.1f us | gap %7.1f | %8.1f us | %.150s" % (e["ts"] - first, gap, e["dur"], e["name"]))
+        last_end = e["ts"] + e["dur"] if last_end is None else max(last_end, e["ts"] + e["dur"])
+    span = last_end - first
+    print("trace te.Linear | summary: device span %.1f us, busy %.1f us (%.1f%%), %d launches"
+          % (span, busy, 100.0 * busy / span, len(gpu)), flush=True)
 
 
 def scaled_mm_data(m, n, k):
