@@ -86,18 +86,22 @@ struct Timing {
   double min_us = 0.0;
 };
 
-// Runs `launch` warmup times, then times each of `iters` runs with its own event pair;
-// then, with TESERVE_BENCH_TRACE set, traces a few more runs (activity_trace.h).
+// Runs `launch` warmup times, then times each of `iters` runs with its own event pair
+// recorded on `stream` (the legacy default stream unless given); then, with
+// TESERVE_BENCH_TRACE set, traces a few more runs (activity_trace.h). A launch that
+// waits for its work is timed from the host's view; one that only enqueues on `stream`
+// is timed as the device runs back-to-back calls (the host running ahead, as a
+// PyTorch training loop does).
 inline Timing TimeLaunches(const std::function<cudaError_t()>& launch, const Flags& flags,
-                           const std::string& trace_label = "call") {
+                           const std::string& trace_label = "call", cudaStream_t stream = nullptr) {
   for (int i = 0; i < flags.warmup; ++i) BENCH_CHECK(launch());
   BENCH_CHECK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> events(2 * flags.iters);
   for (cudaEvent_t& e : events) BENCH_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < flags.iters; ++i) {
-    BENCH_CHECK(cudaEventRecord(events[2 * i], nullptr));
+    BENCH_CHECK(cudaEventRecord(events[2 * i], stream));
     BENCH_CHECK(launch());
-    BENCH_CHECK(cudaEventRecord(events[2 * i + 1], nullptr));
+    BENCH_CHECK(cudaEventRecord(events[2 * i + 1], stream));
   }
   BENCH_CHECK(cudaDeviceSynchronize());
   std::vector<double> us(flags.iters);

@@ -10,9 +10,11 @@
 //                              TE's te.Linear runs with BF16 parameters
 // Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
 // regions: what a training step's Linear costs in a session between two optimizer
-// steps. The gradients are zero-filled and marked zero as Session::Step(zero_grad) /
-// ZeroGrad leave them (so wgrad is written fresh, as te.Linear's with grads set to
-// None), and a 16-bit weight's compute copy is valid, as after an optimizer step
+// steps; once waiting for each step (the op's name) and once with steps back to back
+// (<op>_pipelined, the host running ahead as te_linear_probe.py's loop of te.Linear).
+// The gradients are marked zero as Session::Step(zero_grad) / ZeroGrad leave them (the
+// fill deferred, so wgrad writes the weight gradient fresh, as te.Linear's with grads
+// set to None), and a 16-bit weight's compute copy is valid, as after an optimizer step
 // (PlaceParameters builds it; nothing in the loop writes the weight). flops = 3 GEMMs
 // of 2 R C C. run_bench.py times torch.nn.Linear (BF16) forward + backward on the same
 // shape beside it.
@@ -144,22 +146,32 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
       "dy in params_dtype");
   const std::vector<layers::NamedQuantizer> quantizers = linear->Quantizers();
 
-  Timing t = TimeLaunches(
-      [&]() -> cudaError_t {
-        Check(layers::ZeroGrads(ctx, params), "zero grad");
-        layers::ForwardOptions fwd;
-        auto out = linear->Forward(ctx, {x}, fwd);
-        Check(out.status(), op.c_str());
-        for (const auto& q : quantizers) {
-          if (recipes::IsForwardRole(q.quantizer->role())) q.quantizer->EndRegion();
-        }
-        Check(linear->Backward(ctx, *out->saved, {dy}, nullptr).status(), op.c_str());
-        for (const auto& q : quantizers) {
-          if (!recipes::IsForwardRole(q.quantizer->role())) q.quantizer->EndRegion();
-        }
-        return cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream));
-      },
-      flags, op);
+  auto step = [&] {
+    Check(layers::ZeroGrads(ctx, params), "zero grad");
+    layers::ForwardOptions fwd;
+    auto out = linear->Forward(ctx, {x}, fwd);
+    Check(out.status(), op.c_str());
+    for (const auto& q : quantizers) {
+      if (recipes::IsForwardRole(q.quantizer->role())) q.quantizer->EndRegion();
+    }
+    Check(linear->Backward(ctx, *out->saved, {dy}, nullptr).status(), op.c_str());
+    for (const auto& q : quantizers) {
+      if (!recipes::IsForwardRole(q.quantizer->role())) q.quantizer->EndRegion();
+    }
+  };
+  const cudaStream_t cuda_stream = static_cast<cudaStream_t>(ctx.stream);
+  // Each step waits for its work: what one call costs, seen from the host.
+  const Timing t = TimeLaunches([&]() -> cudaError_t {
+    step();
+    return cudaStreamSynchronize(cuda_stream);
+  }, flags, op);
+  // Steps back to back with the host running ahead (only the lazy amax reads wait, each
+  // for the previous step's region): what a loop of steps costs per step, as
+  // te_linear_probe.py times te.Linear.
+  const Timing pipelined = TimeLaunches([&]() -> cudaError_t {
+    step();
+    return cudaSuccess;
+  }, flags, op + "_pipelined", cuda_stream);
   const int64_t act_bytes = dtype == DType::kFloat32 ? 4 : 2;
   if (flags_breakdown && !quantizers.empty()) Breakdown(op, ctx, *linear, x, dy, tokens, features, flags, results);
   Result r{op,      tokens, features, dtype == DType::kFloat32 ? "fp32" : "bf16",
@@ -167,6 +179,10 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
            "layers::Linear"};
   r.flops = 3 * 2 * tokens * features * features;
   results->push_back(r);
+  Result rp = r;
+  rp.op = op + "_pipelined";
+  rp.timing = pipelined;
+  results->push_back(rp);
 }
 
 // LINEAR_BENCH_ONLY=<op> runs that variant alone (for profilers that should see one).

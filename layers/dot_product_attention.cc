@@ -361,6 +361,7 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
                    kernels::AttentionBackward(ctx, saved.config, saved.q, saved.k, saved.v, saved.side, saved.out,
                                               saved.softmax_lse, dout));
   if (options_.softmax_type == SoftmaxType::kLearnable) {
+    RETURN_IF_ERROR(FillDeferredGrad(ctx, softmax_offset_));
     RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dsoftmax_offset, &softmax_offset_.grad));
   }
   return std::vector<Tensor>{std::move(grads.dq), std::move(grads.dk), std::move(grads.dv)};

@@ -264,6 +264,7 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
     ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
   } else if (options_.bias && !quantize_dy) {
     ASSIGN_OR_RETURN(Tensor dy32, kernels::Convert(ctx, dy, DType::kFloat32));
+    RETURN_IF_ERROR(FillDeferredGrad(ctx, bias_));
     bias_.grad_is_zero = false;
     RETURN_IF_ERROR(kernels::ColumnSum(ctx, dy32, /*accumulate=*/true, &bias_.grad));
   }
@@ -287,6 +288,7 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
     }
   }
   if (dbias.defined()) {
+    RETURN_IF_ERROR(FillDeferredGrad(ctx, bias_));
     bias_.grad_is_zero = false;
     RETURN_IF_ERROR(kernels::ColumnSum(ctx, dbias, /*accumulate=*/true, &bias_.grad));
   }
@@ -298,13 +300,15 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already
   // transposed ([out, N] and [in, N]). Onto a gradient known to be zero the GEMM writes
-  // dW fresh (beta 0: D is not read) instead of adding to it. Both give the same bits:
+  // dW fresh (beta 0: D is not read) instead of adding to it, which also settles a
+  // deferred zero fill (a beta-0 GEMM writes every element). Both give the same bits:
   // a GEMM either adds beta * D to its finished product p or, blocking over k, starts
   // its running sum from D, and starting from +0.0 changes nothing but turns a -0.0
   // element of p into +0.0 (which fresh keeps as -0.0; equal as values).
   RETURN_IF_ERROR(CheckGradIsZero(ctx, weight_));
   const float wgrad_beta = weight_.grad_is_zero ? 0.0f : 1.0f;
   weight_.grad_is_zero = false;
+  weight_.grad_fill_deferred = false;
   RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kColumnwise, !dy_operand.is_quantized, saved.x,
                              Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, wgrad_beta,
                              &weight_.grad));

@@ -91,7 +91,9 @@ absl::StatusOr<Tensor> ComputeValue(const Context& ctx, const Parameter& p) {
 
 absl::Status CheckGradIsZero(const Context& ctx, const Parameter& p) {
   const Parameter& owner = OwnerOf(p);
-  if (!owner.grad_is_zero || !ctx.device.is_cpu() || !owner.grad.device().is_cpu()) return absl::OkStatus();
+  if (!owner.grad_is_zero || owner.grad_fill_deferred || !ctx.device.is_cpu() || !owner.grad.device().is_cpu()) {
+    return absl::OkStatus();
+  }
   for (float g : owner.grad.floats()) {
     if (g != 0.0f) {
       return absl::InternalError(absl::StrCat("parameter ", Quoted(owner.name),
@@ -103,11 +105,24 @@ absl::Status CheckGradIsZero(const Context& ctx, const Parameter& p) {
 }
 
 absl::Status ZeroGrads(const Context& ctx, const std::vector<Parameter*>& params) {
+  (void)ctx;  // nothing is launched: the fill waits for a reader (FillDeferredGrad)
   for (Parameter* owner : Owners(params)) {
-    owner->grad_is_zero = false;
-    RETURN_IF_ERROR(kernels::FillZero(ctx, &owner->grad));
     owner->grad_is_zero = true;
+    owner->grad_fill_deferred = true;
   }
+  return absl::OkStatus();
+}
+
+absl::Status FillDeferredGrad(const Context& ctx, Parameter& p) {
+  Parameter& owner = OwnerOf(p);
+  if (!owner.grad_fill_deferred) return absl::OkStatus();
+  RETURN_IF_ERROR(kernels::FillZero(ctx, &owner.grad));
+  owner.grad_fill_deferred = false;
+  return absl::OkStatus();
+}
+
+absl::Status FillDeferredGrads(const Context& ctx, const std::vector<Parameter*>& params) {
+  for (Parameter* owner : Owners(params)) RETURN_IF_ERROR(FillDeferredGrad(ctx, *owner));
   return absl::OkStatus();
 }
 

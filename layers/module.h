@@ -55,6 +55,12 @@ struct Parameter {
   // cleared by every write that may leave anything else. A layer may then write its
   // gradient fresh (GEMM beta 0) instead of accumulating into it.
   bool grad_is_zero = false;
+  // True while `grad` is zero only logically: ZeroGrads marks it so instead of filling
+  // it (a memset as large as the gradient, every step), because the usual first writer,
+  // Linear's wgrad, overwrites the whole gradient anyway. Implies grad_is_zero. Whoever
+  // reads the gradient or adds into it first calls FillDeferredGrad; a writer of the
+  // whole gradient clears the flag. Set on owners only (row views share the owner's).
+  bool grad_fill_deferred = false;
 };
 
 // The parameter owning p's memory: p itself, or the parameter p is a row view of.
@@ -88,9 +94,16 @@ absl::StatusOr<Tensor> ComputeValue(const Context& ctx, const Parameter& p);
 // flag is clear.
 absl::Status CheckGradIsZero(const Context& ctx, const Parameter& p);
 
-// Zero-fills the gradients of `params` (their owners' whole gradients, once each) and
-// marks them zero: what a training step does between steps (Session's ZeroGrad).
+// Makes the gradients of `params` zero (their owners' whole gradients, once each) and
+// marks them so: what a training step does between steps (Session's ZeroGrad). The fill
+// is deferred (Parameter::grad_fill_deferred) to the first reader that needs it.
 absl::Status ZeroGrads(const Context& ctx, const std::vector<Parameter*>& params);
+// Fills the gradient of p's owner with zeros when its fill was deferred; nothing
+// otherwise. Every reader of a gradient, and every writer that adds into one, calls it
+// first.
+absl::Status FillDeferredGrad(const Context& ctx, Parameter& p);
+// The same for the owners of `params`.
+absl::Status FillDeferredGrads(const Context& ctx, const std::vector<Parameter*>& params);
 
 // Rows [begin, begin + rows) of a rank-1 or rank-2 tensor of 8-bit or wider elements,
 // sharing its memory on whatever device it lives; valid while `t`'s storage is.

@@ -96,6 +96,9 @@ absl::StatusOr<std::vector<Tensor>> Normalization::Backward(const Context& ctx, 
   ASSIGN_OR_RETURN(Tensor dy2d, grad_outputs[0].As2D());
   // dy in x's dtype, as the kernels take them (dx comes back in it too).
   ASSIGN_OR_RETURN(const Tensor dy, kernels::Convert(ctx, dy2d, saved.x.dtype()));
+  // The gradients are added into: a deferred zero fill happens first.
+  RETURN_IF_ERROR(FillDeferredGrad(ctx, gamma_));
+  if (has_beta()) RETURN_IF_ERROR(FillDeferredGrad(ctx, beta_));
   kernels::NormBackwardOutputs grads;
   if (saved.x.dtype() != DType::kFloat32) {
     kernels::NormBackwardOptions norm;

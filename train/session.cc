@@ -184,7 +184,8 @@ struct Session::State {
       for (const layers::Parameter* p : GradOwners()) undo.grad_is_zero.push_back(p->grad_is_zero);
     }
     if (grads && !grads_zero) {
-      for (const layers::Parameter* p : GradOwners()) {
+      for (layers::Parameter* p : GradOwners()) {
+        RETURN_IF_ERROR(layers::FillDeferredGrad(ctx, *p));
         ASSIGN_OR_RETURN(Tensor copy, p->grad.Clone(ctx.stream));
         undo.grad_copies.push_back(std::move(copy));
       }
@@ -202,6 +203,7 @@ struct Session::State {
     const std::vector<layers::Parameter*> owners = GradOwners();
     for (size_t i = 0; i < owners.size(); ++i) {
       owners[i]->grad_is_zero = false;
+      owners[i]->grad_fill_deferred = false;
       if (undo.grads_zero) {
         RETURN_IF_ERROR(kernels::FillZero(ctx, &owners[i]->grad));
       } else {
@@ -436,6 +438,7 @@ struct Session::State {
   // Deep copies of the named parameters (all when `names` is empty), or of their grads.
   absl::StatusOr<std::vector<NamedTensor>> CopyTensors(const std::vector<std::string>& names, bool grads) const {
     ASSIGN_OR_RETURN(const std::vector<layers::Parameter*> selected, Select(names));
+    if (grads) RETURN_IF_ERROR(layers::FillDeferredGrads(ctx, selected));
     std::vector<const Tensor*> sources;
     for (const layers::Parameter* p : selected) sources.push_back(grads ? &p->grad : &p->value);
     // One batched copy to the host: a wait per staging chunk, not per tensor.
@@ -658,6 +661,7 @@ absl::StatusOr<StepResult> Session::Step(bool zero_grad, const Interruption* int
   absl::MutexLock lock(&mu_);
   State& s = *state_;
   if (interruption != nullptr) RETURN_IF_ERROR(interruption->Check("wait for the session", ""));
+  RETURN_IF_ERROR(layers::FillDeferredGrads(s.ctx, s.params));  // gradients no call wrote
   std::vector<Tensor> grads;
   for (const layers::Parameter* p : s.params) grads.push_back(p->grad);
   ASSIGN_OR_RETURN(const double sum_squares, kernels::SumOfSquares(s.ctx, grads));
@@ -830,6 +834,7 @@ absl::StatusOr<SessionState> Session::CaptureState(uint64_t* version) const {
     sources.push_back(&p->value);
     names.push_back(p->name);
   }
+  RETURN_IF_ERROR(layers::FillDeferredGrads(s.ctx, s.params));
   for (const layers::Parameter* p : s.params) {
     sources.push_back(&p->grad);
     names.push_back(p->name);
@@ -921,6 +926,7 @@ absl::Status Session::RestoreState(const SessionState& in) {
 
   for (layers::Parameter* p : s.params) layers::InvalidateComputeCopy(*p);
   s.GradsWritten();  // whatever the checkpoint held
+  for (layers::Parameter* p : s.GradOwners()) p->grad_fill_deferred = false;  // overwritten below
   std::vector<const Tensor*> srcs;
   std::vector<Tensor*> dsts;
   for (size_t i = 0; i < s.params.size(); ++i) {

@@ -11,11 +11,18 @@
 // the allocation and any zero fill are finished when Allocate returns, so work on any
 // stream may use the memory. Tensors allocated on a stream are zero-filled (when asked)
 // on that stream and never wait.
+//
+// Kernels write every element of the outputs they allocate unfilled (Tensor::Empty), so
+// no zero fill is spent on them. TESERVE_CUDA_POISON_EMPTY=1 checks that: every unfilled
+// allocation is filled with 0xFF bytes instead (NaN in every floating dtype, -1 in the
+// integer ones), so an element a kernel forgot to write shows up in the GPU tests'
+// comparisons with the CPU reference instead of holding whatever the pool held before.
 #include "kernels/cuda/cuda_allocator.h"
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 
 #include "absl/status/status.h"
@@ -52,6 +59,14 @@ absl::Status OutOfMemory(int64_t bytes, int device_index, cudaMemPool_t pool) {
       total_bytes, " (teserve's pool holds ", reserved, " bytes, ", used, " in use)"));
 }
 
+bool PoisonEmpty() {
+  static const bool poison = [] {
+    const char* v = std::getenv("TESERVE_CUDA_POISON_EMPTY");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return poison;
+}
+
 class CudaAllocator : public Allocator {
  public:
   absl::StatusOr<void*> Allocate(int64_t bytes, int device_index, void* stream_ptr, bool zero) override {
@@ -64,7 +79,8 @@ class CudaAllocator : public Allocator {
     const cudaError_t status = cudaMallocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool, stream);
     if (status == cudaErrorMemoryAllocation) return OutOfMemory(bytes, device_index, pool);
     TESERVE_CUDA_RETURN_IF_ERROR(status);
-    cudaError_t fill = zero ? cudaMemsetAsync(ptr, 0, static_cast<size_t>(bytes), stream) : cudaSuccess;
+    cudaError_t fill = cudaSuccess;
+    if (zero || PoisonEmpty()) fill = cudaMemsetAsync(ptr, zero ? 0 : 0xFF, static_cast<size_t>(bytes), stream);
     if (fill == cudaSuccess && stream == nullptr) fill = cudaStreamSynchronize(nullptr);
     if (fill != cudaSuccess) {
       cudaFreeAsync(ptr, stream);

@@ -61,8 +61,9 @@ inline absl::StatusOr<Fp8Format> Fp8FormatOf(absl::string_view field, DType dtyp
 // one-element scale_inv each) in *fp8 with its shape, format and mode, a zeroed amax word
 // in *amax_bits, and in *p (a launch-parameter struct with these fields) their pointers,
 // scale and scale_inv = 1 / scale. The caller sets p->format.
-// Allocated on `stream` (the launch's, so no wait); the kernels write every code, so
-// only the scale_inv words and the amax word are zero-filled.
+// Allocated on `stream` (the launch's, so no wait) and not filled: the kernels write
+// every code and both scale_inv words (the launchers write them for an empty tensor too),
+// and the launchers zero the amax word before the kernels take their maximum into it.
 template <typename Params>
 absl::Status AllocatePerTensorFp8(int64_t rows, int64_t cols, const PerTensorQuantizeOptions& q,
                                   Device device, void* stream, QuantizedTensor* fp8, Tensor* amax_bits,
@@ -74,17 +75,17 @@ absl::Status AllocatePerTensorFp8(int64_t rows, int64_t cols, const PerTensorQua
   p->scale_inv = 1.0f / q.scale;
   if (q.rowwise) {
     ASSIGN_OR_RETURN(fp8->rowwise_data, Tensor::Empty(q.format, {rows, cols}, device, stream));
-    ASSIGN_OR_RETURN(fp8->rowwise_scale_inv, Tensor::ZerosOn(DType::kFloat32, {1}, device, stream));
+    ASSIGN_OR_RETURN(fp8->rowwise_scale_inv, Tensor::Empty(DType::kFloat32, {1}, device, stream));
     p->rowwise = fp8->rowwise_data.template data<uint8_t>();
     p->rowwise_scale_inv = fp8->rowwise_scale_inv.template data<float>();
   }
   if (q.columnwise) {
     ASSIGN_OR_RETURN(fp8->columnwise_data, Tensor::Empty(q.format, {cols, rows}, device, stream));
-    ASSIGN_OR_RETURN(fp8->columnwise_scale_inv, Tensor::ZerosOn(DType::kFloat32, {1}, device, stream));
+    ASSIGN_OR_RETURN(fp8->columnwise_scale_inv, Tensor::Empty(DType::kFloat32, {1}, device, stream));
     p->columnwise = fp8->columnwise_data.template data<uint8_t>();
     p->columnwise_scale_inv = fp8->columnwise_scale_inv.template data<float>();
   }
-  ASSIGN_OR_RETURN(*amax_bits, Tensor::ZerosOn(DType::kInt32, {1}, device, stream));
+  ASSIGN_OR_RETURN(*amax_bits, Tensor::Empty(DType::kInt32, {1}, device, stream));
   p->amax_bits = amax_bits->template data<uint32_t>();
   return absl::OkStatus();
 }

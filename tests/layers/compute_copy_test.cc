@@ -214,7 +214,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, FreshWgrad,
                            return std::get<0>(info.param) + "_" + std::string(DTypeName(std::get<1>(info.param)));
                          });
 
-TEST(ZeroGrads, ZeroFillsAndMarksTheOwners) {
+TEST(ZeroGrads, MarksTheOwnersAndDefersTheFill) {
   LayerNormLinearOptions o;
   o.in_features = 32;
   o.out_features = 32;
@@ -226,10 +226,55 @@ TEST(ZeroGrads, ZeroFillsAndMarksTheOwners) {
   Parameter* a = testing_util::FindParameter(*lnl, "lnl.a_weight");
   ASSERT_NE(a, nullptr);
   EXPECT_FALSE(a->view_of->grad_is_zero);
+  const std::vector<float> before(a->grad.floats().begin(), a->grad.floats().end());
   ASSERT_TRUE(ZeroGrads(kCpu, lnl->Parameters()).ok());
   for (Parameter* p : lnl->Parameters()) {
     EXPECT_TRUE(OwnerOf(*p).grad_is_zero) << p->name;
+    EXPECT_TRUE(OwnerOf(*p).grad_fill_deferred) << p->name;
+  }
+  // Nothing was written yet: the memory still holds the backward's gradient.
+  EXPECT_EQ(std::vector<float>(a->grad.floats().begin(), a->grad.floats().end()), before);
+  ASSERT_TRUE(FillDeferredGrads(kCpu, lnl->Parameters()).ok());
+  for (Parameter* p : lnl->Parameters()) {
+    EXPECT_FALSE(OwnerOf(*p).grad_fill_deferred) << p->name;
+    EXPECT_TRUE(OwnerOf(*p).grad_is_zero) << p->name;
     for (float g : p->grad.floats()) ASSERT_EQ(g, 0.0f) << p->name;
+  }
+}
+
+// After a deferred ZeroGrads, a backward gives the gradients a backward onto zero-filled
+// ones gives: Linear's wgrad overwrites its deferred weight gradient, the norm and bias
+// gradients it adds into are filled first.
+TEST(ZeroGrads, ABackwardAfterADeferredFillEqualsOneAfterAZeroFill) {
+  LayerNormLinearOptions o;
+  o.in_features = 32;
+  o.out_features = 16;
+  o.bias = true;
+  auto deferred = LayerNormLinear::Create("lnl", o, recipes::Recipe()).value();
+  auto filled = LayerNormLinear::Create("lnl", o, recipes::Recipe()).value();
+  const Tensor x = Random({8, 32}, 51);
+  const Tensor dy = Random({8, 16}, 52);
+  for (auto* layer : {deferred.get(), filled.get()}) {  // gradients that are not zero
+    auto out = layer->Forward(kCpu, {x}, ForwardOptions());
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE(layer->Backward(kCpu, *out->saved, {dy}).ok());
+  }
+  ASSERT_TRUE(ZeroGrads(kCpu, deferred->Parameters()).ok());
+  for (Parameter* p : filled->Parameters()) {
+    for (float& g : p->grad.mutable_floats()) g = 0.0f;
+  }
+  for (auto* layer : {deferred.get(), filled.get()}) {
+    auto out = layer->Forward(kCpu, {Random({8, 32}, 53)}, ForwardOptions());
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE(layer->Backward(kCpu, *out->saved, {Random({8, 16}, 54)}).ok());
+  }
+  const std::vector<Parameter*> a = deferred->Parameters(), b = filled->Parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_FALSE(OwnerOf(*a[i]).grad_fill_deferred) << a[i]->name;
+    const absl::Span<const float> ga = a[i]->grad.floats(), gb = b[i]->grad.floats();
+    ASSERT_EQ(ga.size(), gb.size());
+    for (size_t j = 0; j < ga.size(); ++j) ASSERT_EQ(ga[j], gb[j]) << a[i]->name << " " << j;
   }
 }
 

@@ -92,7 +92,7 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   p.rows = rows;
   p.cols = k;
   if (options.write_y) {
-    ASSIGN_OR_RETURN(out.y, Tensor::ZerosOn(y_dtype, {rows, k}, device, ctx.stream));
+    ASSIGN_OR_RETURN(out.y, Tensor::Empty(y_dtype, {rows, k}, device, ctx.stream));
     p.y = out.y.raw_data();
     p.y_type = y_type;
   }
@@ -130,7 +130,7 @@ absl::StatusOr<ActivationBackwardResult> FusedActivationBackward(const Context& 
   p.type = type;
   p.rows = rows;
   p.cols = IsGated(kind) ? cols / 2 : cols;
-  ASSIGN_OR_RETURN(out.dx, Tensor::ZerosOn(x.dtype(), {rows, cols}, device, ctx.stream));
+  ASSIGN_OR_RETURN(out.dx, Tensor::Empty(x.dtype(), {rows, cols}, device, ctx.stream));
   p.dx = out.dx.raw_data();
   Tensor workspace;
   if (options.compute_dbias) {

@@ -563,6 +563,16 @@ cudaError_t LaunchActivationForward(const ActivationForwardParams& p, cudaStream
     const cudaError_t status = cudaMemsetAsync(p.amax_bits, 0, sizeof(uint32_t), stream);
     if (status != cudaSuccess) return status;
   }
+  if (p.rows == 0 || p.cols == 0) {
+    // No elements: only the scale_inv words (allocated unfilled) need writing; the
+    // source is a host value, so the copies finish before this returns.
+    for (float* s : {p.rowwise_scale_inv, p.columnwise_scale_inv}) {
+      if (s == nullptr) continue;
+      const cudaError_t status = cudaMemcpyAsync(s, &p.scale_inv, sizeof(float), cudaMemcpyHostToDevice, stream);
+      if (status != cudaSuccess) return status;
+    }
+    return cudaStreamSynchronize(stream);
+  }
   const size_t in_bytes = ElementBytes(p.x_type);
   const bool vectorized = p.cols % kVec == 0 && IsAligned(p.x, in_bytes * kVec) &&
                           (p.y == nullptr || IsAligned(p.y, ElementBytes(p.y_type) * kVec)) &&

@@ -39,14 +39,14 @@ absl::Status AllocateCopies(const Context& ctx, const Tensor& x, DType format, D
   const int64_t rows = x.dim(0);
   const int64_t cols = x.dim(1);
   if (rowwise) {
-    ASSIGN_OR_RETURN(q.rowwise_data, Tensor::ZerosOn(format, {rows, cols}, x.device(), ctx.stream));
+    ASSIGN_OR_RETURN(q.rowwise_data, Tensor::Empty(format, {rows, cols}, x.device(), ctx.stream));
     ASSIGN_OR_RETURN(q.rowwise_scale_inv,
                      Tensor::ZerosOn(scale_dtype, shapes.rowwise_scale, x.device(), ctx.stream));
     p.rowwise = q.rowwise_data.data<uint8_t>();
     p.rowwise_scale_inv = q.rowwise_scale_inv.raw_data();
   }
   if (columnwise) {
-    ASSIGN_OR_RETURN(q.columnwise_data, Tensor::ZerosOn(format, {cols, rows}, x.device(), ctx.stream));
+    ASSIGN_OR_RETURN(q.columnwise_data, Tensor::Empty(format, {cols, rows}, x.device(), ctx.stream));
     ASSIGN_OR_RETURN(q.columnwise_scale_inv,
                      Tensor::ZerosOn(scale_dtype, shapes.columnwise_scale, x.device(), ctx.stream));
     p.columnwise = q.columnwise_data.data<uint8_t>();

@@ -1,6 +1,6 @@
 // Host side of the CUDA cast family: validates metadata, allocates outputs on the
-// source's device, launches cast_kernels.cu on ctx.stream and turns CUDA errors into
-// Status. Host values (amax) are copied back and the stream synchronized before return;
+// source's device (unfilled: the kernels write every element), launches cast_kernels.cu
+// on ctx.stream and turns CUDA errors into Status. Host values (amax) are copied back and the stream synchronized before return;
 // device outputs are left for later work on the same stream.
 #include "kernels/cuda/cast/cast_cuda.h"
 
@@ -38,7 +38,7 @@ absl::StatusOr<float> Amax(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const SourceType type, SourceTypeOf(x));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::ZerosOn(DType::kInt32, {1}, x.device(), ctx.stream));
+  ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::Empty(DType::kInt32, {1}, x.device(), ctx.stream));
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchAmax(x.raw_data(), type, x.numel(),
                                           amax_bits.data<uint32_t>(), stream));
@@ -109,7 +109,7 @@ absl::StatusOr<Tensor> Dequantize(const Context& ctx, const QuantizedTensor& q, 
                                      ShapeToString(scale_inv.shape())));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(data.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, data.shape(), data.device(), ctx.stream));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kFloat32, data.shape(), data.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchDequantize(data.data<uint8_t>(), format, data.numel(),
                                                 scale_inv.data<float>(), out.data<float>(),
                                                 StreamOf(ctx)));
@@ -132,7 +132,7 @@ absl::StatusOr<Tensor> ToFloat32(const Context& ctx, const Tensor& x) {
   RETURN_IF_ERROR(CheckOnCudaDevice("x", x));
   ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("x.dtype", x.dtype()));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, x.shape(), x.device(), ctx.stream));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kFloat32, x.shape(), x.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchToFloat32(x.raw_data(), type, x.numel(), out.data<float>(), StreamOf(ctx)));
   return out;
@@ -143,7 +143,7 @@ absl::StatusOr<Tensor> CastFromFloat32(const Context& ctx, const Tensor& x, DTyp
   if (x.dtype() != DType::kFloat32) return InvalidField("x.dtype", "FLOAT32", DTypeName(x.dtype()));
   ASSIGN_OR_RETURN(const ConvertType type, ConvertTypeOf("dtype", dtype));
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(x.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(dtype, x.shape(), x.device(), ctx.stream));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dtype, x.shape(), x.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchFromFloat32(x.data<float>(), x.numel(), type, out.raw_data(), StreamOf(ctx)));
   return out;
@@ -158,7 +158,7 @@ absl::StatusOr<Tensor> CopyToDevice(const Context& ctx, const Tensor& host, Devi
     return InvalidField("device", "a CUDA device", device.ToString());
   }
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device.index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(host.dtype(), host.shape(), device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(host.dtype(), host.shape(), device, ctx.stream));
   if (host.nbytes() > 0) {
     const cudaStream_t stream = StreamOf(ctx);
     TESERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.raw_data(), host.raw_data(), host.nbytes(),

@@ -82,14 +82,14 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
   p.eps = options.eps;
   p.zero_centered_gamma = options.zero_centered_gamma;
   p.sm_margin = options.sm_margin;
-  ASSIGN_OR_RETURN(out.rsigma, Tensor::ZerosOn(DType::kFloat32, {n}, device, ctx.stream));
+  ASSIGN_OR_RETURN(out.rsigma, Tensor::Empty(DType::kFloat32, {n}, device, ctx.stream));
   p.rsigma = out.rsigma.data<float>();
   if (layer_norm) {
-    ASSIGN_OR_RETURN(out.mu, Tensor::ZerosOn(DType::kFloat32, {n}, device, ctx.stream));
+    ASSIGN_OR_RETURN(out.mu, Tensor::Empty(DType::kFloat32, {n}, device, ctx.stream));
     p.mu = out.mu.data<float>();
   }
   if (options.write_y) {
-    ASSIGN_OR_RETURN(out.y, Tensor::ZerosOn(y_dtype, {n, h}, device, ctx.stream));
+    ASSIGN_OR_RETURN(out.y, Tensor::Empty(y_dtype, {n, h}, device, ctx.stream));
     p.y = out.y.raw_data();
     p.y_type = y_type;
   }
@@ -104,20 +104,20 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
     p.mxfp8 = true;
     p.format = q.format == DType::kFloat8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
     if (q.rowwise) {
-      ASSIGN_OR_RETURN(fp8.rowwise_data, Tensor::ZerosOn(q.format, {n, h}, device, ctx.stream));
+      ASSIGN_OR_RETURN(fp8.rowwise_data, Tensor::Empty(q.format, {n, h}, device, ctx.stream));
       ASSIGN_OR_RETURN(fp8.rowwise_scale_inv,
                        Tensor::ZerosOn(DType::kFloat8E8M0, {n, h / kMxfp8BlockSize}, device, ctx.stream));
       p.rowwise = fp8.rowwise_data.data<uint8_t>();
       p.rowwise_e8m0 = fp8.rowwise_scale_inv.data<uint8_t>();
     }
     if (q.columnwise) {
-      ASSIGN_OR_RETURN(fp8.columnwise_data, Tensor::ZerosOn(q.format, {h, n}, device, ctx.stream));
+      ASSIGN_OR_RETURN(fp8.columnwise_data, Tensor::Empty(q.format, {h, n}, device, ctx.stream));
       ASSIGN_OR_RETURN(fp8.columnwise_scale_inv,
                        Tensor::ZerosOn(DType::kFloat8E8M0, {h, n / kMxfp8BlockSize}, device, ctx.stream));
       p.columnwise = fp8.columnwise_data.data<uint8_t>();
       p.columnwise_e8m0 = fp8.columnwise_scale_inv.data<uint8_t>();
     }
-    ASSIGN_OR_RETURN(amax_bits, Tensor::ZerosOn(DType::kInt32, {1}, device, ctx.stream));
+    ASSIGN_OR_RETURN(amax_bits, Tensor::Empty(DType::kInt32, {1}, device, ctx.stream));
     p.amax_bits = amax_bits.data<uint32_t>();
   }
   if (options.quantize) {
@@ -207,7 +207,7 @@ absl::StatusOr<NormBackwardOutputs> NormalizationBackward(const Context& ctx, No
   p.gamma = gamma.data<float>();
   p.zero_centered_gamma = options.zero_centered_gamma;
   p.sm_margin = options.sm_margin;
-  ASSIGN_OR_RETURN(out.dx, Tensor::ZerosOn(x.dtype(), {n, h}, device, ctx.stream));
+  ASSIGN_OR_RETURN(out.dx, Tensor::Empty(x.dtype(), {n, h}, device, ctx.stream));
   p.dx = out.dx.raw_data();
   ASSIGN_OR_RETURN(out.dgamma, Tensor::ZerosOn(DType::kFloat32, {h}, device, ctx.stream));
   p.dgamma = out.dgamma.data<float>();

@@ -30,7 +30,7 @@ RopeLayout LayoutOf(RopeFormat format) {
 absl::StatusOr<Tensor> Apply(const Context& ctx, const Tensor& in, const Tensor& freqs, RopeFormat format,
                              bool interleaved, const Tensor* cu_seqlens, bool transpose) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, in.shape(), ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(DType::kFloat32, in.shape(), ctx.device, ctx.stream));
   RopeLaunchParams p;
   p.in = in.data<float>();
   p.out = out.data<float>();

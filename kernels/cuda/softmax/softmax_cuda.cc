@@ -46,7 +46,7 @@ absl::StatusOr<Tensor> ScaledSoftmaxForward(const Context& ctx, const Tensor& x,
   SoftmaxLaunchParams p = ParamsOf(x, scale);
   p.kind = KindOf(kind);
   if (kind == SoftmaxMask::kPadding) p.mask = mask.data<uint8_t>();
-  ASSIGN_OR_RETURN(Tensor y, Tensor::ZerosOn(DType::kFloat32, x.shape(), ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, x.shape(), ctx.device, ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchScaledSoftmaxForward(p, x.data<float>(), y.data<float>(), StreamOf(ctx)));
   return y;
 }
@@ -54,7 +54,7 @@ absl::StatusOr<Tensor> ScaledSoftmaxForward(const Context& ctx, const Tensor& x,
 absl::StatusOr<Tensor> ScaledSoftmaxBackward(const Context& ctx, const Tensor& y, const Tensor& dy, float scale) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
   const SoftmaxLaunchParams p = ParamsOf(y, scale);
-  ASSIGN_OR_RETURN(Tensor dx, Tensor::ZerosOn(DType::kFloat32, y.shape(), ctx.device, ctx.stream));
+  ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(DType::kFloat32, y.shape(), ctx.device, ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(
       LaunchScaledSoftmaxBackward(p, y.data<float>(), dy.data<float>(), dx.data<float>(), StreamOf(ctx)));
   return dx;
