@@ -95,6 +95,7 @@ class ActivityTrace {
     flush_all_ = reinterpret_cast<decltype(flush_all_)>(sym("cuptiActivityFlushAll"));
     get_timestamp_ = reinterpret_cast<decltype(get_timestamp_)>(sym("cuptiGetTimestamp"));
     next_record() = reinterpret_cast<NextRecordFn>(sym("cuptiActivityGetNextRecord"));
+    callback_name() = reinterpret_cast<CallbackNameFn>(sym("cuptiGetCallbackName"));
     if (!register_callbacks_ || !enable_ || !disable_ || !flush_all_ || !get_timestamp_ || !next_record()) {
       std::fprintf(stderr, "activity trace unavailable: CUPTI lacks an entry point\n");
       return false;
@@ -103,6 +104,11 @@ class ActivityTrace {
   }
 
   using NextRecordFn = CUptiResult (*)(uint8_t*, size_t, CUpti_Activity**);
+  using CallbackNameFn = CUptiResult (*)(CUpti_CallbackDomain, uint32_t, const char**);
+  static CallbackNameFn& callback_name() {
+    static CallbackNameFn fn = nullptr;
+    return fn;
+  }
   static NextRecordFn& next_record() {
     static NextRecordFn fn = nullptr;
     return fn;
@@ -157,7 +163,12 @@ class ActivityTrace {
         }
         case CUPTI_ACTIVITY_KIND_RUNTIME: {
           const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
-          s = {ActivitySpan::kRuntime, "runtime cbid " + std::to_string(a->cbid), a->start, a->end};
+          const char* name = nullptr;
+          if (callback_name() == nullptr ||
+              callback_name()(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || name == nullptr) {
+            name = "?";
+          }
+          s = {ActivitySpan::kRuntime, std::string("runtime ") + name, a->start, a->end};
           break;
         }
         default:
@@ -176,8 +187,10 @@ class ActivityTrace {
 };
 
 // Prints the device timeline of the calls [begin_ns, end_ns): one line per kernel,
-// memcpy or memset (offset from the call's start, idle gap before it, duration, name)
-// and a summary (wall, device busy, idle, host time in runtime calls).
+// memcpy or memset (offset from the call's start, idle gap before it, duration, name),
+// the host's runtime calls that took 5 us or more ("host" lines, offset and duration;
+// the time before the first launch is host work), and a summary (wall, device busy,
+// host time in runtime calls).
 inline void PrintTimeline(const std::string& label, const std::vector<ActivitySpan>& spans, uint64_t begin_ns,
                           uint64_t end_ns) {
   double busy_us = 0.0, runtime_us = 0.0;
@@ -188,8 +201,14 @@ inline void PrintTimeline(const std::string& label, const std::vector<ActivitySp
   for (const ActivitySpan& s : spans) {
     if (s.start_ns < begin_ns || s.start_ns >= end_ns) continue;
     if (s.kind == ActivitySpan::kRuntime) {
-      runtime_us += 1e-3 * (s.end_ns - s.start_ns);
+      const double us = 1e-3 * (s.end_ns - s.start_ns);
+      runtime_us += us;
       ++runtime_calls;
+      if (us >= 5.0) {
+        std::snprintf(buf, sizeof(buf), "trace %s | host +%9.1f us | %8.1f us | %s\n", label.c_str(),
+                      1e-3 * (s.start_ns - begin_ns), us, s.name.c_str());
+        lines += buf;
+      }
       continue;
     }
     if (first_start == 0) first_start = s.start_ns;
