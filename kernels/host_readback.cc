@@ -19,7 +19,7 @@ HostReadback::~HostReadback() {
   WaitQuietly();
 #if TESERVE_WITH_CUDA
   cuda::DestroyEvent(event_, event_device_);
-  cuda::FreePinnedHost(pinned_);
+  cuda::FreePinnedHost(pinned_, pinned_capacity_);
 #endif
 }
 
@@ -59,7 +59,7 @@ absl::Status HostReadback::Start(const Context& ctx, absl::Span<const Tensor> te
   }
 #if TESERVE_WITH_CUDA
   if (total > pinned_capacity_) {
-    cuda::FreePinnedHost(pinned_);
+    cuda::FreePinnedHost(pinned_, pinned_capacity_);
     pinned_ = nullptr;
     pinned_capacity_ = 0;
     // A little headroom, so that a count that varies by a tensor or two does not

@@ -179,9 +179,11 @@ int main(int argc, char** argv) {
                         "configured to checkpoint until %ds)",
                         signal_name, grace / 2.0, grace));
   }
+  const absl::Time signalled = absl::Now();
   (*server)->Shutdown(absl::Seconds(grace));
   (*server)->Wait();
   server->reset();
-  Log("shutdown complete");
+  Log(absl::StrFormat("shutdown complete, %.2fs after %s", absl::ToDoubleSeconds(absl::Now() - signalled),
+                      signal_name));
   return 0;
 }

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "google/protobuf/struct.pb.h"
@@ -44,8 +44,10 @@ bool DTypeOf(absl::string_view code, DType* dtype) {
 }
 
 // A JSON string literal.
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
+// Appends s as a JSON string to *out.
+void AppendJsonString(absl::string_view s, std::string* out_ptr) {
+  std::string& out = *out_ptr;
+  out += '"';
   for (unsigned char c : s) {
     switch (c) {
       case '"': out += "\\\""; break;
@@ -63,7 +65,12 @@ std::string JsonString(absl::string_view s) {
         }
     }
   }
-  out += "\"";
+  out += '"';
+}
+
+std::string JsonString(absl::string_view s) {
+  std::string out;
+  AppendJsonString(s, &out);
   return out;
 }
 
@@ -104,7 +111,11 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& te
     header += "}";
     first = false;
   }
-  std::set<std::string> names;
+  // A state holds ~60 small tensors per layer (amax histories, scales): the header is
+  // built in place, with no temporary string per tensor.
+  absl::flat_hash_set<absl::string_view> names;
+  names.reserve(tensors.size());
+  header.reserve(header.size() + tensors.size() * 96);
   uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
     const char* code = CodeOf(t.tensor.dtype());
@@ -119,15 +130,16 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& te
     if (t.name.empty() || t.name == kMetadataKey || !names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor name '", t.name, "' is empty, reserved or repeated"));
     }
-    std::string shape;
-    for (size_t i = 0; i < t.tensor.shape().size(); ++i) {
-      absl::StrAppend(&shape, i == 0 ? "" : ",", t.tensor.shape()[i]);
-    }
     const uint64_t end = offset + static_cast<uint64_t>(t.tensor.nbytes());
-    if (!first) header += ",";
+    if (!first) header += ',';
     first = false;
-    absl::StrAppend(&header, JsonString(t.name), ":{\"dtype\":\"", code, "\",\"shape\":[", shape,
-                    "],\"data_offsets\":[", offset, ",", end, "]}");
+    AppendJsonString(t.name, &header);
+    absl::StrAppend(&header, ":{\"dtype\":\"", code, "\",\"shape\":[");
+    for (size_t i = 0; i < t.tensor.shape().size(); ++i) {
+      if (i > 0) header += ',';
+      absl::StrAppend(&header, t.tensor.shape()[i]);
+    }
+    absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", end, "]}");
     offset = end;
   }
   header += "}";

@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
+#include <vector>
+
 #include "core/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_entry.h"
@@ -10,14 +13,55 @@ namespace teserve {
 namespace kernels {
 namespace cuda {
 
+namespace {
+
+// Small staging (a readback of a few amax words, which is what nearly every HostReadback
+// holds) comes in fixed blocks from page-locked slabs the process keeps: cudaHostAlloc and
+// cudaFreeHost cost tens of microseconds each and cudaFreeHost waits for the device, which
+// a deep model's thousands of quantizers would pay when its first call runs and again when
+// the session goes (at server stop, right after the final checkpoints). Freed blocks go
+// back to the list; slabs are never returned.
+constexpr size_t kSmallBlockBytes = 256;
+constexpr size_t kBlocksPerSlab = 1024;
+
+struct SmallPinnedBlocks {
+  std::mutex mu;
+  std::vector<void*> free;  // guarded by mu
+};
+
+SmallPinnedBlocks& SmallBlocks() {
+  static SmallPinnedBlocks* blocks = new SmallPinnedBlocks();  // outlives every user, exit included
+  return *blocks;
+}
+
+}  // namespace
+
 absl::StatusOr<void*> AllocatePinnedHost(size_t bytes) {
   void* ptr = nullptr;
-  TESERVE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+  if (bytes > kSmallBlockBytes) {
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+    return ptr;
+  }
+  SmallPinnedBlocks& blocks = SmallBlocks();
+  std::lock_guard<std::mutex> lock(blocks.mu);
+  if (blocks.free.empty()) {
+    TESERVE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&ptr, kSmallBlockBytes * kBlocksPerSlab, cudaHostAllocPortable));
+    for (size_t i = kBlocksPerSlab; i-- > 0;) blocks.free.push_back(static_cast<uint8_t*>(ptr) + i * kSmallBlockBytes);
+  }
+  ptr = blocks.free.back();
+  blocks.free.pop_back();
   return ptr;
 }
 
-void FreePinnedHost(void* ptr) {
-  if (ptr != nullptr && cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
+void FreePinnedHost(void* ptr, size_t bytes) {
+  if (ptr == nullptr) return;
+  if (bytes <= kSmallBlockBytes) {
+    SmallPinnedBlocks& blocks = SmallBlocks();
+    std::lock_guard<std::mutex> lock(blocks.mu);
+    blocks.free.push_back(ptr);
+    return;
+  }
+  if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
 }
 
 absl::Status StartDeviceToHost(const Context& ctx, absl::Span<const Tensor> tensors, uint8_t* dst,

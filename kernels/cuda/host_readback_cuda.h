@@ -18,7 +18,8 @@ namespace cuda {
 
 // Page-locked host memory that copies on any device treat as such (cudaHostAllocPortable).
 absl::StatusOr<void*> AllocatePinnedHost(size_t bytes);
-void FreePinnedHost(void* ptr);
+// `bytes` as allocated: small blocks go back to a process-wide list instead of the driver.
+void FreePinnedHost(void* ptr, size_t bytes);
 
 // Enqueues on ctx.stream one device-to-host copy of tensors[i] (on ctx.device) into
 // dst + offsets[i], then records *event there; *event (cudaEvent_t, without timing) is
