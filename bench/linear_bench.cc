@@ -8,6 +8,8 @@
 //   linear_bf16_fwd_bwd        no recipe, params_dtype BF16 (BF16 x, dy, y, dx; BF16 GEMMs)
 //   linear_fp8_delayed_bf16_fwd_bwd  FP8 delayed scaling with params_dtype BF16: what
 //                              TE's te.Linear runs with BF16 parameters
+//   linear_mxfp8_bf16_fwd_bwd  MXFP8 with params_dtype BF16; emulated on sm_90 (MXFP8
+//                              quantize, dequantize, BF16 GEMMs)
 // Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
 // regions: what a training step's Linear costs in a session between two optimizer
 // steps; once waiting for each step (the op's name) and once with steps back to back
@@ -198,6 +200,9 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   run("linear_fp8_delayed_fwd_bwd", delayed, DType::kFloat32, rows, cols, flags, results);
   run("linear_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results);
   run("linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results);
+  v1::RecipeSpec mxfp8;
+  mxfp8.mutable_mxfp8();
+  run("linear_mxfp8_bf16_fwd_bwd", mxfp8, DType::kBFloat16, rows, cols, flags, results);
 }
 
 }  // namespace

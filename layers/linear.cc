@@ -32,6 +32,7 @@ struct SavedOperand {
   bool IsPerTensor() const { return is_quantized && quantized.mode == ScalingMode::kPerTensor; }
   // FP8 block scaling (1x128 or 128x128 FP32 scales): also read directly, with the
   // copy's scale_inv as the quantizer made it.
+  bool IsMxfp8() const { return is_quantized && quantized.mode == ScalingMode::kMxfp8_1D; }
   bool IsBlockScaled() const {
     return is_quantized && (quantized.mode == ScalingMode::kBlock1D || quantized.mode == ScalingMode::kBlock2D);
   }
@@ -57,7 +58,8 @@ struct SavedOperand {
 // dequantized copies bit for bit (so CPU sessions compute exactly what the dequantized
 // path below does). Otherwise the operands are read in high precision (calibration,
 // unquantized sessions, MXFP8 / NVFP4 emulation, block scaling where the device or
-// shapes do not suit): 16-bit values as they are when both are 16-bit, else as FP32.
+// shapes do not suit): 16-bit values as they are when both are 16-bit, MXFP8's
+// dequantized values on a GPU as BF16 (exact, see below), else as FP32.
 //
 // With `bias` (FP32 [n], the fprop of a Linear that adds its bias), d = op(a) op(b) +
 // bias. A 16-bit d takes it in the GEMM's epilogue, rounded to d's dtype (TE's 16-bit
@@ -101,6 +103,17 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));
+  if (!ctx.device.is_cpu() && a.IsMxfp8() && b.IsMxfp8()) {
+    // MXFP8 emulated on a GPU without block-scaled MXFP8 kernels: every dequantized value
+    // is an E4M3 / E5M2 code times a power of two, which BF16 holds exactly (its 8
+    // significant bits hold the code's 4 or 3, its exponent range is FP32's), so the GEMM
+    // reads the operands as BF16 on the tensor cores with FP32 accumulation instead of
+    // as FP32: the same products, summed in another order. Only values below BF16's
+    // smallest subnormal (2^-133, a block scale near E8M0's minimum) are lost.
+    ASSIGN_OR_RETURN(fa, kernels::Convert(ctx, fa, DType::kBFloat16));
+    ASSIGN_OR_RETURN(fb, kernels::Convert(ctx, fb, DType::kBFloat16));
+    return run(kernels::GemmOperand{fa, transpose_a}, kernels::GemmOperand{fb, transpose_b}, d);
+  }
   if (fa.dtype() != fb.dtype()) {
     // Mixed operands (a dequantized copy against a 16-bit value) multiply in FP32.
     ASSIGN_OR_RETURN(fa, kernels::Convert(ctx, fa, DType::kFloat32));
