@@ -103,13 +103,14 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));
-  if (!ctx.device.is_cpu() && a.IsMxfp8() && b.IsMxfp8()) {
+  if (!ctx.device.is_cpu() && a.IsMxfp8() && b.IsMxfp8() && d->dtype() != DType::kFloat16) {
     // MXFP8 emulated on a GPU without block-scaled MXFP8 kernels: every dequantized value
     // is an E4M3 / E5M2 code times a power of two, which BF16 holds exactly (its 8
     // significant bits hold the code's 4 or 3, its exponent range is FP32's), so the GEMM
     // reads the operands as BF16 on the tensor cores with FP32 accumulation instead of
     // as FP32: the same products, summed in another order. Only values below BF16's
-    // smallest subnormal (2^-133, a block scale near E8M0's minimum) are lost.
+    // smallest subnormal (2^-133, a block scale near E8M0's minimum) are lost. A BF16
+    // GEMM writes FP32 or BF16; an FP16 d takes the FP32 path below.
     ASSIGN_OR_RETURN(fa, kernels::Convert(ctx, fa, DType::kBFloat16));
     ASSIGN_OR_RETURN(fb, kernels::Convert(ctx, fb, DType::kBFloat16));
     return run(kernels::GemmOperand{fa, transpose_a}, kernels::GemmOperand{fb, transpose_b}, d);

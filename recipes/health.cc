@@ -52,7 +52,7 @@ double DecodeScale(const Tensor& scales, int64_t i, float global_decode) {
 BlockScaleSummary SummarizeBlockScales(const QuantizedTensor& q) {
   BlockScaleSummary summary;
   if (q.mode == ScalingMode::kPerTensor) return summary;
-  const Tensor& scales = q.has_rowwise() ? q.rowwise_scale_inv : q.columnwise_scale_inv;
+  const Tensor& scales = q.rowwise_scale_inv.defined() ? q.rowwise_scale_inv : q.columnwise_scale_inv;
   if (!scales.defined() || scales.numel() == 0) return summary;
   const float global_decode = 1.0f / q.global_encode_scale;
   summary.valid = true;

@@ -244,13 +244,16 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
     last_amax_ = q.amax;
   }
   ++calls_;
-  // The statistics below read host memory; on a device they read copies (block scales
-  // are small; health statistics are sampled or asked for explicitly).
+  // The block scales are summarized when a snapshot asks (quantizer.h); the health
+  // statistics below read host copies (sampled or asked for explicitly).
   if (q.mode != ScalingMode::kPerTensor) {
-    QuantizedTensor scales = q;
-    ASSIGN_OR_RETURN(scales.rowwise_scale_inv, OnHost(ctx, q.rowwise_scale_inv));
-    ASSIGN_OR_RETURN(scales.columnwise_scale_inv, OnHost(ctx, q.columnwise_scale_inv));
-    block_scales_ = SummarizeBlockScales(scales);
+    // SummarizeBlockScales reads the rowwise copy's scales, else the columnwise one's.
+    unsummarized_scales_ = q;
+    unsummarized_scales_.rowwise_data = Tensor();
+    unsummarized_scales_.columnwise_data = Tensor();
+    if (q.has_rowwise()) unsummarized_scales_.columnwise_scale_inv = Tensor();
+    unsummarized_ctx_ = ctx;
+    scales_unsummarized_ = true;
   }
   if (health_stats_ && q.has_rowwise()) {
     ASSIGN_OR_RETURN(Tensor deq, DequantizeCopy(ctx, q, Copy::kRowwise));
@@ -345,6 +348,18 @@ float Quantizer::ScaleInUse() {
 QuantizerSnapshot Quantizer::Snapshot() {
   ResolveEndedRegions();
   ResolvePendingAmax();
+  if (scales_unsummarized_) {
+    QuantizedTensor scales = unsummarized_scales_;
+    absl::StatusOr<Tensor> row = OnHost(unsummarized_ctx_, scales.rowwise_scale_inv);
+    absl::StatusOr<Tensor> col = OnHost(unsummarized_ctx_, scales.columnwise_scale_inv);
+    if (row.ok() && col.ok()) {  // else the previous summary stays
+      scales.rowwise_scale_inv = *std::move(row);
+      scales.columnwise_scale_inv = *std::move(col);
+      block_scales_ = SummarizeBlockScales(scales);
+    }
+    unsummarized_scales_ = QuantizedTensor();
+    scales_unsummarized_ = false;
+  }
   QuantizerSnapshot s;
   s.recipe = recipe_;
   s.format = format_;

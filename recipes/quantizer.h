@@ -205,7 +205,14 @@ class Quantizer {
   bool health_stats_ = false;
   float last_amax_ = 0.0f;
   int64_t calls_ = 0;
+  // The block scales of the latest quantization are summarized when a snapshot asks
+  // (GetQuantizationState, metrics), not per quantization: on a device that is a copy to
+  // the host and a pass over every scale (4M of them for a 16384 x 8192 MXFP8 tensor),
+  // which would stall each call. Until then the scales tensor (one copy's) is kept here.
   BlockScaleSummary block_scales_;
+  QuantizedTensor unsummarized_scales_;  // data tensors dropped; mode set when pending
+  Context unsummarized_ctx_;
+  bool scales_unsummarized_ = false;
   HealthStats health_;
 };
 
