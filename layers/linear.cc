@@ -144,16 +144,19 @@ struct LinearSaved : public SavedActivations {
 
 // Quantizes `x` with `quantizer` when there is one into `operand` (the rowwise copy
 // for the fprop, the columnwise one too when the backward will need it). Under
-// calibration the quantizer only observes the amax and x stays FP32.
+// calibration the quantizer only observes the amax and x stays FP32. An `immutable` x
+// (a weight's compute copy) may reuse the quantizer's previous cast of it
+// (Quantizer::QuantizeImmutable): a weight is cast once per update, not per forward.
 absl::Status PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, bool calibrating, const Tensor& x,
-                            bool save_for_backward, SavedOperand* saved) {
+                            bool save_for_backward, bool immutable, SavedOperand* saved) {
   saved->value = x;
   if (quantizer == nullptr || calibrating) {
     if (quantizer != nullptr) RETURN_IF_ERROR(quantizer->Observe(ctx, x));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(QuantizedTensor q, quantizer->Quantize(ctx, x, /*rowwise=*/true,
-                                                          /*columnwise=*/save_for_backward));
+  ASSIGN_OR_RETURN(QuantizedTensor q,
+                   immutable ? quantizer->QuantizeImmutable(ctx, x, /*rowwise=*/true, /*columnwise=*/save_for_backward)
+                             : quantizer->Quantize(ctx, x, /*rowwise=*/true, /*columnwise=*/save_for_backward));
   saved->quantized = std::move(q);
   saved->is_quantized = true;
   return absl::OkStatus();
@@ -230,8 +233,13 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   }
   ASSIGN_OR_RETURN(const Tensor w, GemmWeight(ctx));
   SavedOperand x_operand, w_operand;
-  RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward, &x_operand));
-  RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, w, options.save_for_backward, &w_operand));
+  RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward,
+                                 /*immutable=*/false, &x_operand));
+  // A 16-bit weight is the compute copy (never written: its writers replace it) or a
+  // conversion made just now; an FP32 one is the master itself, which the optimizer
+  // writes in place.
+  RETURN_IF_ERROR(PrepareOperand(ctx, weight_quantizer_.get(), calibrating_, w, options.save_for_backward,
+                                 /*immutable=*/options_.params_dtype != DType::kFloat32, &w_operand));
 
   // Every output lives on the Context's device, ordered on its stream.
   ASSIGN_OR_RETURN(Tensor y, FpropGemm(ctx, x_operand, w_operand, x.dim(0), options_.out_features, dtype,

@@ -46,6 +46,11 @@ class DelayedScalingQuantizer : public Quantizer {
   // The scale comes from the history; this amax is only needed at the region's end
   // (health statistics read it at once).
   bool DefersAmax() const override { return !health_stats(); }
+  // The cast depends on x and the scale alone.
+  bool ReuseKey(float* key) const override {
+    *key = state_.scale();
+    return true;
+  }
   void RecordAmax(float amax) override { state_.RecordAmax(amax); }
   void FillSnapshot(QuantizerSnapshot* s) const override {
     s->scale = state_.scale();
@@ -233,6 +238,33 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
     ASSIGN_OR_RETURN(q, DoQuantize(ctx, x, rowwise, columnwise, nullptr));
     if (dbias != nullptr) RETURN_IF_ERROR(kernels::ColumnSum(ctx, x, /*accumulate=*/false, dbias));
   }
+  RETURN_IF_ERROR(Record(ctx, x, &q));
+  return q;
+}
+
+absl::StatusOr<QuantizedTensor> Quantizer::QuantizeImmutable(const Context& ctx, const Tensor& input, bool rowwise,
+                                                             bool columnwise) {
+  ResolveEndedRegions();  // the scale of the open region decides whether the cast can be reused
+  float key = 0.0f;
+  const bool reusable = !health_stats_ && ReuseKey(&key);
+  if (reusable && reusable_.has_value() && reusable_->source.raw_data() == input.raw_data() &&
+      reusable_->source.dtype() == input.dtype() && reusable_->source.shape() == input.shape() &&
+      reusable_->source.device() == input.device() && reusable_->rowwise == rowwise &&
+      reusable_->columnwise == columnwise && reusable_->key == key) {
+    // The source is held by reusable_, so no other tensor can have taken its address.
+    QuantizedTensor q = reusable_->q;
+    ASSIGN_OR_RETURN(const Tensor x, Source(ctx, input));
+    RETURN_IF_ERROR(Record(ctx, x, &q));
+    return q;
+  }
+  reusable_.reset();
+  ASSIGN_OR_RETURN(QuantizedTensor q, Quantize(ctx, input, rowwise, columnwise));
+  if (reusable) reusable_ = Reusable{input, rowwise, columnwise, key, q};
+  return q;
+}
+
+absl::Status Quantizer::Record(const Context& ctx, const Tensor& x, QuantizedTensor* q_ptr) {
+  QuantizedTensor& q = *q_ptr;
   if (defer_host_amax_for_testing_ && DefersAmax() && !q.amax_bits.defined()) {
     ASSIGN_OR_RETURN(q.amax_bits, HostAmaxBits(q.amax));
     q.amax = 0.0f;
@@ -262,7 +294,7 @@ absl::StatusOr<QuantizedTensor> Quantizer::Quantize(const Context& ctx, const Te
     ASSIGN_OR_RETURN(Tensor deq_host, OnHost(ctx, deq));
     health_ = MeasureHealth(x_host, deq_host, OverflowLimit());
   }
-  return q;
+  return absl::OkStatus();
 }
 
 absl::Status Quantizer::Observe(const Context& ctx, const Tensor& input) {

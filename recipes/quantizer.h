@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,16 @@ class Quantizer {
   // recipes, a separate ColumnSum otherwise.
   absl::StatusOr<QuantizedTensor> Quantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
                                            Tensor* dbias = nullptr);
+  // Quantize (no dbias) for an x whose contents never change while it is alive (a
+  // parameter's 16-bit compute copy: its writers give the parameter a new buffer).
+  // When x is the very tensor the previous such call quantized, the same copies are asked
+  // and the recipe would cast it exactly as then (delayed scaling with an unchanged scale;
+  // no health statistics), that quantization is returned again: the same codes, scale_inv
+  // and amax, recorded and counted as a new quantization, without the kernel. So a weight
+  // is cast once per parameter update and scale change, not once per forward. The
+  // quantizer keeps that result (and a reference to x) until the next such call.
+  absl::StatusOr<QuantizedTensor> QuantizeImmutable(const Context& ctx, const Tensor& x, bool rowwise,
+                                                    bool columnwise);
   // Calibration: records the amax of x (FP32, BF16 or FP16) without casting.
   absl::Status Observe(const Context& ctx, const Tensor& x);
   // End of the region this operand belongs to (forward or backward): the region's
@@ -146,6 +157,9 @@ class Quantizer {
   virtual absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
                                                      bool columnwise, Tensor* dbias) = 0;
   virtual bool DefersAmax() const { return false; }
+  // For QuantizeImmutable: true when a cast of the same tensor now equals any earlier
+  // one that reported the same *key (the recipe's whole casting state, e.g. the scale).
+  virtual bool ReuseKey(float* key) const { return false; }
   // Delayed scaling records observed amaxes in its history.
   virtual void RecordAmax(float amax) {}
   // The recipe's part of EndRegion (delayed scaling's history roll).
@@ -176,6 +190,9 @@ class Quantizer {
   // Records an amax read back from the device (NaN when the read fails), waiting for
   // the stream.
   void RecordDeviceAmax(const Context& ctx, const Tensor& bits);
+  // Everything a quantization records besides its cast: its amax (pending on a device),
+  // the call count, the block scales to summarize and the health statistics of x.
+  absl::Status Record(const Context& ctx, const Tensor& x, QuantizedTensor* q);
   // Records the open region's amaxes (eagerly, a wait for the stream each).
   void ResolvePendingAmax();
   // Starts reading the open region's amaxes (readback_) and moves them to the ended
@@ -214,6 +231,14 @@ class Quantizer {
   Context unsummarized_ctx_;
   bool scales_unsummarized_ = false;
   HealthStats health_;
+  // QuantizeImmutable's latest: the source, what was asked and the result.
+  struct Reusable {
+    Tensor source;
+    bool rowwise = false, columnwise = false;
+    float key = 0.0f;
+    QuantizedTensor q;
+  };
+  std::optional<Reusable> reusable_;
 };
 
 // The quantizer for `role` under `recipe`; nullptr when the recipe has none (no recipe,

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cast.h"
+#include "kernels/timing.h"
 #include "layers/init.h"
 #include "layers/layernorm_linear.h"
 #include "layers/linear.h"
@@ -276,6 +277,50 @@ TEST(ZeroGrads, ABackwardAfterADeferredFillEqualsOneAfterAZeroFill) {
     ASSERT_EQ(ga.size(), gb.size());
     for (size_t j = 0; j < ga.size(); ++j) ASSERT_EQ(ga[j], gb[j]) << a[i]->name << " " << j;
   }
+}
+
+// Counts the calls of each kernel op a context runs (timing every call, recording none).
+class CallCounter : public kernels::KernelTimingSink {
+ public:
+  CallCounter() : kernels::KernelTimingSink(1) {}
+  void Record(kernels::KernelOp, const Device&, double) override {}
+};
+
+// A 16-bit weight is cast once per parameter update and scale: a forward that finds the
+// same compute copy and the same delayed-scaling scale reuses the weight's cast (the same
+// codes, counted and recorded as a quantization), and computes what a fresh cast gives.
+TEST(WeightCast, OncePerUpdateAndScale) {
+  auto linear = MakeLinear(DType::kBFloat16, "delayed");
+  ASSERT_TRUE(RefreshComputeCopy(kCpu, Weight(*linear)).ok());  // as a session places it
+  CallCounter counter;
+  Context ctx = Context::Cpu();
+  ctx.kernel_timing = &counter;
+  const Tensor x = Random({8, 64}, 61);
+  auto step = [&]() -> Tensor {
+    auto out = linear->Forward(ctx, {x}, ForwardOptions());
+    EXPECT_TRUE(out.ok()) << out.status();
+    for (const NamedQuantizer& q : linear->Quantizers()) {
+      if (recipes::IsForwardRole(q.quantizer->role())) q.quantizer->EndRegion();
+    }
+    return out.ok() ? out->outputs[0] : Tensor();
+  };
+  auto casts = [&] { return counter.calls(kernels::KernelOp::kQuantizePerTensor); };
+  step();  // x and W, at the initial scale 1
+  EXPECT_EQ(casts(), 2);
+  const Tensor y2 = step();  // the first region's amaxes changed both scales: both cast
+  EXPECT_EQ(casts(), 4);
+  const Tensor y3 = step();  // the same amaxes again, so the same scales: W's cast reused
+  EXPECT_EQ(casts(), 5);
+  EXPECT_TRUE(BitwiseEqual(y2, y3));
+  recipes::Quantizer* weight_quantizer = linear->Quantizers()[1].quantizer;
+  ASSERT_EQ(weight_quantizer->role(), recipes::TensorRole::kWeight);
+  EXPECT_EQ(weight_quantizer->ExportState().quantize_calls, 3);  // a reuse counts as a quantization
+
+  // A new compute copy (what an optimizer step writes) is cast again.
+  ASSERT_TRUE(RefreshComputeCopy(ctx, Weight(*linear)).ok());
+  const Tensor y4 = step();
+  EXPECT_EQ(casts(), 7);
+  EXPECT_TRUE(BitwiseEqual(y3, y4));  // the same values in a new buffer
 }
 
 // A gradient marked zero that is not is caught on the CPU before the GEMM overwrites it.
