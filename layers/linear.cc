@@ -61,9 +61,8 @@ struct SavedOperand {
 // dequantized copies bit for bit (so CPU sessions compute exactly what the dequantized
 // path below does). Otherwise the operands are read in high precision (calibration,
 // unquantized sessions, MXFP8 / NVFP4 emulation, block scaling where the device or
-// shapes do not suit): 16-bit values as they are when both are 16-bit, MXFP8's
-// dequantized values on a GPU as BF16 and NVFP4's as BF16 with the per-tensor scales in
-// alpha (exact, see below), else as FP32.
+// shapes do not suit): 16-bit values as they are when both are 16-bit, MXFP8's and
+// NVFP4's dequantized values on a GPU as BF16 (exact, see below), else as FP32.
 //
 // With `bias` (FP32 [n], the fprop of a Linear that adds its bias), d = op(a) op(b) +
 // bias. A 16-bit d takes it in the GEMM's epilogue, rounded to d's dtype (TE's 16-bit
@@ -105,14 +104,11 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       return run(ga, gb, d);
     }
   }
-  if (a.IsNvfp4() && b.IsNvfp4() && d->dtype() != DType::kFloat16) {
-    // NVFP4 without native FP4 GEMMs (sm_90, and the CPU reference alike): an E2M1 code
-    // times its E4M3 block scale has at most 6 significant bits, so it is exact in BF16
-    // (tensor cores on a GPU); the per-tensor decode scales (kernels/nvfp4.h: inv_S =
-    // 1 / S) multiply the product through alpha, as a native NVFP4 GEMM applies them,
-    // instead of every element. Both backends run this same arithmetic, so a GPU session
-    // follows the CPU reference's downstream 4-bit roundings. An FP16 d keeps the
-    // per-element FP32 path (a BF16 GEMM writes FP32 or BF16).
+  if (!ctx.device.is_cpu() && a.IsNvfp4() && b.IsNvfp4() && d->dtype() != DType::kFloat16) {
+    // NVFP4 emulated on a GPU: an E2M1 code times its E4M3 block scale has at most 6
+    // significant bits, so it is exact in BF16; the per-tensor decode scales (kernels/nvfp4.h:
+    // inv_S = 1 / S) multiply the product through alpha instead of every element. The
+    // same products as the FP32 path, rounded once at the end instead of per element.
     QuantizedTensor qa = a.quantized, qb = b.quantized;
     options.alpha = (1.0f / qa.global_encode_scale) * (1.0f / qb.global_encode_scale);
     qa.global_encode_scale = 1.0f;
