@@ -10,8 +10,6 @@
 //                              TE's te.Linear runs with BF16 parameters
 //   linear_mxfp8_bf16_fwd_bwd  MXFP8 with params_dtype BF16; emulated on sm_90 (MXFP8
 //                              quantize, dequantize, BF16 GEMMs)
-//   linear_nvfp4_bf16_fwd_bwd  NVFP4 with params_dtype BF16, emulated the same way (the
-//                              per-tensor scales in the GEMM's alpha)
 // Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
 // regions: what a training step's Linear costs in a session between two optimizer
 // steps; once waiting for each step (the op's name) and once with steps back to back
@@ -205,9 +203,6 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   v1::RecipeSpec mxfp8;
   mxfp8.mutable_mxfp8();
   run("linear_mxfp8_bf16_fwd_bwd", mxfp8, DType::kBFloat16, rows, cols, flags, results);
-  v1::RecipeSpec nvfp4;
-  nvfp4.mutable_nvfp4();
-  run("linear_nvfp4_bf16_fwd_bwd", nvfp4, DType::kBFloat16, rows, cols, flags, results);
 }
 
 }  // namespace
