@@ -22,6 +22,7 @@
 #include "kernels/run_ahead.h"
 #include "server/recipe_availability.h"
 #include "server/tensor_codec.h"
+#include "server/trainer_service_internal.h"
 #include "server/unknown_fields.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -33,64 +34,16 @@
 
 namespace teserve {
 namespace server {
-namespace {
-
-// A tenant's checkpoint directory under --checkpoint_dir: "@<tenant>"
-// (TrainerService::CheckpointDirOf).
-constexpr char kTenantDirPrefix[] = "@";
+namespace service_internal {
 
 // A checkpoint as the log names it: "<name>", or "@<tenant>/<name>" for a tenant's.
 std::string LoggedName(absl::string_view tenant, absl::string_view name) {
   return tenant.empty() ? std::string(name) : absl::StrCat(kTenantDirPrefix, tenant, "/", name);
 }
 
-// How long a stopping server keeps answering UNAVAILABLE after the last call it saw
-// (TrainerService::Drain).
-constexpr absl::Duration kDrainQuiet = absl::Milliseconds(200);
-constexpr absl::Duration kDrainQuietAtMost = absl::Seconds(1);
-
-// Auto-checkpoint names: "<prefix>-step-<9 digits>".
-constexpr char kAutoStepInfix[] = "-step-";
-constexpr size_t kAutoStepDigits = 9;
-
-std::string AutoCheckpointName(absl::string_view prefix, int64_t step) {
-  return absl::StrFormat("%s%s%09d", prefix, kAutoStepInfix, step);
-}
-
-// A session's final checkpoint (idle expiry, server stop): "<prefix>-step-<9 digits>-final",
-// which sorts right after the periodic one of the same step. Keep-last pruning leaves it.
-constexpr char kFinalSuffix[] = "-final";
-
-std::string FinalCheckpointName(absl::string_view prefix, int64_t step) {
-  return absl::StrCat(AutoCheckpointName(prefix, step), kFinalSuffix);
-}
-
 void LogLine(const std::string& line) {
   absl::FPrintF(stderr, "[teserve] %s\n", line);
   std::fflush(stderr);
-}
-
-// The checkpoint's specs equal the session's, or FAILED_PRECONDITION naming the first
-// that differs.
-absl::Status CheckSameSpecs(const std::string& name, const train::CheckpointContents& c,
-                            const train::Session& session) {
-  using google::protobuf::util::MessageDifferencer;
-  const struct {
-    const char* file;
-    const char* what;
-    const google::protobuf::Message& saved;
-    const google::protobuf::Message& live;
-  } specs[] = {{"model.json", "model", c.model, session.model_spec()},
-               {"recipe.json", "recipe", c.recipe, session.recipe_spec()},
-               {"optimizer.json", "optimizer", c.optimizer, session.optimizer_spec()}};
-  for (const auto& s : specs) {
-    if (!MessageDifferencer::Equals(s.saved, s.live)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", Quoted(name), ": ", s.file, ": the checkpoint's ", s.what,
-          " differs from this session's (create a session from it with CreateSession.from_checkpoint instead)"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status InCheckpoint(const absl::Status& status, const std::string& name) {
@@ -126,8 +79,6 @@ void FillSessionInfo(const std::string& id, const train::Session& session,
   }
 }
 
-// The metrics read a session only through snapshots (train/session_snapshot.h); the
-// health-sampling switch they ask for is set on the session here.
 void PublishToMetrics(Metrics& metrics, const std::string& id, train::Session& session,
                       bool quantized) {
   if (!metrics.TracksSessions()) return;
@@ -139,6 +90,35 @@ void PublishToMetrics(Metrics& metrics, const std::string& id, train::Session& s
     session.SetHealthSampling(*sample_health);
   }
 }
+
+absl::Status CallAbandoned(const grpc::CallbackServerContext& context, absl::string_view method,
+                           absl::string_view when) {
+  if (const_cast<grpc::CallbackServerContext&>(context).IsCancelled()) {
+    return absl::CancelledError(absl::StrCat(method, ": the call was cancelled ", when));
+  }
+  if (context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(absl::StrCat(method, ": the client's deadline passed ", when));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace service_internal
+
+namespace {
+
+using service_internal::kAutoStepInfix;
+using service_internal::kAutoStepDigits;
+using service_internal::kFinalSuffix;
+using service_internal::CallAbandoned;
+using service_internal::LogLine;
+using service_internal::InCheckpoint;
+using service_internal::FillSessionInfo;
+using service_internal::PublishToMetrics;
+
+// How long a stopping server keeps answering UNAVAILABLE after the last call it saw
+// (TrainerService::Drain).
+constexpr absl::Duration kDrainQuiet = absl::Milliseconds(200);
+constexpr absl::Duration kDrainQuietAtMost = absl::Seconds(1);
 
 // Starts the series of a new session, then publishes its first snapshot (which sets its
 // health-sampling switch for its first step).
@@ -217,18 +197,6 @@ std::vector<v1::RecipeAvailability> ReportedAvailabilities(const TrainerConfig& 
   return out;
 }
 
-// CANCELLED when the client cancelled the call (or went away), DEADLINE_EXCEEDED when
-// its deadline has passed; `when` says at which point the server noticed.
-absl::Status CallAbandoned(const grpc::CallbackServerContext& context, absl::string_view method,
-                           absl::string_view when) {
-  if (const_cast<grpc::CallbackServerContext&>(context).IsCancelled()) {
-    return absl::CancelledError(absl::StrCat(method, ": the call was cancelled ", when));
-  }
-  if (context.deadline() <= std::chrono::system_clock::now()) {
-    return absl::DeadlineExceededError(absl::StrCat(method, ": the client's deadline passed ", when));
-  }
-  return absl::OkStatus();
-}
 
 // What train::Session asks between layers: whether this call's client is still waiting.
 // Cheap when it is (a flag and a clock read); the message is built only when not.
@@ -325,30 +293,6 @@ void TrainerService::Forget(const std::vector<std::pair<std::string, std::shared
   metrics_->SetSessions(registry_.size());
 }
 
-void TrainerService::FinalCheckpoint(const std::string& id, const train::Session& session, absl::string_view why) {
-  AutoCheckpoint policy;
-  {
-    absl::MutexLock lock(&auto_mu_);
-    auto it = auto_checkpoints_.find(id);
-    if (it == auto_checkpoints_.end()) return;
-    policy = it->second;
-  }
-  // The session is out of the registry (or the server has stopped): nothing changes it
-  // between these reads and the save.
-  if (session.StateVersion() == policy.saved_version) {
-    LogLine(absl::StrFormat("session %s %s: no final checkpoint needed (its latest checkpoint holds its state)",
-                            id, why));
-    return;
-  }
-  const std::string name = FinalCheckpointName(policy.prefix, session.Summary().step);
-  absl::StatusOr<Saved> saved = Save(session, policy.tenant, name, /*overwrite=*/true);  // logs either way
-  if (saved.ok()) {
-    absl::MutexLock lock(&auto_mu_);
-    auto it = auto_checkpoints_.find(id);
-    if (it != auto_checkpoints_.end()) it->second.saved_version = saved->version;
-  }
-}
-
 int64_t TrainerService::ExpireIdleSessions(absl::Duration idle) {
   absl::MutexLock expiry(&expiry_mu_);
   const auto expired = registry_.RemoveIdle(idle, absl::Now());
@@ -357,57 +301,6 @@ int64_t TrainerService::ExpireIdleSessions(absl::Duration idle) {
   return static_cast<int64_t>(expired.size());
 }
 
-template <typename Handler>
-grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* context,
-                                                absl::string_view method,
-                                                const google::protobuf::Message& request,
-                                                const google::protobuf::Message& response,
-                                                Handler&& handler) {
-  const absl::Time start = absl::Now();
-  {
-    absl::MutexLock lock(&calls_mu_);
-    ++calls_in_flight_;
-    last_call_ = start;
-  }
-  // A stopping server takes no new work (Drain). Then authentication (health and
-  // reflection are other services and stay open), then the call's own state: a call
-  // whose client has gone or whose deadline has passed does no work.
-  absl::Status status;
-  if (stopping_.load()) {
-    status = absl::UnavailableError(
-        absl::StrCat(method, ": the server is shutting down; retry on another server or after the restart"));
-  }
-  if (status.ok()) status = TenantOf(*context).status();
-  if (status.ok()) status = CallAbandoned(*context, method, "before it started");
-  // Our code returns Status; this only catches what a library might still throw (an
-  // allocation failure on a huge request), so that it fails one call, not the server.
-  try {
-    if (status.ok()) status = handler();
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(absl::StrCat(method, ": out of memory"));
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat(method, ": unexpected exception: ", e.what()));
-  }
-  // The handlers that can build large replies size them first (GetParameters); this is
-  // the backstop, so a reply over the limit fails with a message naming both sizes
-  // rather than gRPC's own.
-  int64_t sent = status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0;
-  if (sent > config_.max_message_bytes) {
-    status = absl::ResourceExhaustedError(absl::StrCat(method, ": the reply would be ", sent,
-                                                       " bytes, over the server's message limit of ",
-                                                       config_.max_message_bytes, " bytes (--max_message_bytes)"));
-    sent = 0;
-  }
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  // A failed call sends no message, only its status.
-  metrics_->RecordRpc(method, grpc_status.error_code(), absl::ToDoubleSeconds(absl::Now() - start),
-                      static_cast<int64_t>(request.ByteSizeLong()), sent);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc_status);
-  absl::MutexLock lock(&calls_mu_);
-  --calls_in_flight_;
-  return reactor;
-}
 
 void TrainerService::CloseSessions(absl::Time checkpoint_deadline) {
   absl::MutexLock expiry(&expiry_mu_);
@@ -775,171 +668,6 @@ grpc::ServerUnaryReactor* TrainerService::GetServerInfo(grpc::CallbackServerCont
     response->set_admission_tokens(config_.admission_tokens);
     response->set_session_idle_timeout_seconds(absl::ToDoubleSeconds(config_.session_idle_timeout));
     response->set_checkpoints_enabled(!config_.checkpoint_dir.empty());
-    return absl::OkStatus();
-  });
-}
-
-absl::Status TrainerService::RequireCheckpointDir(absl::string_view field) const {
-  if (config_.checkpoint_dir.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": this server keeps no checkpoints (start it with --checkpoint_dir)"));
-  }
-  return absl::OkStatus();
-}
-
-std::string TrainerService::CheckpointDirOf(absl::string_view tenant) const {
-  if (tenant.empty()) return config_.checkpoint_dir;
-  return absl::StrCat(config_.checkpoint_dir, "/", kTenantDirPrefix, tenant);
-}
-
-absl::StatusOr<TrainerService::Saved> TrainerService::Save(const train::Session& session, absl::string_view tenant,
-                                                          const std::string& name, bool overwrite) {
-  const std::string dir = CheckpointDirOf(tenant);
-  const absl::Time start = absl::Now();
-  absl::Status status;
-  Saved saved;
-  {
-    train::CheckpointContents contents;
-    contents.model = session.model_spec();
-    contents.recipe = session.recipe_spec();
-    contents.optimizer = session.optimizer_spec();
-    absl::StatusOr<train::SessionState> state = session.CaptureState(&saved.version);
-    status = state.status();
-    if (status.ok()) {
-      contents.state = std::move(*state);
-      saved.step = contents.state.step;
-      absl::MutexLock lock(&checkpoint_mu_);
-      if (!prepared_dirs_.contains(dir)) {
-        status = train::CleanCheckpointDir(dir);  // creates it
-        if (status.ok()) prepared_dirs_.insert(dir);
-      }
-      if (status.ok()) {
-        absl::StatusOr<train::CheckpointWriteResult> written =
-            train::WriteCheckpoint(dir, name, contents, overwrite, kTeserveVersion);
-        status = written.status();
-        if (written.ok()) saved.bytes = written->bytes;
-      }
-    }
-  }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  metrics_->RecordCheckpointSave(status.ok(), seconds, saved.bytes);
-  if (!status.ok()) {
-    LogLine(absl::StrFormat("checkpoint '%s' not saved: %s", LoggedName(tenant, name), status.ToString()));
-    return status;
-  }
-  LogLine(absl::StrFormat("checkpoint '%s' saved: step %d, %d bytes in %.3f s", LoggedName(tenant, name), saved.step,
-                          saved.bytes, seconds));
-  return saved;
-}
-
-void TrainerService::AutoSave(const std::string& id, const train::Session& session, int64_t step,
-                              v1::StepResponse* response) {
-  AutoCheckpoint policy;
-  {
-    absl::MutexLock lock(&auto_mu_);
-    auto it = auto_checkpoints_.find(id);
-    if (it == auto_checkpoints_.end()) return;
-    policy = it->second;
-  }
-  if (step % policy.every_steps != 0) return;
-  const std::string name = AutoCheckpointName(policy.prefix, step);
-  // A session resumed from an earlier checkpoint saves the same step names again.
-  absl::StatusOr<Saved> saved = Save(session, policy.tenant, name, /*overwrite=*/true);
-  if (!saved.ok()) {
-    response->set_checkpoint_error(BoundedMessage(saved.status().ToString()));
-    return;
-  }
-  response->set_checkpoint(name);
-  {
-    absl::MutexLock lock(&auto_mu_);
-    auto it = auto_checkpoints_.find(id);
-    if (it != auto_checkpoints_.end()) it->second.saved_version = saved->version;
-  }
-  if (policy.keep_last <= 0) return;
-  absl::MutexLock lock(&checkpoint_mu_);
-  const std::string dir = CheckpointDirOf(policy.tenant);
-  absl::StatusOr<std::vector<train::CheckpointListing>> listing = train::ListCheckpoints(dir);
-  if (!listing.ok()) return;
-  const std::string stem = absl::StrCat(policy.prefix, kAutoStepInfix);
-  std::vector<std::pair<int64_t, std::string>> mine;
-  for (const train::CheckpointListing& c : *listing) {
-    int64_t n = 0;
-    const absl::string_view digits = absl::string_view(c.name).substr(std::min(stem.size(), c.name.size()));
-    if (absl::StartsWith(c.name, stem) && digits.size() == kAutoStepDigits && absl::SimpleAtoi(digits, &n)) {
-      mine.emplace_back(n, c.name);
-    }
-  }
-  std::sort(mine.begin(), mine.end());
-  for (size_t i = 0; i + policy.keep_last < mine.size(); ++i) {
-    const absl::Status deleted = train::DeleteCheckpoint(dir, mine[i].second);
-    const std::string logged = LoggedName(policy.tenant, mine[i].second);
-    LogLine(deleted.ok()
-                ? absl::StrFormat("checkpoint '%s' deleted (keep_last_checkpoints %d)", logged, policy.keep_last)
-                : absl::StrFormat("checkpoint '%s' not deleted: %s", logged, deleted.ToString()));
-  }
-}
-
-grpc::ServerUnaryReactor* TrainerService::SaveCheckpoint(grpc::CallbackServerContext* context,
-                                                         const v1::SaveCheckpointRequest* request,
-                                                         v1::SaveCheckpointResponse* response) {
-  return Serve(context, "SaveCheckpoint", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
-    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
-    RETURN_IF_ERROR(RequireCheckpointDir("name"));
-    RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
-    ASSIGN_OR_RETURN(const Saved saved, Save(*session, tenant, request->name(), request->overwrite()));
-    response->set_name(request->name());
-    response->set_step(saved.step);
-    response->set_bytes(saved.bytes);
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* TrainerService::LoadCheckpoint(grpc::CallbackServerContext* context,
-                                                         const v1::LoadCheckpointRequest* request,
-                                                         v1::LoadCheckpointResponse* response) {
-  return Serve(context, "LoadCheckpoint", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
-    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
-    RETURN_IF_ERROR(RequireCheckpointDir("name"));
-    RETURN_IF_ERROR(train::ValidateCheckpointName(request->name(), "name"));
-    absl::ReaderMutexLock expiry(&expiry_mu_);  // a final checkpoint being written is there once this returns
-    absl::StatusOr<train::CheckpointContents> read;
-    {
-      absl::ReaderMutexLock writes(&checkpoint_mu_);  // not mid-write (an overwrite is between its renames)
-      read = train::ReadCheckpoint(CheckpointDirOf(tenant), request->name());
-    }
-    ASSIGN_OR_RETURN(train::CheckpointContents contents, std::move(read));
-    RETURN_IF_ERROR(CheckSameSpecs(request->name(), contents, *session));
-    RETURN_IF_ERROR(InCheckpoint(session->RestoreState(contents.state), request->name()));
-    LogLine(absl::StrFormat("checkpoint '%s' loaded: step %d", LoggedName(tenant, request->name()),
-                            contents.state.step));
-    PublishToMetrics(*metrics_, request->session_id(), *session, /*quantized=*/true);
-    FillSessionInfo(request->session_id(), *session, response->mutable_info());
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* TrainerService::ListCheckpoints(grpc::CallbackServerContext* context,
-                                                          const v1::ListCheckpointsRequest* request,
-                                                          v1::ListCheckpointsResponse* response) {
-  return Serve(context, "ListCheckpoints", *request, *response, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(const std::string tenant, TenantOf(*context));
-    RETURN_IF_ERROR(RequireCheckpointDir("ListCheckpoints"));
-    const std::string dir = CheckpointDirOf(tenant);
-    absl::ReaderMutexLock expiry(&expiry_mu_);  // final checkpoints of expiring sessions are listed
-    absl::ReaderMutexLock writes(&checkpoint_mu_);  // not mid-write (an overwrite is between its renames)
-    // A tenant that never saved has no directory yet: nothing to list.
-    if (!tenant.empty() && !std::filesystem::is_directory(dir)) return absl::OkStatus();
-    ASSIGN_OR_RETURN(std::vector<train::CheckpointListing> listing, train::ListCheckpoints(dir));
-    for (const train::CheckpointListing& c : listing) {
-      v1::CheckpointInfo* info = response->add_checkpoints();
-      info->set_name(c.name);
-      info->set_step(c.step);
-      info->set_bytes(c.bytes);
-      info->set_created(c.created);
-      info->set_error(c.error);
-    }
     return absl::OkStatus();
   });
 }
