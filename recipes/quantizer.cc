@@ -285,7 +285,6 @@ absl::Status Quantizer::Record(const Context& ctx, const Tensor& x, QuantizedTen
     unsummarized_scales_.columnwise_data = Tensor();
     if (q.has_rowwise()) unsummarized_scales_.columnwise_scale_inv = Tensor();
     unsummarized_ctx_ = ctx;
-    scales_unsummarized_ = true;
   }
   if (health_stats_ && q.has_rowwise()) {
     ASSIGN_OR_RETURN(Tensor deq, DequantizeCopy(ctx, q, Copy::kRowwise));
@@ -380,7 +379,7 @@ float Quantizer::ScaleInUse() {
 QuantizerSnapshot Quantizer::Snapshot() {
   ResolveEndedRegions();
   ResolvePendingAmax();
-  if (scales_unsummarized_) {
+  if (unsummarized_scales_.rowwise_scale_inv.defined() || unsummarized_scales_.columnwise_scale_inv.defined()) {
     QuantizedTensor scales = unsummarized_scales_;
     absl::StatusOr<Tensor> row = OnHost(unsummarized_ctx_, scales.rowwise_scale_inv);
     absl::StatusOr<Tensor> col = OnHost(unsummarized_ctx_, scales.columnwise_scale_inv);
@@ -390,7 +389,6 @@ QuantizerSnapshot Quantizer::Snapshot() {
       block_scales_ = SummarizeBlockScales(scales);
     }
     unsummarized_scales_ = QuantizedTensor();
-    scales_unsummarized_ = false;
   }
   QuantizerSnapshot s;
   s.recipe = recipe_;

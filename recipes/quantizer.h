@@ -227,9 +227,9 @@ class Quantizer {
   // the host and a pass over every scale (4M of them for a 16384 x 8192 MXFP8 tensor),
   // which would stall each call. Until then the scales tensor (one copy's) is kept here.
   BlockScaleSummary block_scales_;
-  QuantizedTensor unsummarized_scales_;  // data tensors dropped; mode set when pending
+  // Pending while it holds a scales tensor (its data tensors are dropped).
+  QuantizedTensor unsummarized_scales_;
   Context unsummarized_ctx_;
-  bool scales_unsummarized_ = false;
   HealthStats health_;
   // QuantizeImmutable's latest: the source, what was asked and the result.
   struct Reusable {
