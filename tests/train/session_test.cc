@@ -93,6 +93,38 @@ TEST(Session, TrainsARegressionTarget) {
   EXPECT_EQ(session->Summary().step, 100);
 }
 
+// ZeroGrad defers its fill (layers::ZeroGrads): every reader of the gradients still sees
+// zeros. Gradients that a backward left nonzero come back as zeros from GetGradients and
+// CaptureState after a ZeroGrad, and a Step with nothing accumulated sees a zero norm.
+TEST(Session, GradientsReadAsZeroAfterADeferredZeroGrad) {
+  auto session = MakeSession();
+  const Tensor x = Random({16, 8}, 3);
+  auto fwd = session->Forward({x}, true).value();
+  ASSERT_TRUE(session->Backward(fwd.handle, {Random({16, 4}, 4)}).ok());
+  bool any_nonzero = false;
+  const std::vector<NamedTensor> written = session->GetGradients({}).value();
+  for (const NamedTensor& g : written) {
+    for (float v : g.tensor.floats()) any_nonzero = any_nonzero || v != 0.0f;
+  }
+  ASSERT_TRUE(any_nonzero) << "the backward wrote no gradient";
+
+  ASSERT_TRUE(session->ZeroGrad().ok());
+  const SessionState state = session->CaptureState().value();
+  ASSERT_FALSE(state.gradients.empty());
+  for (const NamedTensor& g : state.gradients) {
+    for (float v : g.tensor.floats()) ASSERT_EQ(v, 0.0f) << g.name;
+  }
+  const std::vector<NamedTensor> zeroed = session->GetGradients({}).value();
+  for (const NamedTensor& g : zeroed) {
+    for (float v : g.tensor.floats()) ASSERT_EQ(v, 0.0f) << g.name;
+  }
+  const std::vector<NamedTensor> before = Params(*session);
+  const StepResult step = session->Step().value();
+  EXPECT_EQ(step.grad_norm, 0.0f);
+  ExpectSameParameters(before, Params(*session));  // SGD on zero gradients changes nothing
+}
+
+
 // params_dtype BFLOAT16 on every layer: outputs come back in BF16, the loss reads
 // their FP32 values, the master weights and gradients stay FP32, and training learns
 // the teacher as the FP32 session does.
