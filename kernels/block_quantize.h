@@ -103,6 +103,10 @@ struct Mxfp8QuantizeOptions {
   bool columnwise = false;
   // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.
   Tensor* dbias = nullptr;
+  // CUDA: leave the amax on the device (QuantizedTensor::amax_bits) instead of waiting for
+  // the stream to read it, as PerTensorQuantizeOptions::defer_amax. The CPU computes it
+  // in place either way.
+  bool defer_amax = false;
 };
 
 struct BlockScalingQuantizeOptions {
@@ -114,6 +118,7 @@ struct BlockScalingQuantizeOptions {
   float amax_epsilon = 0.0f;  // floor on the block amax; finite and >= 0
   // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.
   Tensor* dbias = nullptr;
+  bool defer_amax = false;  // as Mxfp8QuantizeOptions::defer_amax
 };
 
 absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& x,

@@ -96,6 +96,16 @@ absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string
                                                                bool zero_centered_gamma,
                                                                DType params_dtype = DType::kFloat32);
 
+// norm(inputs[0]) then linear on it, as the forwards of LayerNormLinear and LayerNormMLP
+// (fc1) run them: the normalized values go straight into linear's quantized input when its
+// recipe lets the norm kernel make that cast (Linear::PlanInputCast: delayed scaling,
+// MXFP8), so they are not written in params_dtype and read again to be quantized. The
+// norm's output (outputs[0], params_dtype) is then written only when `write_y` (the layer
+// returns it); otherwise it always is. Returns the two forward outputs.
+absl::StatusOr<std::pair<ForwardOutput, ForwardOutput>> NormThenLinear(const Context& ctx, Normalization& norm,
+                                                                        Linear& linear,
+                                                                        const std::vector<Tensor>& inputs,
+                                                                        const ForwardOptions& options, bool write_y);
 
 }  // namespace layers
 }  // namespace teserve

@@ -1,5 +1,8 @@
 #include "layers/layernorm_mlp.h"
 
+#include <optional>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/cast.h"
@@ -104,42 +107,81 @@ absl::StatusOr<QuantizedTensor> LayerNormMLP::Requantize(const Context& ctx, con
   }
   // Both copies, as fc1's saving forward requested them: NVFP4 derives one global scale
   // from x and its transformed columnwise copy, so the rowwise copy depends on it.
-  return replay->Quantize(ctx, x, /*rowwise=*/true, /*columnwise=*/true);
+  ASSIGN_OR_RETURN(QuantizedTensor q, replay->Quantize(ctx, x, /*rowwise=*/true, /*columnwise=*/true));
+  // The replay quantizer is in no region the session ends: its amax (left on the device
+  // by block recipes) is read now, asynchronously, instead of piling up.
+  replay->EndRegion();
+  return q;
 }
 
 absl::StatusOr<Tensor> LayerNormMLP::RecomputeFc1(const Context& ctx, const Saved& saved) const {
   ForwardOptions no_save;
   no_save.save_for_backward = false;
-  ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, {saved.input}, no_save));
-  ASSIGN_OR_RETURN(const Tensor ln_out, normed.outputs[0].As2D());
-  ASSIGN_OR_RETURN(const Tensor w1, fc1_->GemmWeight(ctx));
+  const FpropQuantization& input = saved.input_quantization;
+  Tensor ln_out;
   QuantizedTensor x_q, w_q;
-  if (saved.input_quantization.quantized) {
-    ASSIGN_OR_RETURN(x_q, Requantize(ctx, saved.input_quantization, replay_input_.get(), ln_out));
+  if (input.fused_mode.has_value()) {
+    // The forward's fused cast again: the same FP32 norm output, mode, format and scale
+    // (only the rowwise copy, which the columnwise one does not change in these modes).
+    recipes::FusedCast cast;
+    cast.mode = *input.fused_mode;
+    cast.format = input.format;
+    cast.scale = input.scale;
+    RETURN_IF_ERROR(
+        norm_->ForwardFused(ctx, {saved.input}, no_save, cast, /*columnwise=*/false, /*write_y=*/false, &x_q).status());
+  } else {
+    ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, {saved.input}, no_save));
+    ASSIGN_OR_RETURN(ln_out, normed.outputs[0].As2D());
+    if (input.quantized) {
+      ASSIGN_OR_RETURN(x_q, Requantize(ctx, input, replay_input_.get(), ln_out));
+    }
   }
+  ASSIGN_OR_RETURN(const Tensor w1, fc1_->GemmWeight(ctx));
   if (saved.weight_quantization.quantized) {
     ASSIGN_OR_RETURN(w_q, Requantize(ctx, saved.weight_quantization, replay_weight_.get(), w1));
   }
-  return fc1_->Fprop(ctx, ln_out, saved.input_quantization.quantized ? &x_q : nullptr, w1,
+  return fc1_->Fprop(ctx, ln_out, input.quantized ? &x_q : nullptr, w1,
                      saved.weight_quantization.quantized ? &w_q : nullptr);
 }
 
 absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                                     const ForwardOptions& options) {
-  ASSIGN_OR_RETURN(ForwardOutput normed, norm_->Forward(ctx, inputs, options));
-  ASSIGN_OR_RETURN(ForwardOutput fc1, fc1_->Forward(ctx, {normed.outputs[0]}, options));
+  ForwardOutput normed, fc1;
+  const Shape& in_shape = inputs[0].shape();
+  const int64_t tokens = in_shape.back() == 0 ? 0 : inputs[0].numel() / in_shape.back();
+  std::optional<recipes::FusedCast> fused_input = fc1_->PlanInputCast(tokens, options);
+  ASSIGN_OR_RETURN(std::tie(normed, fc1),
+                   NormThenLinear(ctx, *norm_, *fc1_, inputs, options, options_.return_layernorm_output));
   ASSIGN_OR_RETURN(Tensor fc1_out, fc1.outputs[0].As2D());
-  // The activation reads fc1_out in params_dtype and writes in it (FP32 math).
+  // The activation reads fc1_out in params_dtype and writes in it (FP32 math). Under a
+  // per-tensor plan of fc2's input quantizer the activation kernel writes fc2's FP8
+  // operand instead (the FP32 values cast as the quantizer would cast them): the
+  // backward reads fc1_out, not the activation, so the 16-bit copy is not needed.
+  Shape act_shape = inputs[0].shape();
+  act_shape.back() = options_.ffn_hidden_size;
   kernels::ActivationForwardOptions act_options;
   act_options.y_dtype = options_.params_dtype;
+  std::optional<recipes::FusedCast> cast = fc2_->PlanInputCast(fc1_out.dim(0), options);
+  if (cast.has_value() && cast->mode == ScalingMode::kPerTensor) {
+    act_options.write_y = false;
+    act_options.quantize = true;
+    act_options.quantize_options.format = cast->format;
+    act_options.quantize_options.scale = cast->scale;
+    act_options.quantize_options.rowwise = true;
+    act_options.quantize_options.columnwise = options.save_for_backward;
+    act_options.quantize_options.defer_amax = cast->defer_amax;
+  }
   ASSIGN_OR_RETURN(kernels::ActivationForwardResult activated,
                    kernels::FusedActivationForward(ctx, options_.activation, options_.activation_params, fc1_out,
                                                    act_options));
-  Tensor act = std::move(activated.y);
-  Shape act_shape = inputs[0].shape();
-  act_shape.back() = options_.ffn_hidden_size;
-  ASSIGN_OR_RETURN(act, act.Reshape(act_shape));
-  ASSIGN_OR_RETURN(ForwardOutput fc2, fc2_->Forward(ctx, {act}, options));
+  ForwardOutput fc2;
+  if (act_options.quantize) {
+    ASSIGN_OR_RETURN(fc2, fc2_->ForwardQuantizedInput(ctx, std::move(activated.fp8), act_shape,
+                                                      options_.params_dtype, options));
+  } else {
+    ASSIGN_OR_RETURN(Tensor act, activated.y.Reshape(act_shape));
+    ASSIGN_OR_RETURN(fc2, fc2_->Forward(ctx, {act}, options));
+  }
 
   ForwardOutput out;
   out.outputs = std::move(fc2.outputs);
@@ -152,6 +194,7 @@ absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const st
     if (options_.checkpoint) {
       saved->input = inputs[0];
       saved->input_quantization = Record(TensorRole::kInput);
+      if (fused_input.has_value()) saved->input_quantization.fused_mode = fused_input->mode;
       saved->weight_quantization = Record(TensorRole::kWeight);
     } else {
       saved->fc1_out = fc1_out;

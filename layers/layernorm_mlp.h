@@ -49,6 +49,7 @@
 #define TESERVE_LAYERS_LAYERNORM_MLP_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,9 @@ class LayerNormMLP : public Module {
     bool per_tensor = false;  // delayed / current: requantize with `scale`
     DType format = DType::kFloat8E4M3;
     float scale = 1.0f;
+    // fc1's input only: the norm kernel made the cast (NormThenLinear), from its FP32
+    // values, in this scaling mode; the recomputation makes it the same way.
+    std::optional<ScalingMode> fused_mode;
   };
 
   LayerNormMLP(std::string name, const LayerNormMLPOptions& options) : Module(std::move(name)), options_(options) {}

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor_checks.h"
@@ -222,19 +223,56 @@ absl::StatusOr<std::vector<Shape>> Linear::OutputShapes(const std::vector<Shape>
 
 absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                               const ForwardOptions& options) {
-  const DType dtype = options_.params_dtype;
   ASSIGN_OR_RETURN(Tensor x2d, inputs[0].As2D());
-  ASSIGN_OR_RETURN(const Tensor x, kernels::Convert(ctx, x2d, dtype));
+  ASSIGN_OR_RETURN(const Tensor x, kernels::Convert(ctx, x2d, options_.params_dtype));
+  return ForwardFrom(ctx, x, nullptr, inputs[0].shape(), inputs[0].dtype(), options);
+}
+
+std::optional<recipes::FusedCast> Linear::PlanInputCast(int64_t rows, const ForwardOptions& options) {
+  if (input_quantizer_ == nullptr || calibrating_) return std::nullopt;
+  std::optional<recipes::FusedCast> cast = input_quantizer_->PlanFusedCast();
+  if (cast.has_value() && cast->mode == ScalingMode::kMxfp8_1D) {
+    // MXFP8's 1x32 blocks run along the copy's rows: in_features for the rowwise copy,
+    // the tokens for the columnwise one. Shapes that do not divide take Forward's path
+    // (and its error).
+    const int64_t block = kernels::kMxfp8BlockSize;
+    if (options_.in_features % block != 0 || (options.save_for_backward && rows % block != 0)) return std::nullopt;
+  }
+  return cast;
+}
+
+absl::StatusOr<ForwardOutput> Linear::ForwardQuantizedInput(const Context& ctx, QuantizedTensor x_q,
+                                                            const Shape& input_shape, DType input_dtype,
+                                                            const ForwardOptions& options) {
+  if (input_quantizer_ == nullptr || !x_q.has_rowwise() || (options.save_for_backward && !x_q.has_columnwise())) {
+    return absl::InternalError(absl::StrCat("Linear ", Quoted(name()),
+                                            ": a quantized input needs an input quantizer and the rowwise copy "
+                                            "(and the columnwise one when saving for the backward)"));
+  }
+  RETURN_IF_ERROR(input_quantizer_->RecordFusedCast(ctx, &x_q));
+  return ForwardFrom(ctx, Tensor(), &x_q, input_shape, input_dtype, options);
+}
+
+absl::StatusOr<ForwardOutput> Linear::ForwardFrom(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q,
+                                                  const Shape& input_shape, DType input_dtype,
+                                                  const ForwardOptions& options) {
+  const DType dtype = options_.params_dtype;
+  const int64_t rows = x_q != nullptr ? x_q->shape[0] : x.dim(0);
   std::unique_ptr<LinearSaved> saved;
   if (options.save_for_backward) {
     saved = std::make_unique<LinearSaved>();
-    saved->input_shape = inputs[0].shape();
-    saved->input_dtype = inputs[0].dtype();
+    saved->input_shape = input_shape;
+    saved->input_dtype = input_dtype;
   }
   ASSIGN_OR_RETURN(const Tensor w, GemmWeight(ctx));
   SavedOperand x_operand, w_operand;
-  RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward,
-                                 /*immutable=*/false, &x_operand));
+  if (x_q != nullptr) {
+    x_operand.quantized = *x_q;
+    x_operand.is_quantized = true;
+  } else {
+    RETURN_IF_ERROR(PrepareOperand(ctx, input_quantizer_.get(), calibrating_, x, options.save_for_backward,
+                                   /*immutable=*/false, &x_operand));
+  }
   // A 16-bit weight is the compute copy (never written: its writers replace it) or a
   // conversion made just now; an FP32 one is the master itself, which the optimizer
   // writes in place.
@@ -242,8 +280,7 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
                                  /*immutable=*/options_.params_dtype != DType::kFloat32, &w_operand));
 
   // Every output lives on the Context's device, ordered on its stream.
-  ASSIGN_OR_RETURN(Tensor y, FpropGemm(ctx, x_operand, w_operand, x.dim(0), options_.out_features, dtype,
-                                       FpropBias()));
+  ASSIGN_OR_RETURN(Tensor y, FpropGemm(ctx, x_operand, w_operand, rows, options_.out_features, dtype, FpropBias()));
   if (saved) {
     // The backward reads the columnwise copies (and the FP32 tensors when unquantized).
     x_operand.quantized.rowwise_data = Tensor();
@@ -255,7 +292,7 @@ absl::StatusOr<ForwardOutput> Linear::Forward(const Context& ctx, const std::vec
   }
 
   ForwardOutput out;
-  Shape y_shape = inputs[0].shape();
+  Shape y_shape = input_shape;
   y_shape.back() = options_.out_features;
   ASSIGN_OR_RETURN(Tensor y_full, y.Reshape(y_shape));
   out.outputs.push_back(std::move(y_full));
@@ -352,7 +389,9 @@ absl::StatusOr<Tensor> Linear::Fprop(const Context& ctx, const Tensor& x, const 
                                      const Tensor& w, const QuantizedTensor* w_q) const {
   const DType dtype = options_.params_dtype;
   SavedOperand x_operand, w_operand;
-  ASSIGN_OR_RETURN(x_operand.value, kernels::Convert(ctx, x, dtype));
+  if (x.defined()) {
+    ASSIGN_OR_RETURN(x_operand.value, kernels::Convert(ctx, x, dtype));
+  }
   ASSIGN_OR_RETURN(w_operand.value, kernels::Convert(ctx, w, dtype));
   if (x_q != nullptr) {
     x_operand.quantized = *x_q;
@@ -362,7 +401,9 @@ absl::StatusOr<Tensor> Linear::Fprop(const Context& ctx, const Tensor& x, const 
     w_operand.quantized = *w_q;
     w_operand.is_quantized = true;
   }
-  return FpropGemm(ctx, x_operand, w_operand, x.dim(0), options_.out_features, dtype, FpropBias());
+  if (!x.defined() && x_q == nullptr) return absl::InternalError("Linear::Fprop: neither x nor its copies");
+  const int64_t rows = x.defined() ? x.dim(0) : x_q->shape[0];
+  return FpropGemm(ctx, x_operand, w_operand, rows, options_.out_features, dtype, FpropBias());
 }
 
 std::vector<Parameter*> Linear::Parameters() {

@@ -14,6 +14,7 @@
 #define TESERVE_LAYERS_LINEAR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,20 +61,41 @@ class Linear : public Module {
   // The weight the GEMMs read: the FP32 master rounded to params_dtype (the master
   // itself for FP32).
   absl::StatusOr<Tensor> GemmWeight(const Context& ctx) const;
+  DType params_dtype() const { return options_.params_dtype; }
   // Forward's fprop y [N, out] = x W^T (+ b unless return_bias), in params_dtype, on
   // operands prepared by the caller, touching no quantizer: x [N, in] and w
   // (GemmWeight) are read in params_dtype, or through the rowwise copies of x_q / w_q
   // when given (as made by a quantizer of this Linear's recipe). Forward runs this very
   // GEMM on its quantizers' copies, so a caller that reproduces those copies reproduces
-  // y bit for bit (LayerNormMLP's checkpoint recomputation).
+  // y bit for bit (LayerNormMLP's checkpoint recomputation). x may be undefined when x_q
+  // is given.
   absl::StatusOr<Tensor> Fprop(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q, const Tensor& w,
                                const QuantizedTensor* w_q) const;
+
+  // For a caller that produces x itself (the norm of LayerNormLinear and LayerNormMLP,
+  // the MLP's activation): the cast of x that producer may make as it writes x, in place
+  // of Forward's quantization of x (Quantizer::PlanFusedCast), for `rows` tokens. Set
+  // when the forward quantizes x (a quantizing recipe, not calibrating) and the recipe
+  // allows it on these shapes. Rowwise always; columnwise when the forward saves for
+  // the backward.
+  std::optional<recipes::FusedCast> PlanInputCast(int64_t rows, const ForwardOptions& options);
+  // Forward on an x that the caller quantized under PlanInputCast's plan: x_q holds its
+  // copies ([rows, in_features]); input_shape and input_dtype are those of the x it
+  // stands for (y takes the shape, dx comes back in the dtype). Records the cast with the
+  // input quantizer, then runs exactly Forward's GEMMs on it.
+  absl::StatusOr<ForwardOutput> ForwardQuantizedInput(const Context& ctx, QuantizedTensor x_q,
+                                                      const Shape& input_shape, DType input_dtype,
+                                                      const ForwardOptions& options);
 
  private:
   Linear(std::string name, const LinearOptions& options) : Module(std::move(name)), options_(options) {}
 
   // The bias the fprop adds: the FP32 master, or null without one or with return_bias.
   const Tensor* FpropBias() const;
+  // Forward from x in params_dtype [rows, in] or, when x_q is given, from its copies.
+  absl::StatusOr<ForwardOutput> ForwardFrom(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q,
+                                            const Shape& input_shape, DType input_dtype,
+                                            const ForwardOptions& options);
 
   LinearOptions options_;
   bool calibrating_ = false;     // quantizers observe amaxes; GEMMs stay in FP32

@@ -59,12 +59,8 @@ absl::StatusOr<ForwardOutput> Normalization::Forward(const Context& ctx, const s
   if (x.dtype() != DType::kFloat32 || options_.params_dtype != DType::kFloat32) {
     // 16-bit activations: the general entry point reads x in its dtype and writes y in
     // params_dtype (statistics in FP32, as for FP32 tensors).
-    kernels::NormForwardOptions norm;
-    norm.eps = options_.eps;
-    norm.zero_centered_gamma = options_.zero_centered_gamma;
-    norm.y_dtype = options_.params_dtype;
     ASSIGN_OR_RETURN(kernels::NormForwardResult r,
-                     kernels::NormalizationForward(ctx, Type(), x, gamma_.value, beta_.value, norm));
+                     kernels::NormalizationForward(ctx, Type(), x, gamma_.value, beta_.value, KernelOptions()));
     result.y = std::move(r.y);
     result.mu = std::move(r.mu);
     result.rsigma = std::move(r.rsigma);
@@ -78,15 +74,62 @@ absl::StatusOr<ForwardOutput> Normalization::Forward(const Context& ctx, const s
   ForwardOutput out;
   ASSIGN_OR_RETURN(Tensor y, result.y.Reshape(inputs[0].shape()));
   out.outputs.push_back(std::move(y));
-  if (options.save_for_backward) {
-    auto saved = std::make_unique<NormSaved>();
-    saved->input_shape = inputs[0].shape();
-    saved->x = x;
-    saved->mu = std::move(result.mu);
-    saved->rsigma = std::move(result.rsigma);
-    out.saved = std::move(saved);
-  }
+  if (options.save_for_backward) out.saved = Save(inputs[0].shape(), x, std::move(result.mu), std::move(result.rsigma));
   return out;
+}
+
+absl::StatusOr<ForwardOutput> Normalization::ForwardFused(const Context& ctx, const std::vector<Tensor>& inputs,
+                                                          const ForwardOptions& options,
+                                                          const recipes::FusedCast& cast, bool columnwise,
+                                                          bool write_y, QuantizedTensor* q) {
+  ASSIGN_OR_RETURN(Tensor x, inputs[0].As2D());
+  kernels::NormForwardOptions norm = KernelOptions();
+  norm.write_y = write_y;
+  if (cast.mode == ScalingMode::kPerTensor) {
+    norm.quantize = true;
+    norm.quantize_options.format = cast.format;
+    norm.quantize_options.scale = cast.scale;
+    norm.quantize_options.rowwise = true;
+    norm.quantize_options.columnwise = columnwise;
+    norm.quantize_options.defer_amax = cast.defer_amax;
+  } else if (cast.mode == ScalingMode::kMxfp8_1D) {
+    norm.mxfp8 = true;
+    norm.mxfp8_options.format = cast.format;
+    norm.mxfp8_options.rowwise = true;
+    norm.mxfp8_options.columnwise = columnwise;
+    norm.mxfp8_options.defer_amax = cast.defer_amax;
+  } else {
+    return absl::InternalError(
+        absl::StrCat("Normalization::ForwardFused: no fused ", ScalingModeName(cast.mode), " output"));
+  }
+  ASSIGN_OR_RETURN(kernels::NormForwardResult r,
+                   kernels::NormalizationForward(ctx, Type(), x, gamma_.value, beta_.value, norm));
+  *q = std::move(r.fp8);
+  ForwardOutput out;
+  if (write_y) {
+    ASSIGN_OR_RETURN(Tensor y, r.y.Reshape(inputs[0].shape()));
+    out.outputs.push_back(std::move(y));
+  }
+  if (options.save_for_backward) out.saved = Save(inputs[0].shape(), x, std::move(r.mu), std::move(r.rsigma));
+  return out;
+}
+
+kernels::NormForwardOptions Normalization::KernelOptions() const {
+  kernels::NormForwardOptions norm;
+  norm.eps = options_.eps;
+  norm.zero_centered_gamma = options_.zero_centered_gamma;
+  norm.y_dtype = options_.params_dtype;
+  return norm;
+}
+
+std::unique_ptr<SavedActivations> Normalization::Save(const Shape& input_shape, const Tensor& x, Tensor mu,
+                                                      Tensor rsigma) const {
+  auto saved = std::make_unique<NormSaved>();
+  saved->input_shape = input_shape;
+  saved->x = x;
+  saved->mu = std::move(mu);
+  saved->rsigma = std::move(rsigma);
+  return saved;
 }
 
 absl::StatusOr<std::vector<Tensor>> Normalization::Backward(const Context& ctx, SavedActivations& saved_base,

@@ -10,6 +10,7 @@
 
 #include "kernels/normalization.h"
 #include "layers/module.h"
+#include "recipes/quantizer.h"
 
 namespace teserve {
 namespace layers {
@@ -41,12 +42,25 @@ class Normalization : public Module {
                                                SideGrads* side_grads = nullptr) override;
   std::vector<Parameter*> Parameters() override;
 
+  // Forward whose output also comes as quantized copies made by the norm kernel as it
+  // writes y (a consumer's Quantizer::PlanFusedCast plan): the FP32 normalized values
+  // quantized exactly as the plan's quantizer quantizes an FP32 tensor, rowwise
+  // [N, hidden] and, with `columnwise`, [hidden, N], into *q. outputs[0] is y in
+  // params_dtype when `write_y`, else outputs is empty. The backward is Forward's.
+  absl::StatusOr<ForwardOutput> ForwardFused(const Context& ctx, const std::vector<Tensor>& inputs,
+                                             const ForwardOptions& options, const recipes::FusedCast& cast,
+                                             bool columnwise, bool write_y, QuantizedTensor* q);
+
  private:
   Normalization(std::string name, const NormOptions& options) : Module(std::move(name)), options_(options) {}
   bool has_beta() const { return options_.kind == NormKind::kLayerNorm; }
   kernels::NormType Type() const {
     return has_beta() ? kernels::NormType::kLayerNorm : kernels::NormType::kRmsNorm;
   }
+  // The kernel options of Forward's general entry point: y in params_dtype.
+  kernels::NormForwardOptions KernelOptions() const;
+  // What the backward reads.
+  std::unique_ptr<SavedActivations> Save(const Shape& input_shape, const Tensor& x, Tensor mu, Tensor rsigma) const;
 
   NormOptions options_;
   Parameter gamma_;

@@ -46,6 +46,7 @@ class DelayedScalingQuantizer : public Quantizer {
   // The scale comes from the history; this amax is only needed at the region's end
   // (health statistics read it at once).
   bool DefersAmax() const override { return !health_stats(); }
+  bool FusesCast() const override { return true; }
   // The cast depends on x and the scale alone.
   bool ReuseKey(float* key) const override {
     *key = state_.scale();
@@ -126,8 +127,12 @@ class Mxfp8Quantizer : public Quantizer {
     options.format = format();
     options.rowwise = rowwise;
     options.columnwise = columnwise;
+    options.defer_amax = DefersAmax();
     return kernels::QuantizeMxfp8(ctx, x, options);
   }
+  // The block scales come from x itself; the amax is only reported (GetQuantizationState).
+  bool DefersAmax() const override { return !health_stats(); }
+  bool FusesCast() const override { return true; }
 };
 
 bool BlockTwoD(const BlockScalingConfig& config, TensorRole role) {
@@ -156,8 +161,10 @@ class BlockScalingQuantizer : public Quantizer {
     options.two_d = BlockTwoD(config_, role());
     options.power_2_scale = config_.power_2_scale;
     options.amax_epsilon = config_.amax_epsilon;
+    options.defer_amax = DefersAmax();
     return kernels::QuantizeBlockScaling(ctx, x, options);
   }
+  bool DefersAmax() const override { return !health_stats(); }  // as MXFP8's
 
  private:
   BlockScalingConfig config_;
@@ -261,6 +268,32 @@ absl::StatusOr<QuantizedTensor> Quantizer::QuantizeImmutable(const Context& ctx,
   ASSIGN_OR_RETURN(QuantizedTensor q, Quantize(ctx, input, rowwise, columnwise));
   if (reusable) reusable_ = Reusable{input, rowwise, columnwise, key, q};
   return q;
+}
+
+std::optional<FusedCast> Quantizer::PlanFusedCast() {
+  ResolveEndedRegions();  // the next region's scale comes from their update
+  if (health_stats_ || !FusesCast()) return std::nullopt;
+  FusedCast cast;
+  cast.mode = mode_;
+  cast.format = format_;
+  cast.defer_amax = DefersAmax();
+  if (mode_ == ScalingMode::kPerTensor) {
+    QuantizerSnapshot s;
+    FillSnapshot(&s);
+    cast.scale = s.scale;
+  }
+  return cast;
+}
+
+absl::Status Quantizer::RecordFusedCast(const Context& ctx, QuantizedTensor* q) {
+  if (q->mode != mode_ || q->format != format_) {
+    return absl::InternalError(absl::StrCat("RecordFusedCast: a ", ScalingModeName(q->mode), " ",
+                                            DTypeName(q->format), " cast for a ", ScalingModeName(mode_), " ",
+                                            DTypeName(format_), " quantizer"));
+  }
+  // No source: PlanFusedCast plans no fused cast while health statistics (which compare
+  // against it) are on.
+  return Record(ctx, Tensor(), q);
 }
 
 absl::Status Quantizer::Record(const Context& ctx, const Tensor& x, QuantizedTensor* q_ptr) {

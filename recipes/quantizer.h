@@ -84,6 +84,16 @@ struct QuantizerState {
   int64_t rng_draws = 0;            // nvfp4: random streams used (stochastic rounding, RHT)
 };
 
+// A cast that the kernel producing a tensor makes as it writes it (a norm's or an
+// activation's fused FP8 / MXFP8 output), in place of Quantize on the written tensor:
+// the producer quantizes its FP32 values exactly as Quantize quantizes an FP32 x.
+struct FusedCast {
+  ScalingMode mode = ScalingMode::kPerTensor;  // kPerTensor or kMxfp8_1D
+  DType format = DType::kFloat8E4M3;
+  float scale = 1.0f;       // kPerTensor: the scale Quantize would use now
+  bool defer_amax = false;  // leave the amax on the device (amax_bits), as Quantize would
+};
+
 class Quantizer {
  public:
   Quantizer(TensorRole role, std::string recipe, DType format, ScalingMode mode)
@@ -109,6 +119,16 @@ class Quantizer {
   // quantizer keeps that result (and a reference to x) until the next such call.
   absl::StatusOr<QuantizedTensor> QuantizeImmutable(const Context& ctx, const Tensor& x, bool rowwise,
                                                     bool columnwise);
+  // The cast a producer may fuse in place of Quantize (see FusedCast): set when this
+  // recipe's cast depends only on the values and on state known before they exist
+  // (delayed scaling's scale, MXFP8) and no health statistics are kept (they compare the
+  // codes against the source, which a fused producer need not write). It belongs to the
+  // open region (ended regions are resolved first, as Quantize does). The producer's
+  // result goes to RecordFusedCast before this quantizer quantizes again.
+  std::optional<FusedCast> PlanFusedCast();
+  // Records a cast made under PlanFusedCast's plan as Quantize records its own (amax,
+  // call count, block scales).
+  absl::Status RecordFusedCast(const Context& ctx, QuantizedTensor* q);
   // Calibration: records the amax of x (FP32, BF16 or FP16) without casting.
   absl::Status Observe(const Context& ctx, const Tensor& x);
   // End of the region this operand belongs to (forward or backward): the region's
@@ -157,6 +177,8 @@ class Quantizer {
   virtual absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise,
                                                      bool columnwise, Tensor* dbias) = 0;
   virtual bool DefersAmax() const { return false; }
+  // Whether a producer can make this recipe's cast (PlanFusedCast).
+  virtual bool FusesCast() const { return false; }
   // For QuantizeImmutable: true when a cast of the same tensor now equals any earlier
   // one that reported the same *key (the recipe's whole casting state, e.g. the scale).
   virtual bool ReuseKey(float* key) const { return false; }

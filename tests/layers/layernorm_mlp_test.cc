@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/activation.h"
+#include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/normalization.h"
@@ -123,10 +125,31 @@ INSTANTIATE_TEST_SUITE_P(ActivationsAndOptions, LayerNormMLPGradTest, testing::V
 
 class LayerNormMLPRecipeTest : public testing::TestWithParam<RecipeCase> {};
 
+// x [rows, cols] FP32 quantized by the plain kernels as `plan` says (both copies).
+QuantizedTensor QuantizeAs(const recipes::FusedCast& plan, const Tensor& x) {
+  if (plan.mode == ScalingMode::kPerTensor) {
+    kernels::PerTensorQuantizeOptions options;
+    options.format = plan.format;
+    options.scale = plan.scale;
+    options.rowwise = true;
+    options.columnwise = true;
+    return kernels::QuantizePerTensor(Context(), x, options).value();
+  }
+  kernels::Mxfp8QuantizeOptions options;
+  options.format = plan.format;
+  options.rowwise = true;
+  options.columnwise = true;
+  return kernels::QuantizeMxfp8(Context(), x, options).value();
+}
+
 // The layer computes bitwise what its parts compute in sequence, for two steps with
 // the session's region ends in between, in FP32 and in the 16-bit params_dtypes (the
 // parts in that dtype: the norm's output, both Linears, the activation reading and
-// writing 16-bit values, the returned ln_out's gradient added in FP32).
+// writing 16-bit values, the returned ln_out's gradient added in FP32). Where a Linear's
+// input cast can be fused into the kernel that produces the input (PlanInputCast:
+// delayed scaling and MXFP8 for fc1, delayed scaling for fc2), the part quantizes the
+// producer's FP32 output with the plain quantize kernel under that plan and hands the
+// copies to ForwardQuantizedInput; in FP32 that is the unfused computation itself.
 TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
   const recipes::Recipe& recipe = GetParam().recipe;
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
@@ -138,6 +161,9 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
       auto mlp = LayerNormMLP::Create("mlp", o, recipe).value();
       RandomizeParameters(*mlp, 5);
       auto norm = CreateLayerNorm("norm", NormKind::kLayerNorm, 64, 1e-5f, false, dtype).value();
+      // With a fused fc1 input cast in 16 bits the part is the same norm writing FP32
+      // (what the fused cast quantizes); its backward depends on x's dtype only.
+      auto norm32 = CreateLayerNorm("norm", NormKind::kLayerNorm, 64, 1e-5f, false, DType::kFloat32).value();
       const int64_t width = kernels::ActivationInputWidth(activation, 32);
       LinearOptions l1;
       l1.in_features = 64;
@@ -149,7 +175,9 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
       l2.out_features = 64;
       l2.params_dtype = dtype;
       auto fc2 = Linear::Create("mlp.fc2", l2, recipe).value();
-      std::vector<Parameter*> parts = norm->Parameters();
+      const bool fused16 = fc1->PlanInputCast(32, ForwardOptions()).has_value() && dtype != DType::kFloat32;
+      Normalization* part_norm = fused16 ? norm32.get() : norm.get();
+      std::vector<Parameter*> parts = part_norm->Parameters();
       for (Parameter* p : fc1->Parameters()) parts.push_back(p);
       for (Parameter* p : fc2->Parameters()) parts.push_back(p);
       std::vector<Parameter*> whole = mlp->Parameters();
@@ -165,11 +193,31 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
         const Tensor d_ln = RandomTensor({32, 64}, 40 + step, 0.1f);
         auto m_out = mlp->Forward(Context(), {x}, ForwardOptions()).value();
         EndRegion(*mlp, true);
-        auto n_out = norm->Forward(Context(), {x}, ForwardOptions()).value();
-        auto h1 = fc1->Forward(Context(), {n_out.outputs[0]}, ForwardOptions()).value();
-        const Tensor act =
-            kernels::FusedActivationForward(Context(), activation, params, h1.outputs[0], act_options).value().y;
-        auto h2 = fc2->Forward(Context(), {act}, ForwardOptions()).value();
+        const std::optional<recipes::FusedCast> plan1 = fc1->PlanInputCast(32, ForwardOptions());
+        ForwardOutput n_out, h1, h2;
+        if (fused16) {
+          n_out = norm32->Forward(Context(), {x}, ForwardOptions()).value();
+          h1 = fc1->ForwardQuantizedInput(Context(), QuantizeAs(*plan1, n_out.outputs[0]), {32, 64}, dtype,
+                                          ForwardOptions())
+                   .value();
+          n_out.outputs[0] = kernels::Convert(Context(), n_out.outputs[0], dtype).value();
+        } else {
+          n_out = norm->Forward(Context(), {x}, ForwardOptions()).value();
+          h1 = fc1->Forward(Context(), {n_out.outputs[0]}, ForwardOptions()).value();
+        }
+        const std::optional<recipes::FusedCast> plan2 = fc2->PlanInputCast(32, ForwardOptions());
+        if (plan2.has_value() && plan2->mode == ScalingMode::kPerTensor && dtype != DType::kFloat32) {
+          kernels::ActivationForwardOptions act32;
+          act32.y_dtype = DType::kFloat32;
+          const Tensor a32 =
+              kernels::FusedActivationForward(Context(), activation, params, h1.outputs[0], act32).value().y;
+          h2 = fc2->ForwardQuantizedInput(Context(), QuantizeAs(*plan2, a32), {32, 32}, dtype, ForwardOptions())
+                   .value();
+        } else {
+          const Tensor act =
+              kernels::FusedActivationForward(Context(), activation, params, h1.outputs[0], act_options).value().y;
+          h2 = fc2->Forward(Context(), {act}, ForwardOptions()).value();
+        }
         EndRegion(*fc1, true);
         EndRegion(*fc2, true);
         ASSERT_EQ(m_out.outputs.size(), 2u);
@@ -190,7 +238,7 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
         EndRegion(*fc2, false);
         Tensor d_ln_out = kernels::Convert(Context(), d_norm[0], DType::kFloat32).value();
         ASSERT_TRUE(kernels::AddInto(Context(), d_ln, &d_ln_out).ok());
-        auto n_dx = norm->Backward(Context(), *n_out.saved, {d_ln_out}).value();
+        auto n_dx = part_norm->Backward(Context(), *n_out.saved, {d_ln_out}).value();
         EXPECT_EQ(m_dx[0].dtype(), DType::kFloat32);  // x's
         EXPECT_TRUE(BitwiseEqual(m_dx[0], n_dx[0]));
         for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(BitwiseEqual(whole[i]->grad, parts[i]->grad)) << i;

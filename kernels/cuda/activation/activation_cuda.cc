@@ -104,7 +104,9 @@ absl::StatusOr<ActivationForwardResult> FusedActivationForward(const Context& ct
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchActivationForward(p, stream));
-  if (options.quantize) {
+  if (options.quantize && options.quantize_options.defer_amax) {
+    out.fp8.amax_bits = std::move(amax_bits);  // freed on the stream, after whoever reads it
+  } else if (options.quantize) {
     ASSIGN_OR_RETURN(out.fp8.amax, ReadAmaxBits(p.amax_bits, stream));
   }
   return out;

@@ -70,8 +70,9 @@ absl::Status CheckDbias(const Tensor* dbias, const Tensor& x) {
   return absl::OkStatus();
 }
 
-// Runs the launch (with the dbias workspace when dbias is asked for) and fills q.amax.
-absl::StatusOr<QuantizedTensor> Run(const Context& ctx, const Tensor& x, Tensor* dbias,
+// Runs the launch (with the dbias workspace when dbias is asked for) and fills q.amax, or
+// leaves it on the device in q.amax_bits (defer_amax).
+absl::StatusOr<QuantizedTensor> Run(const Context& ctx, const Tensor& x, Tensor* dbias, bool defer_amax,
                                     BlockQuantizeLaunchParams& p, QuantizedTensor q) {
   ASSIGN_OR_RETURN(Tensor amax_bits, Tensor::ZerosOn(DType::kInt32, {1}, x.device(), ctx.stream));
   p.amax_bits = amax_bits.data<uint32_t>();
@@ -86,7 +87,11 @@ absl::StatusOr<QuantizedTensor> Run(const Context& ctx, const Tensor& x, Tensor*
   }
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchBlockQuantize(p, stream));
-  // Synchronizes the stream, so the workspace is no longer in use when it is freed.
+  // The workspace and amax word are freed in stream order, after the kernels that use them.
+  if (defer_amax) {
+    q.amax_bits = std::move(amax_bits);
+    return q;
+  }
   ASSIGN_OR_RETURN(q.amax, ReadAmaxBits(p.amax_bits, stream));
   return q;
 }
@@ -130,7 +135,7 @@ absl::StatusOr<QuantizedTensor> QuantizeMxfp8(const Context& ctx, const Tensor& 
   const CopyShapes shapes{{rows, cols / kMxfp8BlockSize}, {cols, rows / kMxfp8BlockSize}};
   RETURN_IF_ERROR(AllocateCopies(ctx, x, options.format, DType::kFloat8E8M0, shapes, options.rowwise,
                                  options.columnwise, q, p));
-  return Run(ctx, x, options.dbias, p, std::move(q));
+  return Run(ctx, x, options.dbias, options.defer_amax, p, std::move(q));
 }
 
 absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const Tensor& x,
@@ -168,7 +173,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
                     : CopyShapes{{rows, col_blocks}, {cols, row_blocks}};
   RETURN_IF_ERROR(AllocateCopies(ctx, x, options.format, DType::kFloat32, shapes, options.rowwise,
                                  options.columnwise, q, p));
-  return Run(ctx, x, options.dbias, p, std::move(q));
+  return Run(ctx, x, options.dbias, options.defer_amax, p, std::move(q));
 }
 
 absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {

@@ -128,7 +128,12 @@ absl::StatusOr<NormForwardResult> NormalizationForward(const Context& ctx, NormT
   const cudaStream_t stream = StreamOf(ctx);
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchNormForward(p, stream));
   if (options.quantize || options.mxfp8) {
-    ASSIGN_OR_RETURN(out.fp8.amax, ReadAmaxBits(p.amax_bits, stream));
+    const bool defer = options.quantize ? options.quantize_options.defer_amax : options.mxfp8_options.defer_amax;
+    if (defer) {
+      out.fp8.amax_bits = std::move(amax_bits);  // freed on the stream, after whoever reads it
+    } else {
+      ASSIGN_OR_RETURN(out.fp8.amax, ReadAmaxBits(p.amax_bits, stream));
+    }
   }
   return out;
 }
