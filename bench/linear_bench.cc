@@ -10,6 +10,13 @@
 //                              TE's te.Linear runs with BF16 parameters
 //   linear_mxfp8_bf16_fwd_bwd  MXFP8 with params_dtype BF16; emulated on sm_90 (MXFP8
 //                              quantize, dequantize, BF16 GEMMs)
+//   layernorm_linear_fp8_delayed_bf16_fwd_bwd  LayerNormLinear (LayerNorm, C -> C, bias),
+//                              BF16 params, FP8 delayed: te.LayerNormLinear's case (the
+//                              norm kernel writes the GEMM's FP8 input)
+//   layernorm_mlp_fp8_delayed_bf16_fwd_bwd  LayerNormMLP (LayerNorm, gelu, hidden C, ffn
+//                              LAYER_BENCH_FFN or 4 C, bias), BF16 params, FP8 delayed:
+//                              te.LayerNormMLP's case
+// bench/te_layer_probe.py times the TE modules on the same shapes.
 // Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
 // regions: what a training step's Linear costs in a session between two optimizer
 // steps; once waiting for each step (the op's name) and once with steps back to back
@@ -36,6 +43,8 @@
 #include "kernels/gemm.h"
 #include "kernels/tensor_checks.h"
 #include "layers/init.h"
+#include "layers/layernorm_linear.h"
+#include "layers/layernorm_mlp.h"
 #include "layers/linear.h"
 #include "recipes/recipe.h"
 
@@ -119,19 +128,44 @@ void Breakdown(const std::string& op, const Context& ctx, layers::Linear& linear
   for (const auto& q : quantizers) q.quantizer->EndRegion();
 }
 
-void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int64_t tokens, int64_t features,
-            const Flags& flags, std::vector<Result>* results) {
-  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream->get();
-  const recipes::Recipe recipe = OrDie(recipes::RecipeFromProto(spec), "recipe");
+enum class Layer { kLinear, kLayerNormLinear, kLayerNormMLP };
+
+int64_t MlpFfn(int64_t features) {
+  const char* ffn = std::getenv("LAYER_BENCH_FFN");
+  return ffn != nullptr ? std::atoll(ffn) : 4 * features;
+}
+
+std::unique_ptr<layers::Module> MakeLayer(Layer layer, const recipes::Recipe& recipe, DType dtype, int64_t features) {
+  if (layer == Layer::kLayerNormLinear) {
+    layers::LayerNormLinearOptions options;
+    options.in_features = features;
+    options.out_features = features;
+    options.params_dtype = dtype;
+    return OrDie(layers::LayerNormLinear::Create("ln_fc", options, recipe), "LayerNormLinear");
+  }
+  if (layer == Layer::kLayerNormMLP) {
+    layers::LayerNormMLPOptions options;
+    options.hidden_size = features;
+    options.ffn_hidden_size = MlpFfn(features);
+    options.params_dtype = dtype;
+    return OrDie(layers::LayerNormMLP::Create("mlp", options, recipe), "LayerNormMLP");
+  }
   layers::LinearOptions options;
   options.in_features = features;
   options.out_features = features;
   options.bias = true;
   options.params_dtype = dtype;
-  std::unique_ptr<layers::Linear> linear = OrDie(layers::Linear::Create("fc", options, recipe), "Linear");
+  return OrDie(layers::Linear::Create("fc", options, recipe), "Linear");
+}
+
+void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int64_t tokens, int64_t features,
+            const Flags& flags, std::vector<Result>* results, Layer layer = Layer::kLinear) {
+  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  ctx.stream = stream->get();
+  const recipes::Recipe recipe = OrDie(recipes::RecipeFromProto(spec), "recipe");
+  std::unique_ptr<layers::Module> linear = MakeLayer(layer, recipe, dtype, features);
   // As a session places its parameters: values and gradients on the GPU, a 16-bit
   // weight's compute copy built there.
   Check(layers::PlaceParameters(ctx, linear->Parameters()), "parameters to the GPU");
@@ -175,11 +209,15 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
     return cudaSuccess;
   }, flags, op + "_pipelined", cuda_stream);
   const int64_t act_bytes = dtype == DType::kFloat32 ? 4 : 2;
-  if (flags_breakdown && !quantizers.empty()) Breakdown(op, ctx, *linear, x, dy, tokens, features, flags, results);
+  if (flags_breakdown && !quantizers.empty() && layer == Layer::kLinear) {
+    Breakdown(op, ctx, static_cast<layers::Linear&>(*linear), x, dy, tokens, features, flags, results);
+  }
+  // GEMM flops: 3 GEMMs of 2 R C C per C x C projection (the MLP: two of C x ffn).
+  const int64_t projection = layer == Layer::kLayerNormMLP ? 2 * MlpFfn(features) * features : features * features;
   Result r{op,      tokens, features, dtype == DType::kFloat32 ? "fp32" : "bf16",
            t,       act_bytes * 3 * tokens * features + 4 * 2 * features * features,
-           "layers::Linear"};
-  r.flops = 3 * 2 * tokens * features * features;
+           layer == Layer::kLinear ? "layers::Linear" : linear->kind()};
+  r.flops = 3 * 2 * tokens * projection;
   results->push_back(r);
   Result rp = r;
   rp.op = op + "_pipelined";
@@ -191,8 +229,8 @@ void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int6
 void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* results) {
   const char* only = std::getenv("LINEAR_BENCH_ONLY");
   auto run = [only](const char* op, const v1::RecipeSpec& recipe, DType dtype, int64_t r, int64_t c,
-                       const Flags& f, std::vector<Result>* out) {
-    if (only == nullptr || std::string(only) == op) RunOne(op, recipe, dtype, r, c, f, out);
+                       const Flags& f, std::vector<Result>* out, Layer layer = Layer::kLinear) {
+    if (only == nullptr || std::string(only) == op) RunOne(op, recipe, dtype, r, c, f, out, layer);
   };
   run("linear_fp32_fwd_bwd", v1::RecipeSpec(), DType::kFloat32, rows, cols, flags, results);
   v1::RecipeSpec delayed;
@@ -203,6 +241,10 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   v1::RecipeSpec mxfp8;
   mxfp8.mutable_mxfp8();
   run("linear_mxfp8_bf16_fwd_bwd", mxfp8, DType::kBFloat16, rows, cols, flags, results);
+  run("layernorm_linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,
+      Layer::kLayerNormLinear);
+  run("layernorm_mlp_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,
+      Layer::kLayerNormMLP);
 }
 
 }  // namespace
