@@ -12,7 +12,9 @@
 //                   snapshots to the host, restores to the device). On CUDA the
 //                   host <-> device copies go through one pinned staging buffer of at
 //                   most kCopyManyChunkBytes, enqueued on ctx.stream chunk by chunk with
-//                   one wait per chunk instead of one per tensor.
+//                   one wait per chunk instead of one per tensor; device-to-host
+//                   chunks are first packed on the device (a gather kernel for the small
+//                   tensors, device copies for the large) and cross in one copy.
 //   CopyColumns:    dst[:, dst_col + j] = src[:, src_col + j] for j < cols, rank-2
 //                   tensors of one dtype (any) with the same row count on ctx's device:
 //                   attention's head split and merge of fused projections.

@@ -295,7 +295,9 @@ void TeserveServer::Wait() {
     absl::MutexLock lock(&shutdown_mu_);
     checkpoint_deadline = checkpoint_deadline_;
   }
-  service_->CloseSessions(checkpoint_deadline);
+  std::vector<std::shared_ptr<train::Session>> closed = service_->CloseSessions(checkpoint_deadline);
+  absl::MutexLock lock(&shutdown_mu_);
+  for (std::shared_ptr<train::Session>& session : closed) closed_sessions_.push_back(std::move(session));
 }
 
 TeserveServer::~TeserveServer() {

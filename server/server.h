@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -96,8 +97,8 @@ class TeserveServer {
   bool auth_enabled() const { return auth_ != nullptr; }
   bool tls_enabled() const { return tls_; }
   bool mtls_enabled() const { return mtls_; }
-  // Returns once the server has stopped; then deletes the sessions left (and their
-  // metric series).
+  // Returns once the server has stopped; then closes the sessions left (final
+  // checkpoints, metric series); their memory is freed when the server is destroyed.
   void Wait();
 
  private:
@@ -122,6 +123,9 @@ class TeserveServer {
   // final checkpoints.
   absl::Time stop_calls_at_ = absl::InfiniteFuture();
   absl::Time checkpoint_deadline_ ABSL_GUARDED_BY(shutdown_mu_) = absl::InfinitePast();
+  // The sessions Wait closed: freed with the server, or never when the process exits
+  // without destroying it (server/main.cc).
+  std::vector<std::shared_ptr<train::Session>> closed_sessions_ ABSL_GUARDED_BY(shutdown_mu_);
   std::thread reaper_;  // idle-session expiry; joinable only with --session_idle_timeout
 };
 

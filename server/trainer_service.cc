@@ -302,7 +302,7 @@ int64_t TrainerService::ExpireIdleSessions(absl::Duration idle) {
 }
 
 
-void TrainerService::CloseSessions(absl::Time checkpoint_deadline) {
+std::vector<std::shared_ptr<train::Session>> TrainerService::CloseSessions(absl::Time checkpoint_deadline) {
   absl::MutexLock expiry(&expiry_mu_);
   // Sessions a call still uses (one that outlived the grace period) stay; the process
   // exits around them.
@@ -323,6 +323,10 @@ void TrainerService::CloseSessions(absl::Time checkpoint_deadline) {
     }
   }
   Forget(closed);
+  std::vector<std::shared_ptr<train::Session>> sessions;
+  sessions.reserve(closed.size());
+  for (const auto& entry : closed) sessions.push_back(entry.second);
+  return sessions;
 }
 
 grpc::ServerUnaryReactor* TrainerService::CreateSession(grpc::CallbackServerContext* context,

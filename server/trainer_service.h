@@ -70,8 +70,10 @@ class TrainerService final : public v1::Trainer::CallbackService {
   // First, until `checkpoint_deadline`, each session configured to checkpoint
   // (checkpoint_every_steps > 0) whose state changed since its last checkpoint is saved
   // as its final checkpoint (FinalCheckpointName); the ones left when the deadline passes
-  // are logged, not saved.
-  void CloseSessions(absl::Time checkpoint_deadline);
+  // are logged, not saved. Returns the closed sessions, which are destroyed with the last
+  // reference: a server about to exit may keep them, since freeing a deep model's device
+  // state tensor by tensor takes longer than the process's exit does.
+  std::vector<std::shared_ptr<train::Session>> CloseSessions(absl::Time checkpoint_deadline);
   // Deletes the sessions idle for `idle` or longer (no RPC named them) and not in use
   // right now, with their metric series, saving the final checkpoint of each one
   // configured to checkpoint first (as CloseSessions); returns how many. ListCheckpoints,

@@ -133,6 +133,36 @@ cudaError_t LaunchL2NormBackward(const float* dy, const float* x, const float* r
   return cudaGetLastError();
 }
 
+constexpr int kGatherWarps = 8;
+
+__global__ void __launch_bounds__(kGatherWarps * 32)
+    GatherKernel(const GatherPiece* __restrict__ pieces, int64_t count, char* __restrict__ dst) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kGatherWarps;
+  for (int64_t w = blockIdx.x * static_cast<int64_t>(kGatherWarps) + threadIdx.x / 32; w < count; w += warps) {
+    const GatherPiece p = pieces[w];
+    const char* src = static_cast<const char*>(p.src);
+    char* out = dst + p.dst_offset;
+    uint64_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(out)) & 15u) == 0) {
+      const uint64_t vectors = p.bytes / 16;
+      const uint4* from = reinterpret_cast<const uint4*>(src);
+      uint4* to = reinterpret_cast<uint4*>(out);
+      for (uint64_t i = lane; i < vectors; i += 32) to[i] = from[i];
+      done = vectors * 16;
+    }
+    for (uint64_t i = done + lane; i < p.bytes; i += 32) out[i] = src[i];
+  }
+}
+
+cudaError_t LaunchGather(const GatherPiece* pieces, int64_t count, char* dst, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int64_t blocks = (count + kGatherWarps - 1) / kGatherWarps;
+  GatherKernel<<<static_cast<int>(blocks < 65535 ? blocks : 65535), kGatherWarps * 32, 0, stream>>>(pieces, count,
+                                                                                                      dst);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchAddInto(const float* x, int64_t n, float* into, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   AddIntoKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, into);

@@ -44,6 +44,20 @@ cudaError_t LaunchL2NormForward(const float* x, int64_t rows, int64_t h, float e
 cudaError_t LaunchL2NormBackward(const float* dy, const float* x, const float* rsigma, int64_t rows, int64_t h,
                                  float* dx, cudaStream_t stream);
 
+// One piece of a gather: `bytes` bytes from device memory at `src` to `dst_offset` in the
+// destination buffer.
+struct GatherPiece {
+  const void* src;
+  uint64_t dst_offset;
+  uint64_t bytes;
+};
+
+// dst[p.dst_offset, + p.bytes) = p.src[0, p.bytes) for each of `count` pieces (`pieces`
+// in device memory): many small device tensors packed into one buffer in one launch
+// (CopyManyInto's device-to-host batches), instead of one cudaMemcpyAsync each. A warp
+// copies a piece, 16 bytes a lane when both ends are 16-byte aligned, else byte by byte.
+cudaError_t LaunchGather(const GatherPiece* pieces, int64_t count, char* dst, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

@@ -67,6 +67,28 @@ TEST(CopyManyGpu, RoundTripIsByteExactForEveryChunkSize) {
   }
 }
 
+// A device-to-host batch of more small tensors than one gather launch takes (its table
+// holds 65536 pieces), so one chunk ends at the table's limit and the next goes on where
+// it stopped; sizes from 1 to 45 bytes, so the pieces have 16-byte bodies and byte tails.
+TEST(CopyManyGpu, ManySmallTensorsToTheHostInGatheredChunks) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  testing::ScopedStream stream;
+  ASSERT_TRUE(stream.ok());
+  const Context ctx = GpuOn(stream);
+  std::vector<Tensor> host;
+  for (int i = 0; i < 70000; ++i) {
+    Tensor t = Tensor::Zeros(DType::kBool, {1 + i % 45}).value();
+    unsigned char* bytes = static_cast<unsigned char*>(t.raw_data());
+    for (int64_t b = 0; b < t.nbytes(); ++b) bytes[b] = static_cast<unsigned char>(i * 31 + b * 7);
+    host.push_back(std::move(t));
+  }
+  auto device = kernels::CopyManyTo(ctx, Pointers(host), Device::Cuda(0));
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto back = kernels::CopyManyTo(ctx, Pointers(*device), Device::Cpu());
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameBytes(*back, host);
+}
+
 TEST(CopyManyGpu, CopyManyIntoMixesDirectionsInOneBatch) {
   TESERVE_SKIP_WITHOUT_GPU();
   testing::ScopedStream stream;
