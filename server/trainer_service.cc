@@ -265,6 +265,7 @@ absl::StatusOr<std::shared_ptr<train::Session>> TrainerService::Find(const grpc:
 }
 
 bool TrainerService::Drain(absl::Time stop_calls_at, absl::Time deadline) {
+  stop_began_ns_.store(absl::GetCurrentTimeNanos());
   stop_calls_at_ns_.store(absl::ToUnixNanos(stop_calls_at), std::memory_order_relaxed);
   stopping_.store(true);
   // Quiet: no call running and none arriving, so that the clients that were sending have
@@ -307,6 +308,12 @@ std::vector<std::shared_ptr<train::Session>> TrainerService::CloseSessions(absl:
   // Sessions a call still uses (one that outlived the grace period) stay; the process
   // exits around them.
   const auto closed = registry_.RemoveIdle(absl::ZeroDuration(), absl::InfiniteFuture());
+  // How the stop's time went, for an operator sizing --shutdown_grace_seconds: until the
+  // calls were done, then the final checkpoints.
+  const int64_t began = stop_began_ns_.load();
+  auto since_stop = [began] { return began == 0 ? 0.0 : (absl::GetCurrentTimeNanos() - began) * 1e-9; };
+  LogLine(absl::StrFormat("stop: calls done %.2fs after the stop began; closing %d sessions", since_stop(),
+                          closed.size()));
   for (const auto& [id, session] : closed) {
     if (absl::Now() < checkpoint_deadline) {
       FinalCheckpoint(id, *session, "closed (server stop)");
@@ -323,6 +330,7 @@ std::vector<std::shared_ptr<train::Session>> TrainerService::CloseSessions(absl:
     }
   }
   Forget(closed);
+  if (!closed.empty()) LogLine(absl::StrFormat("stop: sessions closed %.2fs after the stop began", since_stop()));
   std::vector<std::shared_ptr<train::Session>> sessions;
   sessions.reserve(closed.size());
   for (const auto& entry : closed) sessions.push_back(entry.second);

@@ -211,6 +211,7 @@ class TrainerService final : public v1::Trainer::CallbackService {
   // Drain: whether new calls are refused, and when running ones stop (absl::ToUnixNanos;
   // INT64_MAX until the server stops).
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> stop_began_ns_{0};  // when Drain began (the stop's log lines count from it)
   std::atomic<int64_t> stop_calls_at_ns_{std::numeric_limits<int64_t>::max()};
   absl::Mutex calls_mu_;
   int64_t calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;

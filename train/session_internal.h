@@ -139,6 +139,14 @@ struct Session::State {
     const std::vector<layers::RngCounter> rng = stack->RngCounters();
     for (size_t i = 0; i < rng.size() && i < undo.rng.size(); ++i) *rng[i].value = undo.rng[i];
     if (!undo.grads) return absl::OkStatus();
+    if (undo.grads_zero) {
+      // Zero before the call: zero again as ZeroGrads leaves them (the fill deferred to
+      // their next reader), not one memset per gradient.
+      grads_zero = false;
+      RETURN_IF_ERROR(layers::ZeroGrads(ctx, params));
+      grads_zero = true;
+      return absl::OkStatus();
+    }
     const std::vector<layers::Parameter*> owners = GradOwners();
     for (size_t i = 0; i < owners.size(); ++i) {
       owners[i]->grad_is_zero = false;

@@ -345,7 +345,11 @@ TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointI
   }
 
   absl::Status long_call;
-  std::thread in_flight([&] { long_call = c.ForwardBackward(SlowForwardBackward(w, id, 2)).status(); });
+  absl::Time long_call_end;
+  std::thread in_flight([&] {
+    long_call = c.ForwardBackward(SlowForwardBackward(w, id, 2)).status();
+    long_call_end = absl::Now();
+  });
   absl::SleepFor(absl::Milliseconds(200));
   const absl::Time stop = absl::Now();
   server.Signal(SIGTERM);
@@ -357,7 +361,8 @@ TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointI
   EXPECT_EQ(long_call.code(), absl::StatusCode::kUnavailable) << long_call;
   EXPECT_THAT(std::string(long_call.message()), HasSubstr("the server is shutting down"));
   EXPECT_THAT(std::string(long_call.message()), HasSubstr("the call stopped in the ")) << "stopped mid-call";
-  std::printf("SIGTERM to exit: %s\n", absl::FormatDuration(stop_took).c_str());
+  std::printf("SIGTERM to exit: %s (the long call answered after %s)\n", absl::FormatDuration(stop_took).c_str(),
+              absl::FormatDuration(long_call_end - stop).c_str());
   EXPECT_THAT(server.Log(), HasSubstr("checkpoint 'slow-step-000000001-final' saved: step 1"));
 
   testing::ServerProcess second;
