@@ -281,11 +281,16 @@ void TeserveServer::Shutdown(absl::Duration grace) {
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->SetServingStatus(false);
   }
-  service_->Drain(stop_calls_at_, end);
+  const bool drained = service_->Drain(stop_calls_at_, end);
   // Closes the listener and the connections (clients still sending see UNAVAILABLE, or
   // CANCELLED for a call that reaches the transport in this very instant); cancels what
-  // is left at `end`.
-  server_->Shutdown(absl::ToChronoTime(end));
+  // is left at `end`, or kFlushAtMost from now when no call of ours is running any more:
+  // time for the answers just finished to reach their clients (cancelled at once, a
+  // finished call's client would see CANCELLED instead of its status), while gRPC would
+  // otherwise hold the stop until `end` for transport-level work that is no call's (seen
+  // after a long call answered UNAVAILABLE), time the final checkpoints need.
+  constexpr absl::Duration kFlushAtMost = absl::Milliseconds(250);
+  server_->Shutdown(absl::ToChronoTime(drained ? std::min(end, absl::Now() + kFlushAtMost) : end));
 }
 
 void TeserveServer::Wait() {

@@ -285,9 +285,10 @@ bool TrainerService::Drain(absl::Time stop_calls_at, absl::Time deadline) {
   return calls_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
-void TrainerService::Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed) {
+void TrainerService::Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed,
+                            bool remove_series) {
   for (const auto& [id, session] : removed) {
-    metrics_->RemoveSession(id);
+    if (remove_series) metrics_->RemoveSession(id);
     absl::MutexLock lock(&auto_mu_);
     auto_checkpoints_.erase(id);
   }
@@ -329,7 +330,9 @@ std::vector<std::shared_ptr<train::Session>> TrainerService::CloseSessions(absl:
                               id));
     }
   }
-  Forget(closed);
+  // The metric series stay: the process is stopping, and removing a deep model's series
+  // one by one takes seconds (prometheus-cpp's Family::Remove scans the family).
+  Forget(closed, /*remove_series=*/false);
   if (!closed.empty()) LogLine(absl::StrFormat("stop: sessions closed %.2fs after the stop began", since_stop()));
   std::vector<std::shared_ptr<train::Session>> sessions;
   sessions.reserve(closed.size());

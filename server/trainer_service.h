@@ -66,7 +66,8 @@ class TrainerService final : public v1::Trainer::CallbackService {
   // `metrics` must outlive the service.
   TrainerService(TrainerConfig config, Metrics* metrics);
 
-  // Deletes every session and its metric series (server shutdown, once no RPC runs).
+  // Closes every session (server shutdown, once no RPC runs); their metric series stay
+  // until the process ends.
   // First, until `checkpoint_deadline`, each session configured to checkpoint
   // (checkpoint_every_steps > 0) whose state changed since its last checkpoint is saved
   // as its final checkpoint (FinalCheckpointName); the ones left when the deadline passes
@@ -178,7 +179,8 @@ class TrainerService final : public v1::Trainer::CallbackService {
   void FinalCheckpoint(const std::string& id, const train::Session& session, absl::string_view why);
   // Deletes the metric series and checkpoint policies of sessions removed from the
   // registry.
-  void Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed);
+  void Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed,
+              bool remove_series = true);
 
   // Runs `handler` (returning absl::Status), records the RPC metrics (the serialized
   // sizes of `request` and, for a successful call, `response`) and finishes the call.
