@@ -289,7 +289,7 @@ void TeserveServer::Shutdown(absl::Duration grace) {
   // finished call's client would see CANCELLED instead of its status), while gRPC would
   // otherwise hold the stop until `end` for transport-level work that is no call's (seen
   // after a long call answered UNAVAILABLE), time the final checkpoints need.
-  constexpr absl::Duration kFlushAtMost = absl::Milliseconds(250);
+  constexpr absl::Duration kFlushAtMost = absl::Milliseconds(100);
   server_->Shutdown(absl::ToChronoTime(drained ? std::min(end, absl::Now() + kFlushAtMost) : end));
 }
 
