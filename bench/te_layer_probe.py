@@ -9,22 +9,10 @@ Needs Transformer Engine (the GPU host's tekit environment). Prints JSON lines.
 """
 import argparse
 import json
-import statistics
 
 import torch
 
-
-def timed(fn, warmup=10, iters=30):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, stop in events:
-        start.record()
-        fn()
-        stop.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+from te_linear_probe import timed  # same folder: median of CUDA-event-timed steps
 
 
 def main():

@@ -1,7 +1,7 @@
 // Checked entry points of kernels/loss.h: validate metadata and label values (errors
 // name the argument and say expected vs got), then run the CPU reference or, for cross
-// entropy with logits on a CUDA device, kernels/cuda (labels stay on the host). MSE has
-// no CUDA kernel: CUDA contexts get UNIMPLEMENTED naming the op.
+// entropy with logits on a CUDA device, kernels/cuda (labels stay on the host), and MSE
+// with both tensors on a CUDA device.
 #include "kernels/loss.h"
 
 #include <cmath>
@@ -81,13 +81,15 @@ absl::Status CheckCrossEntropyLabels(const Tensor& labels, const Shape& leading_
 absl::StatusOr<MseForwardOutput> MseForward(const Context& ctx, const Tensor& y, const Tensor& target) {
   RETURN_IF_ERROR(CheckMse(ctx, y, target));
   ScopedKernelTimer timer(ctx, KernelOp::kMseForward);
-  return Dispatch("MseForward", ctx, [&] { return cpu::MseForward(y, target); }, kNoCudaKernel);
+  return Dispatch("MseForward", ctx, [&] { return cpu::MseForward(y, target); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::MseForward(ctx, y, target); }));
 }
 
 absl::StatusOr<Tensor> MseBackward(const Context& ctx, const Tensor& y, const Tensor& target, float grad_loss) {
   RETURN_IF_ERROR(CheckMse(ctx, y, target));
   ScopedKernelTimer timer(ctx, KernelOp::kMseBackward);
-  return Dispatch("MseBackward", ctx, [&] { return cpu::MseBackward(y, target, grad_loss); }, kNoCudaKernel);
+  return Dispatch("MseBackward", ctx, [&] { return cpu::MseBackward(y, target, grad_loss); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::MseBackward(ctx, y, target, grad_loss); }));
 }
 
 absl::StatusOr<CrossEntropyForwardOutput> CrossEntropyForward(const Context& ctx, const Tensor& logits,

@@ -22,8 +22,9 @@
 // All metadata errors are INVALID_ARGUMENT naming the argument ("labels[3]: expected a
 // class in [0, 10) or ignore_index -100, got 12"). Cross entropy also runs on CUDA
 // devices: logits (and lse for the backward) on the Context's CUDA device, labels on the
-// host; FP32 math there, results within FP32 rounding of the CPU reference. MSE is CPU
-// only (CUDA contexts get UNIMPLEMENTED naming the op).
+// host; FP32 math there, results within FP32 rounding of the CPU reference. MSE also
+// runs on CUDA (y and target on the device): its gradient equals the CPU's bit for bit,
+// its loss sums in double in another order (within FP32 rounding of the CPU's).
 #ifndef TESERVE_KERNELS_LOSS_H_
 #define TESERVE_KERNELS_LOSS_H_
 

@@ -71,7 +71,7 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "and checkpoint_every_steps); created when missing; empty = checkpoints off");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "on SIGTERM, how long the stop may take: in-flight RPCs may run for all of it (with --checkpoint_dir, "
-          "training calls for the first half; the second is for final checkpoints), then the process exits 0");
+          "training calls for the first 40%; the rest is for final checkpoints), then the process exits 0");
 
 namespace {
 
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
   } else {
     Log(absl::StrFormat("received %s; shutting down (in-flight RPCs get %.1fs, final checkpoints of the sessions "
                         "configured to checkpoint until %ds)",
-                        signal_name, grace / 2.0, grace));
+                        signal_name, grace * teserve::server::kCallShareOfGrace, grace));
   }
   const absl::Time signalled = absl::Now();
   (*server)->Shutdown(absl::Seconds(grace));

@@ -267,17 +267,17 @@ void TeserveServer::Shutdown(absl::Duration grace) {
     absl::MutexLock lock(&shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
-    // With checkpoints, the second half of the grace period is for the final
-    // checkpoints: training calls still running at half time stop at their next layer
-    // boundary with UNAVAILABLE (undone, so the final checkpoint holds the state the
-    // client last saw succeed).
-    stop_calls_at_ = checkpoints_ ? start + (end - start) / 2 : end;
+    // With checkpoints, the end of the grace period is for the final checkpoints:
+    // training calls still running after kCallShareOfGrace of it stop at their next
+    // layer boundary with UNAVAILABLE (undone, so the final checkpoint holds the state
+    // the client last saw succeed).
+    stop_calls_at_ = checkpoints_ ? start + (end - start) * kCallShareOfGrace : end;
     checkpoint_deadline_ = end;
   }
   if (reaper_.joinable()) reaper_.join();
   // Health NOT_SERVING first, so load balancers stop routing here; calls that still
-  // arrive get UNAVAILABLE from the service while the running ones finish (or stop at
-  // half time, see above).
+  // arrive get UNAVAILABLE from the service while the running ones finish (or stop,
+  // see above).
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->SetServingStatus(false);
   }

@@ -2,8 +2,8 @@
 // endpoint, as one object that main and the integration tests start the same way.
 //
 // Lifetime: Start() binds and serves; Shutdown(grace) stops accepting, lets in-flight
-// RPCs finish (with --checkpoint_dir, training calls for the first half of `grace`, then
-// they stop at a layer boundary with UNAVAILABLE) and cancels what is left at the end of
+// RPCs finish (with --checkpoint_dir, training calls for the first kCallShareOfGrace of
+// `grace`, then they stop at a layer boundary with UNAVAILABLE) and cancels what is left at the end of
 // `grace`; Wait() blocks until the server is stopped, then, until the end of `grace`,
 // writes the final checkpoint of each session configured to checkpoint, and deletes the
 // sessions. The destructor shuts down (with no grace period: no final checkpoints) if
@@ -30,6 +30,12 @@
 
 namespace teserve {
 namespace server {
+
+// With --checkpoint_dir, the share of the shutdown grace period that training calls get
+// before they stop; the rest is for the final checkpoints. Checkpoints get the larger
+// share: a stopped call costs its client a retry, a missed final checkpoint every step
+// since the last one.
+inline constexpr double kCallShareOfGrace = 0.4;
 
 struct ServerOptions {
   std::string host = "0.0.0.0";

@@ -330,9 +330,11 @@ std::vector<std::shared_ptr<train::Session>> TrainerService::CloseSessions(absl:
                               id));
     }
   }
-  // The metric series stay: the process is stopping, and removing a deep model's series
-  // one by one takes seconds (prometheus-cpp's Family::Remove scans the family).
-  Forget(closed, /*remove_series=*/false);
+  // The metric series go while the grace period lasts (a scrape during the stop shows no
+  // closed session); past it they stay, since removing a deep model's series one by one
+  // takes seconds (prometheus-cpp's Family::Remove scans the family) and the process is
+  // about to end.
+  Forget(closed, /*remove_series=*/absl::Now() < checkpoint_deadline);
   if (!closed.empty()) LogLine(absl::StrFormat("stop: sessions closed %.2fs after the stop began", since_stop()));
   std::vector<std::shared_ptr<train::Session>> sessions;
   sessions.reserve(closed.size());

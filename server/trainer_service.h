@@ -66,8 +66,8 @@ class TrainerService final : public v1::Trainer::CallbackService {
   // `metrics` must outlive the service.
   TrainerService(TrainerConfig config, Metrics* metrics);
 
-  // Closes every session (server shutdown, once no RPC runs); their metric series stay
-  // until the process ends.
+  // Closes every session (server shutdown, once no RPC runs) and, while
+  // `checkpoint_deadline` has not passed, removes their metric series.
   // First, until `checkpoint_deadline`, each session configured to checkpoint
   // (checkpoint_every_steps > 0) whose state changed since its last checkpoint is saved
   // as its final checkpoint (FinalCheckpointName); the ones left when the deadline passes

@@ -219,21 +219,32 @@ absl::StatusOr<ForwardBackwardResult> Session::ForwardBackward(const std::vector
     ASSIGN_OR_RETURN(std::vector<Tensor> device_inputs, s.ToDevice(inputs));
     ASSIGN_OR_RETURN(layers::ForwardOutput out, s.stack->Forward(ctx, device_inputs, options));
     s.EndRegion(/*forward=*/true);
-    // The loss runs on the CPU reference: its output must be read anyway, and MSE has
-    // no CUDA kernel yet. On a device that is one copy of the output out and of its
-    // gradient in.
-    ASSIGN_OR_RETURN(std::vector<Tensor> host_output, s.ToHost({out.outputs[0]}));
-    Context host_ctx = Context::Cpu();
-    host_ctx.kernel_timing = s.ctx.kernel_timing;  // the loss kernels are timed as before
+    // The output leaves the device only when the client asks for it.
+    std::vector<Tensor> host_output;
+    if (return_outputs) {
+      ASSIGN_OR_RETURN(host_output, s.ToHost({out.outputs[0]}));
+    }
+    // The loss runs on the session's device (MSE and cross entropy have device kernels;
+    // only the loss value is read back, and cross entropy reads its labels on the host):
+    // the target of an MSE goes in once, the gradient stays there.
     // A 16-bit params_dtype hands over 16-bit logits; the loss reads their FP32 values.
-    ASSIGN_OR_RETURN(const Tensor logits, kernels::Convert(host_ctx, host_output[0], DType::kFloat32));
-    ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(host_ctx, loss, logits, target));
+    ASSIGN_OR_RETURN(const Tensor logits, kernels::Convert(ctx, out.outputs[0], DType::kFloat32));
+    Tensor loss_target = target;
+    if (loss.kind == LossOptions::Kind::kMse) {
+      ASSIGN_OR_RETURN(std::vector<Tensor> device_target, s.ToDevice({target}));
+      loss_target = std::move(device_target[0]);
+    }
+    ASSIGN_OR_RETURN(LossResult loss_result, ComputeLoss(ctx, loss, logits, loss_target));
     RETURN_IF_ERROR(CheckInterruption(ctx, "forward", ""));
-    ASSIGN_OR_RETURN(std::vector<Tensor> grad_output, s.ToDevice({loss_result.grad_output}));
+    std::vector<Tensor> grad_output{std::move(loss_result.grad_output)};
     layers::SideGrads layer_side_grads;
     ASSIGN_OR_RETURN(std::vector<Tensor> device_grad_inputs,
                      s.stack->Backward(ctx, *out.saved, grad_output, &layer_side_grads));
-    ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs, s.ToHost(std::move(device_grad_inputs)));
+    // The input gradients leave the device only when the client asks for them.
+    std::vector<Tensor> grad_inputs;
+    if (return_input_grad) {
+      ASSIGN_OR_RETURN(grad_inputs, s.ToHost(std::move(device_grad_inputs)));
+    }
     s.EndRegion(/*forward=*/false);
     RETURN_IF_ERROR(CheckInterruption(ctx, "backward", ""));
 

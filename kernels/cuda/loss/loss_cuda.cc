@@ -88,6 +88,31 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Context& ctx, const Tensor& lo
   return dx;
 }
 
+absl::StatusOr<MseForwardOutput> MseForward(const Context& ctx, const Tensor& y, const Tensor& target) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  ASSIGN_OR_RETURN(Tensor partials, Tensor::Empty(DType::kInt64, {kMseBlocks}, ctx.device, ctx.stream));  // doubles
+  ASSIGN_OR_RETURN(Tensor loss, Tensor::Empty(DType::kFloat32, {1}, ctx.device, ctx.stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchMseForward(y.data<float>(), target.data<float>(), y.numel(),
+                                                static_cast<double*>(partials.raw_data()), loss.data<float>(),
+                                                StreamOf(ctx)));
+  MseForwardOutput out;
+  out.num_elements = y.numel();
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&out.loss, loss.raw_data(), sizeof(float), cudaMemcpyDeviceToHost, StreamOf(ctx)));
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(StreamOf(ctx)));
+  return out;
+}
+
+absl::StatusOr<Tensor> MseBackward(const Context& ctx, const Tensor& y, const Tensor& target, float grad_loss) {
+  ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
+  ASSIGN_OR_RETURN(Tensor dy, Tensor::Empty(DType::kFloat32, y.shape(), ctx.device, ctx.stream));
+  // The CPU reference's scale, computed the same way.
+  const double scale = y.numel() == 0 ? 0.0 : 2.0 * grad_loss / static_cast<double>(y.numel());
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      LaunchMseBackward(y.data<float>(), target.data<float>(), y.numel(), scale, dy.data<float>(), StreamOf(ctx)));
+  return dy;
+}
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

@@ -25,6 +25,11 @@ absl::StatusOr<Tensor> CrossEntropyBackward(const Context& ctx, const Tensor& lo
                                             const Tensor& lse, int64_t num_valid,
                                             const CrossEntropyOptions& options, float grad_loss);
 
+// MSE with y and target on ctx's CUDA device: the forward waits for ctx.stream to read
+// the loss (one FP32 word); the backward only enqueues.
+absl::StatusOr<MseForwardOutput> MseForward(const Context& ctx, const Tensor& y, const Tensor& target);
+absl::StatusOr<Tensor> MseBackward(const Context& ctx, const Tensor& y, const Tensor& target, float grad_loss);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

@@ -102,6 +102,61 @@ cudaError_t LaunchCrossEntropyBackward(const CrossEntropyLaunchParams& params, c
   return cudaGetLastError();
 }
 
+namespace {
+
+constexpr int kMseThreads = 256;
+
+__global__ void __launch_bounds__(kMseThreads)
+    MsePartialsKernel(const float* __restrict__ y, const float* __restrict__ t, int64_t n, double* partials) {
+  double sum = 0.0;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(kMseThreads) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * kMseThreads) {
+    const double d = static_cast<double>(y[k]) - t[k];
+    sum += d * d;
+  }
+  __shared__ double shared[kMseThreads];
+  shared[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = kMseThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+}
+
+__global__ void MseFinishKernel(const double* partials, int count, int64_t n, float* loss) {
+  double sum = 0.0;
+  for (int b = 0; b < count; ++b) sum += partials[b];
+  *loss = n == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(n));
+}
+
+__global__ void __launch_bounds__(kMseThreads)
+    MseBackwardKernel(const float* __restrict__ y, const float* __restrict__ t, int64_t n, double scale,
+                      float* __restrict__ dy) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(kMseThreads) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * kMseThreads) {
+    dy[k] = static_cast<float>(scale * (static_cast<double>(y[k]) - t[k]));
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMseForward(const float* y, const float* target, int64_t n, double* partials, float* loss,
+                             cudaStream_t stream) {
+  MsePartialsKernel<<<kMseBlocks, kMseThreads, 0, stream>>>(y, target, n, partials);
+  MseFinishKernel<<<1, 1, 0, stream>>>(partials, kMseBlocks, n, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMseBackward(const float* y, const float* target, int64_t n, double scale, float* dy,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = (n + kMseThreads - 1) / kMseThreads;
+  MseBackwardKernel<<<static_cast<int>(blocks < 4096 ? blocks : 4096), kMseThreads, 0, stream>>>(y, target, n,
+                                                                                                  scale, dy);
+  return cudaGetLastError();
+}
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

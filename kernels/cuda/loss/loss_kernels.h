@@ -31,6 +31,17 @@ cudaError_t LaunchCrossEntropyForward(const CrossEntropyLaunchParams& params, fl
 cudaError_t LaunchCrossEntropyBackward(const CrossEntropyLaunchParams& params, const float* lse, float scale,
                                        float* dx, cudaStream_t stream);
 
+// MSE. The forward sums (y_k - t_k)^2 in double: kMseBlocks block partials over
+// grid-stride shares (a tree in shared memory), then one thread adds them in index order
+// and writes *loss = sum / n in FP32 (0 when n = 0). No atomics: the same bits every run.
+// The backward writes dy_k = (float)(scale * ((double)y_k - t_k)), the CPU reference's
+// expression, so dy equals the CPU's bit for bit.
+inline constexpr int kMseBlocks = 256;
+cudaError_t LaunchMseForward(const float* y, const float* target, int64_t n, double* partials, float* loss,
+                             cudaStream_t stream);
+cudaError_t LaunchMseBackward(const float* y, const float* target, int64_t n, double scale, float* dy,
+                              cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace teserve

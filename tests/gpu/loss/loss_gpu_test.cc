@@ -1,4 +1,4 @@
-// CUDA cross entropy (kernels/loss.h) against the CPU reference (FP64 sums, FP32
+// CUDA cross entropy and MSE (kernels/loss.h) against the CPU reference (FP64 sums, FP32
 // outputs). The CUDA kernels do FP32 math, so results agree within the FP32 kernel
 // tolerance (tests/kernels/tolerances.h: atol 1e-6, rtol 5e-6) applied to the size of
 // the terms each output is computed from:
@@ -139,6 +139,39 @@ TEST_P(CrossEntropyGpuTest, ForwardAndBackwardWithinFp32TolerancesOfCpu) {
     }
   }
   EXPECT_TRUE(AllClose(Floats(CopyToHost(gpu, *dx).value()), want, DType::kFloat32, mag)) << "dx";
+}
+// MSE on the device: the gradient equals the CPU reference's bit for bit (the same
+// double expression per element), the loss within FP32 rounding (both sum in double, in
+// another order); empty tensors give 0 and an empty gradient.
+TEST(MseGpu, GradientEqualsTheCpuBitForBitAndTheLossWithinFp32Rounding) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  Context gpu;
+  gpu.device = Device::Cuda(0);
+  for (const Shape& shape : {Shape{0}, Shape{1}, Shape{3, 5}, Shape{257, 259}, Shape{4096, 8192}}) {
+    SCOPED_TRACE(ShapeToString(shape));
+    std::mt19937 rng(static_cast<uint32_t>(shape.back()));
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    Tensor y = Tensor::Zeros(DType::kFloat32, shape).value();
+    Tensor t = Tensor::Zeros(DType::kFloat32, shape).value();
+    for (int64_t k = 0; k < y.numel(); ++k) {
+      y.data<float>()[k] = normal(rng);
+      t.data<float>()[k] = normal(rng);
+    }
+    const Tensor dy_dev = CopyToDevice(gpu, y, gpu.device).value();
+    const Tensor dt_dev = CopyToDevice(gpu, t, gpu.device).value();
+    auto cpu_loss = kernels::MseForward(Context::Cpu(), y, t);
+    auto gpu_loss = kernels::MseForward(gpu, dy_dev, dt_dev);
+    ASSERT_TRUE(cpu_loss.ok()) << cpu_loss.status();
+    ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status();
+    EXPECT_EQ(gpu_loss->num_elements, y.numel());
+    EXPECT_NEAR(gpu_loss->loss, cpu_loss->loss, 1e-6 * std::fabs(cpu_loss->loss));
+    auto cpu_grad = kernels::MseBackward(Context::Cpu(), y, t, 0.75f);
+    auto gpu_grad = kernels::MseBackward(gpu, dy_dev, dt_dev, 0.75f);
+    ASSERT_TRUE(cpu_grad.ok()) << cpu_grad.status();
+    ASSERT_TRUE(gpu_grad.ok()) << gpu_grad.status();
+    EXPECT_EQ(gpu_grad->device(), gpu.device);
+    EXPECT_TRUE(BitwiseEqual(CopyToHost(gpu, *gpu_grad).value(), *cpu_grad));
+  }
 }
 #endif  // TESERVE_WITH_CUDA
 
