@@ -384,12 +384,13 @@ std::optional<bool> Metrics::UpdateSession(const std::string& id,
   return SamplesHealthInStep(stats.step + 1);
 }
 
-void Metrics::RemoveSeries(SessionSeries& series) {
+void Metrics::RemoveSeries(SessionSeries& series, absl::Time until) {
   if (series.steps != nullptr) train_steps_->Remove(series.steps);
   if (series.skipped != nullptr) steps_skipped_->Remove(series.skipped);
   if (series.loss != nullptr) loss_->Remove(series.loss);
   if (series.grad_norm != nullptr) grad_norm_->Remove(series.grad_norm);
   for (TensorSeries& t : series.rows) {
+    if (absl::Now() >= until) return;
     fp8_amax_->Remove(t.amax);
     fp8_amax_window_max_->Remove(t.window_max);
     fp8_scale_->Remove(t.scale);
@@ -403,11 +404,11 @@ void Metrics::RemoveSeries(SessionSeries& series) {
   }
 }
 
-void Metrics::RemoveSession(const std::string& id) {
+void Metrics::RemoveSession(const std::string& id, absl::Time until) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_series_.find(id);
   if (it == sessions_series_.end()) return;
-  RemoveSeries(it->second);
+  RemoveSeries(it->second, until);
   sessions_series_.erase(it);
 }
 

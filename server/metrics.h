@@ -61,6 +61,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/status.h"
 #include "kernels/timing.h"
 #include "prometheus/counter.h"
@@ -144,8 +146,10 @@ class Metrics {
   // for the caller to set when it differs from snapshot.stats.health_sampling; nullopt
   // (leave the switch as it is) when metrics are off or `id` has no series.
   std::optional<bool> UpdateSession(const std::string& id, const train::SessionSnapshot& snapshot);
-  // Removes every series labelled with `id`.
-  void RemoveSession(const std::string& id);
+  // Removes every series labelled with `id`; those left when `until` passes stay (the
+  // server's stop: prometheus-cpp removes a series by scanning its family, seconds for a
+  // deep model's, and the process is about to end). No later update reaches them.
+  void RemoveSession(const std::string& id, absl::Time until = absl::InfiniteFuture());
 
   // The sink sessions' Contexts carry (Context::kernel_timing); null when kernel timing
   // is off.
@@ -192,7 +196,7 @@ class Metrics {
                SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveSeries(SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveSeries(SessionSeries& series, absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshDeviceMemory();
   std::string Render();
 

@@ -286,9 +286,9 @@ bool TrainerService::Drain(absl::Time stop_calls_at, absl::Time deadline) {
 }
 
 void TrainerService::Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed,
-                            bool remove_series) {
+                            absl::Time series_until) {
   for (const auto& [id, session] : removed) {
-    if (remove_series) metrics_->RemoveSession(id);
+    metrics_->RemoveSession(id, series_until);
     absl::MutexLock lock(&auto_mu_);
     auto_checkpoints_.erase(id);
   }
@@ -334,7 +334,7 @@ std::vector<std::shared_ptr<train::Session>> TrainerService::CloseSessions(absl:
   // closed session); past it they stay, since removing a deep model's series one by one
   // takes seconds (prometheus-cpp's Family::Remove scans the family) and the process is
   // about to end.
-  Forget(closed, /*remove_series=*/absl::Now() < checkpoint_deadline);
+  Forget(closed, /*series_until=*/checkpoint_deadline);
   if (!closed.empty()) LogLine(absl::StrFormat("stop: sessions closed %.2fs after the stop began", since_stop()));
   std::vector<std::shared_ptr<train::Session>> sessions;
   sessions.reserve(closed.size());

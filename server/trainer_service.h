@@ -179,8 +179,10 @@ class TrainerService final : public v1::Trainer::CallbackService {
   void FinalCheckpoint(const std::string& id, const train::Session& session, absl::string_view why);
   // Deletes the metric series and checkpoint policies of sessions removed from the
   // registry.
+  // Drops the sessions' auto-checkpoint policies and metric series (the series only until
+  // `series_until`, Metrics::RemoveSession).
   void Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed,
-              bool remove_series = true);
+              absl::Time series_until = absl::InfiniteFuture());
 
   // Runs `handler` (returning absl::Status), records the RPC metrics (the serialized
   // sizes of `request` and, for a successful call, `response`) and finishes the call.
