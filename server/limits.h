@@ -49,7 +49,10 @@ struct MemoryEstimate {
   double parameter_bytes = 0;    // FP32 master weights
   double gradient_bytes = 0;     // FP32 gradients
   double optimizer_bytes = 0;    // AdamW: 2 FP32 moments; SGD: momentum when > 0
-  double working_bytes = 0;      // quantized / transposed copies (4 B per parameter)
+  // Quantized / transposed copies, 4 B per parameter: what a weight keeps between calls
+  // at most is a 16-bit compute copy (2 B) and its cached FP8 casts, rowwise and
+  // columnwise (1 B each; Quantizer::QuantizeImmutable).
+  double working_bytes = 0;
   double activation_bytes = 0;   // saved activations, outputs and gradients of one request
   double total() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + working_bytes + activation_bytes;
