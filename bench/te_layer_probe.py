@@ -23,12 +23,13 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--layers", default="Linear,LayerNormLinear,LayerNormMLP")
     a = p.parse_args()
+    import transformer_engine
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe as te_recipe
 
     ffn = a.ffn or 4 * a.features
     print(json.dumps({"probe": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                      "te": getattr(te, "__version__", "?")}), flush=True)
+                      "te": getattr(transformer_engine, "__version__", "?")}), flush=True)
     rec = te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
     make = {
         "Linear": lambda: te.Linear(a.features, a.features, params_dtype=torch.bfloat16, device="cuda"),
