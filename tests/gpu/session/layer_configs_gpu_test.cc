@@ -26,6 +26,7 @@
 #include "kernels/cast.h"
 #include "layers/init.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/recipe_specs.h"
 #include "train/loss.h"
 #include "train/session.h"
 
@@ -47,16 +48,6 @@ std::vector<std::string> Layers() {
           "GroupedLinear", "DotProductAttention", "MultiheadAttention", "TransformerLayer"};
 }
 std::vector<std::string> Recipes() { return {"none", "delayed", "current", "mxfp8", "block", "nvfp4"}; }
-
-v1::RecipeSpec RecipeOf(const std::string& name) {
-  v1::RecipeSpec r;
-  if (name == "delayed") r.mutable_delayed()->set_amax_history_len(4);
-  if (name == "current") r.mutable_current();
-  if (name == "mxfp8") r.mutable_mxfp8();
-  if (name == "block") r.mutable_block();
-  if (name == "nvfp4") r.mutable_nvfp4();
-  return r;
-}
 
 // One layer of kind `layer` on config `c`, params_dtype `dtype`; its inputs' shapes and
 // side inputs.
@@ -181,7 +172,7 @@ TEST_P(LayerConfigsGpu, OneStepMatchesTheCpuReferenceOrIsRefusedAlike) {
   if (!device.has_value()) GTEST_SKIP() << "no GPU (TESERVE_LAYER_CONFIGS_DEVICE=cpu runs it CPU against CPU)";
   const auto& [c, layer, recipe, dtype] = GetParam();
   const Model m = ModelOf(layer, c, dtype);
-  const v1::RecipeSpec r = RecipeOf(recipe);
+  const v1::RecipeSpec r = testing_util::RecipeSpecNamed(recipe);
   auto cpu = Session::Create(m.spec, r, Sgd(), Context::Cpu());
   auto dev = Session::Create(m.spec, r, Sgd(), *device);
   ASSERT_EQ(dev.status().code(), cpu.status().code()) << "cpu: " << cpu.status() << "; device: " << dev.status();
