@@ -1,7 +1,6 @@
 #include "layers/layernorm_linear.h"
 
 #include <optional>
-#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -72,23 +71,24 @@ absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string
   return norm;
 }
 
-absl::StatusOr<std::pair<ForwardOutput, ForwardOutput>> NormThenLinear(const Context& ctx, Normalization& norm,
-                                                                        Linear& linear,
-                                                                        const std::vector<Tensor>& inputs,
-                                                                        const ForwardOptions& options, bool write_y) {
+absl::StatusOr<NormThenLinearOutput> NormThenLinear(const Context& ctx, Normalization& norm, Linear& linear,
+                                                    const std::vector<Tensor>& inputs, const ForwardOptions& options,
+                                                    bool write_y) {
   const Shape& shape = inputs[0].shape();
   const int64_t rows = shape.empty() || shape.back() == 0 ? 0 : inputs[0].numel() / shape.back();
-  if (std::optional<recipes::FusedCast> cast = linear.PlanInputCast(rows, options); cast.has_value()) {
+  NormThenLinearOutput out;
+  out.fused = linear.PlanInputCast(rows, options);
+  if (out.fused.has_value()) {
     QuantizedTensor x_q;
-    ASSIGN_OR_RETURN(ForwardOutput normed,
-                     norm.ForwardFused(ctx, inputs, options, *cast, options.save_for_backward, write_y, &x_q));
-    ASSIGN_OR_RETURN(ForwardOutput projected,
+    ASSIGN_OR_RETURN(out.normed,
+                     norm.ForwardFused(ctx, inputs, options, *out.fused, options.save_for_backward, write_y, &x_q));
+    ASSIGN_OR_RETURN(out.projected,
                      linear.ForwardQuantizedInput(ctx, std::move(x_q), shape, linear.params_dtype(), options));
-    return std::make_pair(std::move(normed), std::move(projected));
+    return out;
   }
-  ASSIGN_OR_RETURN(ForwardOutput normed, norm.Forward(ctx, inputs, options));
-  ASSIGN_OR_RETURN(ForwardOutput projected, linear.Forward(ctx, {normed.outputs[0]}, options));
-  return std::make_pair(std::move(normed), std::move(projected));
+  ASSIGN_OR_RETURN(out.normed, norm.Forward(ctx, inputs, options));
+  ASSIGN_OR_RETURN(out.projected, linear.Forward(ctx, {out.normed.outputs[0]}, options));
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<LayerNormLinear>> LayerNormLinear::Create(std::string name,
@@ -135,9 +135,10 @@ absl::StatusOr<std::vector<Shape>> LayerNormLinear::OutputShapes(const std::vect
 
 absl::StatusOr<ForwardOutput> LayerNormLinear::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                                        const ForwardOptions& options) {
-  ForwardOutput normed, projected;
-  ASSIGN_OR_RETURN(std::tie(normed, projected),
+  ASSIGN_OR_RETURN(NormThenLinearOutput run,
                    NormThenLinear(ctx, *norm_, *linear_, inputs, options, options_.return_layernorm_output));
+  ForwardOutput& normed = run.normed;
+  ForwardOutput& projected = run.projected;
   ForwardOutput out;
   out.outputs = std::move(projected.outputs);
   if (options_.return_layernorm_output) out.outputs.push_back(normed.outputs[0]);

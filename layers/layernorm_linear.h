@@ -21,6 +21,7 @@
 #define TESERVE_LAYERS_LAYERNORM_LINEAR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,11 +102,15 @@ absl::StatusOr<std::unique_ptr<Normalization>> CreateLayerNorm(const std::string
 // recipe lets the norm kernel make that cast (Linear::PlanInputCast: delayed scaling,
 // MXFP8), so they are not written in params_dtype and read again to be quantized. The
 // norm's output (outputs[0], params_dtype) is then written only when `write_y` (the layer
-// returns it); otherwise it always is. Returns the two forward outputs.
-absl::StatusOr<std::pair<ForwardOutput, ForwardOutput>> NormThenLinear(const Context& ctx, Normalization& norm,
-                                                                        Linear& linear,
-                                                                        const std::vector<Tensor>& inputs,
-                                                                        const ForwardOptions& options, bool write_y);
+// returns it); otherwise it always is.
+struct NormThenLinearOutput {
+  ForwardOutput normed;     // the norm's
+  ForwardOutput projected;  // the Linear's
+  std::optional<recipes::FusedCast> fused;  // the cast the norm made, when it made one
+};
+absl::StatusOr<NormThenLinearOutput> NormThenLinear(const Context& ctx, Normalization& norm, Linear& linear,
+                                                    const std::vector<Tensor>& inputs, const ForwardOptions& options,
+                                                    bool write_y);
 
 }  // namespace layers
 }  // namespace teserve

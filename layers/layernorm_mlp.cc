@@ -1,7 +1,6 @@
 #include "layers/layernorm_mlp.h"
 
 #include <optional>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -146,12 +145,10 @@ absl::StatusOr<Tensor> LayerNormMLP::RecomputeFc1(const Context& ctx, const Save
 
 absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const std::vector<Tensor>& inputs,
                                                     const ForwardOptions& options) {
-  ForwardOutput normed, fc1;
-  const Shape& in_shape = inputs[0].shape();
-  const int64_t tokens = in_shape.back() == 0 ? 0 : inputs[0].numel() / in_shape.back();
-  std::optional<recipes::FusedCast> fused_input = fc1_->PlanInputCast(tokens, options);
-  ASSIGN_OR_RETURN(std::tie(normed, fc1),
+  ASSIGN_OR_RETURN(NormThenLinearOutput run,
                    NormThenLinear(ctx, *norm_, *fc1_, inputs, options, options_.return_layernorm_output));
+  ForwardOutput& normed = run.normed;
+  ForwardOutput& fc1 = run.projected;
   ASSIGN_OR_RETURN(Tensor fc1_out, fc1.outputs[0].As2D());
   // The activation reads fc1_out in params_dtype and writes in it (FP32 math). Under a
   // per-tensor plan of fc2's input quantizer the activation kernel writes fc2's FP8
@@ -194,7 +191,7 @@ absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const st
     if (options_.checkpoint) {
       saved->input = inputs[0];
       saved->input_quantization = Record(TensorRole::kInput);
-      if (fused_input.has_value()) saved->input_quantization.fused_mode = fused_input->mode;
+      if (run.fused.has_value()) saved->input_quantization.fused_mode = run.fused->mode;
       saved->weight_quantization = Record(TensorRole::kWeight);
     } else {
       saved->fc1_out = fc1_out;
