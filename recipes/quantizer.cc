@@ -277,11 +277,7 @@ std::optional<FusedCast> Quantizer::PlanFusedCast() {
   cast.mode = mode_;
   cast.format = format_;
   cast.defer_amax = DefersAmax();
-  if (mode_ == ScalingMode::kPerTensor) {
-    QuantizerSnapshot s;
-    FillSnapshot(&s);
-    cast.scale = s.scale;
-  }
+  if (mode_ == ScalingMode::kPerTensor) cast.scale = ScaleInUse();
   return cast;
 }
 
