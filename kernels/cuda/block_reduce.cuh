@@ -1,5 +1,5 @@
-// Float reductions over a warp and over a block, for the row-per-block kernels (cross
-// entropy, softmax). Only .cu files include this. Like device_common.cuh, everything sits
+// Reductions over a warp and over a block, for the row-per-block kernels (cross entropy,
+// softmax) and the deterministic double sums (sum of squares, MSE). Only .cu files include this. Like device_common.cuh, everything sits
 // in an unnamed namespace, so each kernel file keeps its own internal copy.
 #ifndef TESERVE_KERNELS_CUDA_BLOCK_REDUCE_CUH_
 #define TESERVE_KERNELS_CUDA_BLOCK_REDUCE_CUH_
@@ -44,6 +44,20 @@ __device__ float BlockSumOf(float x, float* shared) {
   float r = 0.0f;
   for (int w = 0; w < kBlockThreads / 32; ++w) r += shared[w];
   return r;
+}
+
+// The block-wide sum of doubles by a tree in shared memory (kBlockThreads a power of two;
+// `shared` holds kBlockThreads doubles): a fixed order, so the same bits every run; every
+// thread gets the result.
+template <int kBlockThreads>
+__device__ double BlockTreeSum(double x, double* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int stride = kBlockThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return shared[0];
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "kernels/cuda/elementwise/elementwise_kernels.h"
 
+#include "kernels/cuda/block_reduce.cuh"
+
 namespace teserve {
 namespace kernels {
 namespace cuda {
@@ -27,15 +29,10 @@ __global__ void __launch_bounds__(kThreads) ScaleKernel(float factor, int64_t n,
   }
 }
 
+// One reduction per kernel (the shared array is the function's).
 __device__ double BlockSum(double value) {
   __shared__ double shared[kThreads];
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  return shared[0];
+  return BlockTreeSum<kThreads>(value, shared);
 }
 
 __global__ void __launch_bounds__(kThreads)

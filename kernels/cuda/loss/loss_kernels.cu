@@ -115,13 +115,8 @@ __global__ void __launch_bounds__(kMseThreads)
     sum += d * d;
   }
   __shared__ double shared[kMseThreads];
-  shared[threadIdx.x] = sum;
-  __syncthreads();
-  for (int stride = kMseThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+  const double total = BlockTreeSum<kMseThreads>(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 __global__ void MseFinishKernel(const double* partials, int count, int64_t n, float* loss) {
