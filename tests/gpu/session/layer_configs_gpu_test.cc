@@ -129,19 +129,20 @@ std::optional<Context> DeviceUnderTest() {
 }
 
 // Bounds of the relative L2 error of one forward and backward of one layer from the
-// same state (session_gpu_test, "Quantized recipes", for why they are what they are;
-// one layer compounds less than its four): unquantized FP32 1e-4 (summation order), BF16
-// params 2e-2 forward / 5e-2 backward (a BF16 rounding step is 2^-8); the FP8 recipes
-// 5e-2 / 0.25 (a flipped code moves every output that reads it: one E5M2 step is 25%);
-// NVFP4 0.2 / 0.25.
+// same state, session_gpu_test's first-step bounds (its "Quantized recipes" comment says
+// why they are what they are): unquantized FP32 1e-4 (summation order); BF16 params 2e-2
+// forward / 5e-2 backward (a BF16 rounding step is 2^-8); per-tensor FP8 5e-2 / 0.5 (the
+// gradients go to E5M2 with the first step's default scale, and a TransformerLayer's dx
+// passes four quantized GEMMs); MXFP8 and block scaling 5e-2 / 0.1; NVFP4 0.2 / 0.1.
 struct Bounds {
   double forward, backward;
 };
 
 Bounds BoundsFor(const std::string& recipe, v1::DType dtype) {
   if (recipe == "none") return dtype == v1::FLOAT32 ? Bounds{1e-4, 1e-4} : Bounds{2e-2, 5e-2};
-  if (recipe == "nvfp4") return {0.2, 0.25};
-  return {5e-2, 0.25};
+  if (recipe == "delayed" || recipe == "current") return {5e-2, 0.5};
+  if (recipe == "nvfp4") return {0.2, 0.1};
+  return {5e-2, 0.1};
 }
 
 double RelativeL2(const Tensor& got_any, const Tensor& want_any) {
