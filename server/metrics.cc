@@ -405,11 +405,18 @@ void Metrics::RemoveSeries(SessionSeries& series, absl::Time until) {
 }
 
 void Metrics::RemoveSession(const std::string& id, absl::Time until) {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_series_.find(id);
-  if (it == sessions_series_.end()) return;
-  RemoveSeries(it->second, until);
-  sessions_series_.erase(it);
+  SessionSeries series;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_series_.find(id);
+    if (it == sessions_series_.end()) return;
+    series = std::move(it->second);
+    sessions_series_.erase(it);
+  }
+  // Outside mu_: the families lock themselves, and a deep model's removal takes long
+  // enough (prometheus-cpp scans a family per series) that the other sessions' updates
+  // should not wait for it. No update reaches these series any more.
+  RemoveSeries(series, until);
 }
 
 void Metrics::RefreshDeviceMemory() {

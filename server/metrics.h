@@ -196,7 +196,8 @@ class Metrics {
                SessionSeries& series) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateRow(const Fp8Values& values, bool health_sampled, TensorSeries& row)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveSeries(SessionSeries& series, absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `series` is no longer in sessions_series_ (no update reaches it); mu_ not held.
+  void RemoveSeries(SessionSeries& series, absl::Time until);
   void RefreshDeviceMemory();
   std::string Render();
 
