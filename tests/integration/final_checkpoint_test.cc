@@ -327,9 +327,15 @@ TEST(FinalCheckpoint, SigtermStopsALongCallWithUnavailableAndTheFinalCheckpointI
     if (!on_cpu) {
       EXPECT_EQ(created->info().device(), device) << created->info().device_note();
     }
-    const absl::Time start = absl::Now();
-    ASSERT_TRUE(c.ForwardBackward(SlowForwardBackward(w, id, 1)).ok());
-    took = absl::Now() - start;
+    // A session's first call also pays for its allocations and the GEMM heuristics of
+    // new shapes, so on a GPU the second call is the one timed (the long call below is a
+    // warm one too).
+    const int calls = on_cpu ? 1 : 2;
+    for (int call = 0; call < calls; ++call) {
+      const absl::Time start = absl::Now();
+      ASSERT_TRUE(c.ForwardBackward(SlowForwardBackward(w, id, 1)).ok());
+      took = absl::Now() - start;
+    }
     std::printf("%s, %lld layers: ForwardBackward %s\n", device.c_str(), static_cast<long long>(w.layers),
                 absl::FormatDuration(took).c_str());
     if (on_cpu || took >= gpu_goal || w.layers >= kMaxGpuLayers) break;
