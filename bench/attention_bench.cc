@@ -6,6 +6,12 @@
 //   attention_bf16_causal_fwd      forward
 //   attention_bf16_causal_fwd_bwd  forward + backward (dq, dk, dv), deterministic
 //   attention_bf16_causal_fwd_bwd_nondeterministic  the same with config.deterministic false
+//   attention_bf16_padding_causal_fwd_bwd  padding_causal, sequences of S, 3S/4, S/2 and S/4
+//                                  real tokens (right padding), forward + backward
+//   attention_fp32_padding_causal_fwd_bwd_unfused  the same on FP32 q, k, v: the unfused
+//                                  kernels, which every padded 16-bit call ran before the
+//                                  padding types were wired to cuDNN
+// The padded variants count the FLOPs of the real tokens only.
 // FLOPs count the causal half of the score matrix: forward 2 * 2 * B * H * S^2 * D / 2,
 // backward 2.5x the forward.
 #include <cuda_runtime_api.h>
@@ -112,6 +118,48 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
               config_text + ", deterministic = false (cuDNN's atomic dq)"};
   r_nd.flops = r_fb.flops;
   results->push_back(r_nd);
+
+  // Right padding: sequence b has S * (4 - b) / 4 real tokens.
+  kernels::AttentionConfig padded = config;
+  padded.mask_type = kernels::AttnMaskType::kPaddingCausal;
+  kernels::AttentionSideTensors padded_side;
+  Tensor cu = OrDie(Tensor::Zeros(DType::kInt32, {kBatch + 1}), "cu_seqlens");
+  int64_t padded_flops = 0;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    const int64_t len = seq * (kBatch - b) / kBatch;
+    cu.data<int32_t>()[b + 1] = static_cast<int32_t>(cu.data<int32_t>()[b] + len);
+    padded_flops += 2 * 2 * kHeads * len * len * head_dim / 2;
+  }
+  padded_side.cu_seqlens_q = OrDie(kernels::CopyTo(ctx, cu, ctx.device), "cu_seqlens to the GPU");
+  padded_side.cu_seqlens_kv = padded_side.cu_seqlens_q;
+  auto time_padded = [&](const Tensor& pq, const Tensor& pk, const Tensor& pv, const Tensor& pdout) {
+    return TimeLaunches(
+        [&]() -> cudaError_t {
+          auto out = kernels::AttentionForward(ctx, padded, pq, pk, pv, padded_side);
+          Check(out.status(), "padded forward");
+          Check(kernels::AttentionBackward(ctx, padded, pq, pk, pv, padded_side, out->out, out->softmax_lse, pdout)
+                    .status(),
+                "padded backward");
+          return cudaSuccess;
+        },
+        flags);
+  };
+  const kernels::AttentionForwardOutputs padded_fwd =
+      OrDie(kernels::AttentionForward(ctx, padded, q, k, v, padded_side), "padded forward");
+  Result r_pad{"attention_bf16_padding_causal_fwd_bwd", seq, head_dim, "bf16", time_padded(q, k, v, dout),
+               2 * qkvo_bytes,
+               absl::StrCat("kernels::Attention ", PathName(padded_fwd.path), " ", padded_fwd.unfused_reason,
+                            ", bshd BF16 padding_causal, lengths S, 3S/4, S/2, S/4")};
+  r_pad.flops = padded_flops + padded_flops * 5 / 2;
+  results->push_back(r_pad);
+
+  auto wide = [&](const Tensor& t) { return OrDie(kernels::Convert(ctx, t, DType::kFloat32), "fp32"); };
+  const Tensor q32 = wide(q), k32 = wide(k), v32 = wide(v), dout32 = wide(dout);
+  Result r_unfused{"attention_fp32_padding_causal_fwd_bwd_unfused", seq, head_dim, "fp32",
+                   time_padded(q32, k32, v32, dout32), 4 * qkvo_bytes,
+                   "kernels::Attention cuda_unfused, bshd FP32 padding_causal, lengths S, 3S/4, S/2, S/4"};
+  r_unfused.flops = r_pad.flops;
+  results->push_back(r_unfused);
 }
 
 }  // namespace

@@ -544,12 +544,36 @@ def _torch_sdpa(backward):
     return build
 
 
+def _torch_sdpa_padded(seq, head_dim):
+    """What a PyTorch user runs for a right-padded causal batch: one boolean mask (causal and
+    the keys past each sequence's length), which sends SDPA to its memory-efficient kernel."""
+    torch = _torch()
+    import torch.nn.functional as F
+    batch, heads = 4, 32
+    shape = (batch, heads, seq, head_dim)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    lengths = torch.tensor([seq * (batch - b) // batch for b in range(batch)], device="cuda")
+    pos = torch.arange(seq, device="cuda")
+    causal = pos[None, :] <= pos[:, None]                                   # [S_q, S_kv]
+    keys = pos[None, :] < lengths[:, None]                                  # [B, S_kv]
+    mask = (causal[None, :, :] & keys[:, None, :])[:, None, :, :]           # [B, 1, S_q, S_kv]
+    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+
+    def run():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        q.grad = k.grad = v.grad = None
+        out.backward(dout)
+    return run, "F.scaled_dot_product_attention BF16, causal + key-padding boolean attn_mask, forward + backward"
+
+
 BENCHES.append("attention_bench")
 
 TORCH_EQUIVALENTS.update({
     "attention_bf16_causal_fwd": _torch_sdpa(False),
     "attention_bf16_causal_fwd_bwd": _torch_sdpa(True),
     "attention_bf16_causal_fwd_bwd_nondeterministic": _torch_sdpa(True),
+    "attention_bf16_padding_causal_fwd_bwd": _torch_sdpa_padded,
     "linear_fp32_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_fp8_delayed_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_bf16_fwd_bwd": _torch_linear_fwd_bwd,

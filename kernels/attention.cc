@@ -5,8 +5,10 @@
 // host for the value checks: the one host synchronization of a CUDA call.
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -114,6 +116,8 @@ struct Dims {
   int64_t t_kv = 0;
   int64_t heads = 0;
   int64_t groups = 0;
+  // Padding types and thd: the sequence lengths s_q(b), s_kv(b) (read by CheckSide).
+  std::vector<int64_t> len_q, len_kv;
 };
 
 absl::Status CheckDim(absl::string_view name, const Shape& shape, int dim, int64_t expected, absl::string_view what) {
@@ -187,9 +191,10 @@ absl::StatusOr<std::vector<int64_t>> CheckCuSeqlens(const Context& ctx, absl::st
 }
 
 // The sequences of one side (q or kv): lengths within `full` (sbhd/bshd) or placed
-// within `rows` tokens (thd, with optional padded offsets).
-absl::Status CheckSequences(const Context& ctx, const AttentionConfig& config, absl::string_view name,
-                            const Tensor& cu, const Tensor& cu_padded, int64_t batch, int64_t full, int64_t rows) {
+// within `rows` tokens (thd, with optional padded offsets). Returns the lengths.
+absl::StatusOr<std::vector<int64_t>> CheckSequences(const Context& ctx, const AttentionConfig& config,
+                                                    absl::string_view name, const Tensor& cu, const Tensor& cu_padded,
+                                                    int64_t batch, int64_t full, int64_t rows) {
   const bool thd = config.qkv_format == QkvFormat::kThd;
   if (!cu.defined()) {
     return InvalidField(name, absl::StrCat("an INT32 [batch + 1] tensor (mask type ", AttnMaskTypeName(config.mask_type),
@@ -197,15 +202,16 @@ absl::Status CheckSequences(const Context& ctx, const AttentionConfig& config, a
                         "none");
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> bounds, CheckCuSeqlens(ctx, name, cu, batch, /*starts_at_zero=*/true));
+  std::vector<int64_t> lengths(bounds.size() - 1);
+  for (size_t b = 0; b + 1 < bounds.size(); ++b) lengths[b] = bounds[b + 1] - bounds[b];
   if (!thd) {
-    for (size_t b = 0; b + 1 < bounds.size(); ++b) {
-      const int64_t len = bounds[b + 1] - bounds[b];
-      if (len > full) {
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      if (lengths[b] > full) {
         return InvalidField(name, absl::StrCat("sequence lengths <= ", full, " (the sequence dimension)"),
-                            absl::StrCat(len, " for sequence ", b));
+                            absl::StrCat(lengths[b], " for sequence ", b));
       }
     }
-    return absl::OkStatus();
+    return lengths;
   }
   const std::string padded_name = absl::StrCat(name, "_padded");
   if (!cu_padded.defined()) {
@@ -213,7 +219,7 @@ absl::Status CheckSequences(const Context& ctx, const AttentionConfig& config, a
       return InvalidField(absl::StrCat(name, "[", bounds.size() - 1, "]"),
                           absl::StrCat("<= ", rows, " (the token count of the tensor)"), bounds.back());
     }
-    return absl::OkStatus();
+    return lengths;
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> starts,
                    CheckCuSeqlens(ctx, padded_name, cu_padded, bounds.size() - 1, /*starts_at_zero=*/false));
@@ -229,7 +235,7 @@ absl::Status CheckSequences(const Context& ctx, const AttentionConfig& config, a
     return InvalidField(absl::StrCat(padded_name, "[", starts.size() - 1, "]"),
                         absl::StrCat("<= ", rows, " (the token count of the tensor)"), starts.back());
   }
-  return absl::OkStatus();
+  return lengths;
 }
 
 // A rank-4 tensor broadcastable to [B, H, S_q, S_kv]; with exact_seq the two sequence
@@ -250,17 +256,19 @@ absl::Status CheckBroadcast(const Context& ctx, absl::string_view name, const Te
   return absl::OkStatus();
 }
 
-absl::Status CheckSide(const Context& ctx, const AttentionConfig& config, const Dims& dims,
+absl::Status CheckSide(const Context& ctx, const AttentionConfig& config, Dims& dims,
                        const AttentionSideTensors& side, const AttentionSideNames& names) {
   const bool thd = config.qkv_format == QkvFormat::kThd;
   int64_t batch = dims.batch;
   if (thd || HasPadding(config.mask_type)) {
     // thd reads the batch size from cu_seqlens_q, and the padded offsets.
-    RETURN_IF_ERROR(CheckSequences(ctx, config, names.cu_seqlens_q, side.cu_seqlens_q,
-                                   thd ? side.cu_seqlens_q_padded : Tensor(), thd ? -1 : batch, dims.s_q, dims.t_q));
+    ASSIGN_OR_RETURN(dims.len_q, CheckSequences(ctx, config, names.cu_seqlens_q, side.cu_seqlens_q,
+                                                thd ? side.cu_seqlens_q_padded : Tensor(), thd ? -1 : batch,
+                                                dims.s_q, dims.t_q));
     if (thd) batch = side.cu_seqlens_q.dim(0) - 1;
-    RETURN_IF_ERROR(CheckSequences(ctx, config, names.cu_seqlens_kv, side.cu_seqlens_kv,
-                                   thd ? side.cu_seqlens_kv_padded : Tensor(), batch, dims.s_kv, dims.t_kv));
+    ASSIGN_OR_RETURN(dims.len_kv, CheckSequences(ctx, config, names.cu_seqlens_kv, side.cu_seqlens_kv,
+                                                 thd ? side.cu_seqlens_kv_padded : Tensor(), batch, dims.s_kv,
+                                                 dims.t_kv));
   }
   if (config.mask_type == AttnMaskType::kArbitrary) {
     if (!side.mask.defined()) {
@@ -415,6 +423,33 @@ absl::StatusOr<AttentionBackwardOutputs> BackwardFp32(const Context& ctx, const 
                       [&] { return cuda::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); }));
 }
 
+// Why a call whose configuration the fused path takes cannot run there: a query row of
+// some sequence has no key to attend (an empty key sequence, more queries than keys under
+// bottom-right alignment, a window that leaves no key). The contract gives such a row
+// out 0, lse -inf and no gradient; cuDNN's result for it is not that. Empty when every
+// row has a key.
+std::string RowWithoutKeys(const AttentionConfig& config, const Dims& dims) {
+  const bool padded = !dims.len_q.empty();
+  // Without padding every sequence has the same lengths: one stands for all.
+  const int64_t sequences = padded ? static_cast<int64_t>(dims.len_q.size()) : std::min<int64_t>(dims.batch, 1);
+  const int64_t right = IsCausal(config.mask_type) ? 0 : config.window_right;
+  const int64_t left = config.window_left;
+  for (int64_t b = 0; b < sequences; ++b) {
+    const int64_t s_q = padded ? dims.len_q[b] : dims.s_q;
+    const int64_t s_kv = padded ? dims.len_kv[b] : dims.s_kv;
+    const int64_t o = IsTopLeftAligned(config.mask_type) ? 0 : s_kv - s_q;
+    for (int64_t i = 0; i < s_q; ++i) {
+      const int64_t lo = left < 0 ? 0 : std::max<int64_t>(0, i + o - left);
+      const int64_t hi = right < 0 ? s_kv - 1 : std::min(s_kv - 1, i + o + right);
+      if (lo > hi) {
+        return absl::StrCat("not fused: query ", i, " of sequence ", b, " has no key to attend (s_q ", s_q,
+                            ", s_kv ", s_kv, ")");
+      }
+    }
+  }
+  return "";
+}
+
 absl::StatusOr<std::vector<Tensor>> Widen(const Context& ctx, std::initializer_list<const Tensor*> tensors) {
   std::vector<Tensor> out;
   for (const Tensor* t : tensors) {
@@ -429,7 +464,7 @@ absl::StatusOr<std::vector<Tensor>> Widen(const Context& ctx, std::initializer_l
 absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, const AttentionConfig& config,
                                                          const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const AttentionSideTensors& side) {
-  RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
+  ASSIGN_OR_RETURN(const Dims dims, CheckCall(ctx, config, q, k, v, side));
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionForward);
   const AttentionPath unfused = ctx.device.is_cpu() ? AttentionPath::kCpuReference : AttentionPath::kCudaUnfused;
   if (!Is16Bit(q)) {
@@ -440,7 +475,10 @@ absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, con
   std::string why = "not fused: the CPU backend runs the reference";
 #if TESERVE_WITH_CUDA
   if (!ctx.device.is_cpu()) {
-    absl::StatusOr<AttentionForwardOutputs> fused = cuda::FusedAttentionForward(ctx, config, q, k, v);
+    why = RowWithoutKeys(config, dims);
+    absl::StatusOr<AttentionForwardOutputs> fused =
+        why.empty() ? cuda::FusedAttentionForward(ctx, config, q, k, v, side)
+                    : absl::StatusOr<AttentionForwardOutputs>(absl::UnimplementedError(why));
     if (fused.ok()) {
       fused->path = AttentionPath::kCudnnFused;
       return fused;
@@ -462,7 +500,7 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
                                                            const Tensor& q, const Tensor& k, const Tensor& v,
                                                            const AttentionSideTensors& side, const Tensor& out,
                                                            const Tensor& softmax_lse, const Tensor& dout) {
-  RETURN_IF_ERROR(CheckCall(ctx, config, q, k, v, side).status());
+  ASSIGN_OR_RETURN(const Dims dims, CheckCall(ctx, config, q, k, v, side));
   const Shape out_shape = WithLastDim(q.shape(), v.dim(-1));
   RETURN_IF_ERROR(CheckTensorOfShape("out", out, q.dtype(), out_shape, ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("softmax_lse", softmax_lse, DType::kFloat32, WithoutLastDim(q.shape()), ctx));
@@ -470,11 +508,11 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionBackward);
   if (!Is16Bit(q)) return BackwardFp32(ctx, config, q, k, v, side, out, softmax_lse, dout);
 #if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu()) {
+  if (!ctx.device.is_cpu() && RowWithoutKeys(config, dims).empty()) {
     AttentionConfig fused_config = config;
     if (NondeterministicAttentionAllowed()) fused_config.deterministic = false;
     absl::StatusOr<AttentionBackwardOutputs> fused =
-        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, out, softmax_lse, dout);
+        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, side, out, softmax_lse, dout);
     if (fused.ok() || !absl::IsUnimplemented(fused.status())) return fused;
   }
 #endif

@@ -83,9 +83,11 @@
 //
 // CUDA contexts run one of two paths (AttentionForwardOutputs.path says which ran):
 //   - cuDNN's fused SDPA (kernels/cuda/attention/cudnn_attention.h) for BF16 / FP16
-//     sbhd / bshd inputs with no_mask or the non-padding causal types, any window,
-//     GQA / MQA, the vanilla softmax and no bias, dropout or max_logit, when cuDNN is
-//     present and accepts the shapes. Its results agree with the reference within the
+//     sbhd / bshd inputs with any mask type but arbitrary (padding types included), any
+//     window, GQA / MQA, the vanilla softmax and no bias, dropout or max_logit, when
+//     cuDNN is present and accepts the shapes, and when every query row of every
+//     sequence has a key to attend (checked on the host from the lengths; a row without
+//     one sends the call unfused). Its results agree with the reference within the
 //     16-bit rounding of its inputs and outputs (its internal sums are FP32).
 //   - the unfused kernels of kernels/cuda/attention for everything else: scores
 //     recomputed row by row, never materialized, FP32 arithmetic throughout, so results

@@ -126,8 +126,29 @@ struct LseLayout {
 };
 
 // to_layout: packed [B, H, S] `in` -> strided `out`; else strided `in` -> packed `out`.
+// seq_len (INT32 [B] on the device, or null): rows s >= seq_len[b] are padding; they
+// get -inf in the layout (to_layout: the contract's lse of a row with nothing to attend)
+// and 0 in the packed statistics (the fused backward reads no padded row; a finite value
+// keeps a stray read finite).
 cudaError_t LaunchLsePermute(const LseLayout& layout, const float* in, float* out, bool to_layout,
-                             cudaStream_t stream);
+                             const int32_t* seq_len, cudaStream_t stream);
+
+// seq_len[b] = cu_seqlens[b + 1] - cu_seqlens[b] for b < batch (INT32, on the device).
+cudaError_t LaunchSeqLensFromCu(const int32_t* cu_seqlens, int32_t* seq_len, int64_t batch, cudaStream_t stream);
+
+// Token rows of an sbhd / bshd tensor of 16-bit elements: row (b, s) starts at element
+// b * stride_b + s * stride_s and holds row_elems contiguous elements (H * D).
+struct TokenRows {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t stride_b = 0;
+  int64_t stride_s = 0;
+  int64_t row_elems = 0;
+};
+
+// Zeroes the rows (b, s) with s >= seq_len[b] (padding tokens: their outputs and
+// gradients are 0 by the contract, whatever a fused kernel left there).
+cudaError_t LaunchZeroPaddedRows(const TokenRows& rows, const int32_t* seq_len, uint16_t* data, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace kernels

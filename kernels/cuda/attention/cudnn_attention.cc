@@ -43,7 +43,7 @@ namespace {
 namespace fe = cudnn_frontend;
 
 // Tensor uids of the graphs' inputs and outputs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqKv };
 
 // dlopen of cuDNN, once per process. The status says why it failed.
 const absl::Status& CudnnLoaded() {
@@ -81,6 +81,18 @@ View ViewOf(QkvFormat format, const Tensor& t) {
   const int64_t d = t.dim(3);
   if (sbhd) return View{{b, h, s, d}, {h * d, d, b * h * d, 1}};
   return View{{b, h, s, d}, {s * h * d, d, h * d, 1}};
+}
+
+// The token rows of one of q, k, v, out (and their gradients) in sbhd / bshd.
+TokenRows TokenRowsOf(QkvFormat format, const Tensor& t) {
+  const View view = ViewOf(format, t);
+  TokenRows rows;
+  rows.batch = view.dims[0];
+  rows.seq = view.dims[2];
+  rows.stride_b = view.strides[0];
+  rows.stride_s = view.strides[2];
+  rows.row_elems = view.dims[1] * view.dims[3];
+  return rows;
 }
 
 fe::DataType_t FrontendType(DType dtype) {
@@ -121,6 +133,23 @@ void SetMask(const AttentionConfig& config, Attributes& attributes) {
                                                                         : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
   if (left >= 0) attributes.set_diagonal_band_left_bound(static_cast<int>(left + 1));
   if (right >= 0) attributes.set_diagonal_band_right_bound(static_cast<int>(right));
+}
+
+// Padding masks: cuDNN's per-sequence lengths (INT32 [B, 1, 1, 1] inputs kSeqQ, kSeqKv).
+template <typename Attributes>
+void SetPadding(const AttentionConfig& config, fe::graph::Graph& graph, int64_t batch, Attributes& attributes) {
+  if (!Padding(config.mask_type)) return;
+  auto lengths = [&](const char* name, Uid uid) {
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({batch, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT32));
+  };
+  attributes.set_padding_mask(true)
+      .set_seq_len_q(lengths("seq_len_q", kSeqQ))
+      .set_seq_len_kv(lengths("seq_len_kv", kSeqKv));
 }
 
 struct CachedGraph {
@@ -267,15 +296,32 @@ LseLayout LseLayoutOf(QkvFormat format, const Tensor& q) {
 }
 
 // What both directions start from: the checks, the cuDNN handle of ctx's stream (on the
-// current device) and the [B, H, S, D] views.
+// current device), the [B, H, S, D] views and, under a padding mask, the sequence lengths
+// (INT32 [B] on the device, from cu_seqlens).
 struct Problem {
   cudnnHandle_t handle = nullptr;
   View q, k, v;
   int64_t b = 0, h = 0, s_q = 0;
+  Tensor seq_q, seq_kv;
+
+  const int32_t* seq_q_data() const { return seq_q.defined() ? seq_q.data<int32_t>() : nullptr; }
+  // The lengths' entries of an execution's variant pack.
+  void AddLengths(std::unordered_map<int64_t, void*>& pack) const {
+    if (!seq_q.defined()) return;
+    pack[kSeqQ] = const_cast<void*>(seq_q.raw_data());
+    pack[kSeqKv] = const_cast<void*>(seq_kv.raw_data());
+  }
 };
 
+absl::StatusOr<Tensor> SequenceLengths(const Context& ctx, const Tensor& cu_seqlens, int64_t batch) {
+  ASSIGN_OR_RETURN(Tensor lengths, Tensor::Empty(DType::kInt32, {batch}, ctx.device, ctx.stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      LaunchSeqLensFromCu(cu_seqlens.data<int32_t>(), lengths.data<int32_t>(), batch, StreamOf(ctx)));
+  return lengths;
+}
+
 absl::StatusOr<Problem> PrepareProblem(const Context& ctx, const AttentionConfig& config, const Tensor& q,
-                                       const Tensor& k, const Tensor& v) {
+                                       const Tensor& k, const Tensor& v, const AttentionSideTensors& side) {
   RETURN_IF_ERROR(FusedAttentionEligible(config, q.dtype(), q.dim(-1), v.dim(-1)));
   RETURN_IF_ERROR(CudnnLoaded());
   Problem p;
@@ -286,6 +332,10 @@ absl::StatusOr<Problem> PrepareProblem(const Context& ctx, const AttentionConfig
   p.b = p.q.dims[0];
   p.h = p.q.dims[1];
   p.s_q = p.q.dims[2];
+  if (Padding(config.mask_type)) {
+    ASSIGN_OR_RETURN(p.seq_q, SequenceLengths(ctx, side.cu_seqlens_q, p.b));
+    ASSIGN_OR_RETURN(p.seq_kv, SequenceLengths(ctx, side.cu_seqlens_kv, p.b));
+  }
   return p;
 }
 
@@ -309,7 +359,6 @@ absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, 
   auto no = [](absl::string_view why) { return absl::UnimplementedError(absl::StrCat("not fused: ", why)); };
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return no("q, k, v are not BF16 / FP16");
   if (config.qkv_format == QkvFormat::kThd) return no("thd (ragged offsets) is not wired to cuDNN yet");
-  if (Padding(config.mask_type)) return no("padding masks (sequence-length tensors) are not wired to cuDNN yet");
   if (config.mask_type == AttnMaskType::kArbitrary) return no("cuDNN has no arbitrary boolean mask");
   if (config.bias_type != AttnBiasType::kNoBias) return no("bias and ALiBi are not wired to cuDNN yet");
   if (config.softmax_type != SoftmaxType::kVanilla) return no("softmax sinks (off-by-one, learnable) run unfused");
@@ -330,12 +379,13 @@ absl::StatusOr<int64_t> CudnnRuntimeVersion() {
 }
 
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx, const AttentionConfig& config,
-                                                              const Tensor& q, const Tensor& k, const Tensor& v) {
+                                                              const Tensor& q, const Tensor& k, const Tensor& v,
+                                                              const AttentionSideTensors& side) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v));
+  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v, side));
   const cudaStream_t stream = StreamOf(ctx);
   const cudnnHandle_t handle = p.handle;
-  const View &qv = p.q, &kv = p.k, &vv = p.v;
+  const View& qv = p.q;
   const int64_t b = p.b, h = p.h, s_q = p.s_q;
   const std::string key = ProblemKey("fwd", ctx.device.index, config, q, k, v);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
@@ -343,6 +393,7 @@ absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx
     fe::graph::SDPA_attributes attributes;
     attributes.set_name("sdpa_forward").set_generate_stats(true).set_attn_scale(config.softmax_scale);
     SetMask(config, attributes);
+    SetPadding(config, *graph, b, attributes);
     auto [o, stats] = graph->sdpa(tq, tk, tv, attributes);
     SetOutput(o, kO, qv);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({b, h, s_q, 1}).set_stride(
@@ -358,21 +409,27 @@ absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx
                                              {kV, const_cast<void*>(v.raw_data())},
                                              {kO, result.out.raw_data()},
                                              {kStats, stats.raw_data()}};
+  p.AddLengths(pack);
   RETURN_IF_ERROR(Execute(*cached, handle, ctx, pack));
   Shape lse_shape = q.shape();
   lse_shape.pop_back();
   ASSIGN_OR_RETURN(result.softmax_lse, Tensor::Empty(DType::kFloat32, lse_shape, ctx.device, ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchLsePermute(LseLayoutOf(config.qkv_format, q), stats.data<float>(),
-                                                result.softmax_lse.data<float>(), /*to_layout=*/true, stream));
+                                                result.softmax_lse.data<float>(), /*to_layout=*/true,
+                                                p.seq_q_data(), stream));
+  if (p.seq_q.defined()) {
+    TESERVE_CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(TokenRowsOf(config.qkv_format, result.out), p.seq_q_data(),
+                                                      static_cast<uint16_t*>(result.out.raw_data()), stream));
+  }
   return result;
 }
 
 absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& ctx, const AttentionConfig& config,
                                                                 const Tensor& q, const Tensor& k, const Tensor& v,
-                                                                const Tensor& out, const Tensor& softmax_lse,
-                                                                const Tensor& dout) {
+                                                                const AttentionSideTensors& side, const Tensor& out,
+                                                                const Tensor& softmax_lse, const Tensor& dout) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v));
+  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v, side));
   const cudaStream_t stream = StreamOf(ctx);
   const cudnnHandle_t handle = p.handle;
   const View &qv = p.q, &kv = p.k, &vv = p.v;
@@ -391,6 +448,7 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
     fe::graph::SDPA_backward_attributes attributes;
     attributes.set_name("sdpa_backward").set_attn_scale(config.softmax_scale).set_deterministic_algorithm(config.deterministic);
     SetMask(config, attributes);
+    SetPadding(config, *graph, b, attributes);
     auto [dq, dk, dv] = graph->sdpa_backward(tq, tk, tv, to, tdo, tstats, attributes);
     SetOutput(dq, kDq, qv);
     SetOutput(dk, kDk, kv);
@@ -400,7 +458,7 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
 
   ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty(DType::kFloat32, {b, h, s_q}, ctx.device, ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchLsePermute(LseLayoutOf(config.qkv_format, q), softmax_lse.data<float>(),
-                                                stats.data<float>(), /*to_layout=*/false, stream));
+                                                stats.data<float>(), /*to_layout=*/false, p.seq_q_data(), stream));
   AttentionBackwardOutputs result;
   ASSIGN_OR_RETURN(result.dq, Tensor::Empty(q.dtype(), q.shape(), ctx.device, ctx.stream));
   ASSIGN_OR_RETURN(result.dk, Tensor::Empty(k.dtype(), k.shape(), ctx.device, ctx.stream));
@@ -414,7 +472,16 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
                                              {kDq, result.dq.raw_data()},
                                              {kDk, result.dk.raw_data()},
                                              {kDv, result.dv.raw_data()}};
+  p.AddLengths(pack);
   RETURN_IF_ERROR(Execute(*cached, handle, ctx, pack));
+  if (p.seq_q.defined()) {
+    for (auto [t, lengths] : {std::pair<Tensor*, const Tensor*>{&result.dq, &p.seq_q},
+                              {&result.dk, &p.seq_kv},
+                              {&result.dv, &p.seq_kv}}) {
+      TESERVE_CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(TokenRowsOf(config.qkv_format, *t), lengths->data<int32_t>(),
+                                                        static_cast<uint16_t*>(t->raw_data()), stream));
+    }
+  }
   return result;
 }
 
@@ -442,11 +509,13 @@ absl::Status NotBuilt() {
 absl::Status FusedAttentionEligible(const AttentionConfig&, DType, int64_t, int64_t) { return NotBuilt(); }
 absl::StatusOr<int64_t> CudnnRuntimeVersion() { return NotBuilt(); }
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context&, const AttentionConfig&, const Tensor&,
-                                                              const Tensor&, const Tensor&) {
+                                                              const Tensor&, const Tensor&,
+                                                              const AttentionSideTensors&) {
   return NotBuilt();
 }
 absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context&, const AttentionConfig&, const Tensor&,
-                                                                const Tensor&, const Tensor&, const Tensor&,
+                                                                const Tensor&, const Tensor&,
+                                                                const AttentionSideTensors&, const Tensor&,
                                                                 const Tensor&, const Tensor&) {
   return NotBuilt();
 }

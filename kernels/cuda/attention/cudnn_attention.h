@@ -6,14 +6,21 @@
 // What runs fused (everything else answers UNIMPLEMENTED with the reason, and the
 // dispatcher runs the unfused path):
 //   - sbhd and bshd layouts, given to cuDNN as strides of [B, H, S, D] views (no copies);
-//   - no_mask, causal and causal_bottom_right with any window (cuDNN's diagonal band:
-//     left bound window_left + 1, right bound window_right, aligned top-left for causal
-//     and bottom-right otherwise, as kernels/attention.h defines the offset o);
+//   - every mask type but arbitrary, with any window (cuDNN's diagonal band: left bound
+//     window_left + 1, right bound window_right, aligned top-left for causal and
+//     padding_causal and bottom-right otherwise, as kernels/attention.h defines the
+//     offset o); the padding types through cuDNN's per-sequence lengths (INT32 [B],
+//     computed on the device from cu_seqlens), with which cuDNN aligns bottom-right on
+//     each sequence's actual lengths. Padding rows of out, dq, dk and dv are zeroed and
+//     their softmax_lse set to -inf afterwards (the contract's values), whatever cuDNN
+//     left there. The dispatcher sends here only calls in which every query row of a
+//     sequence has a key to attend (cuDNN's result for a row with none is not the
+//     contract's);
 //   - GQA / MQA (K and V with fewer heads), D_qk == D_v;
 //   - the vanilla softmax, no bias, no dropout, no max_logit.
-// Padding masks and thd (cuDNN's sequence-length and ragged-offset tensors), post-scale
-// bias, ALiBi and dropout are cuDNN features not wired yet; dropout also needs our
-// counter-based masks bit for bit, which cuDNN's generator does not produce.
+// thd (cuDNN's ragged offsets), post-scale bias, ALiBi and dropout are cuDNN features not
+// wired yet; dropout also needs our counter-based masks bit for bit, which cuDNN's
+// generator does not produce.
 //
 // cuDNN is loaded at run time (dlopen of libcudnn.so.9): a host without it runs the
 // unfused path, and the binaries link no cuDNN library. Each problem's graph (shapes,
@@ -43,13 +50,16 @@ absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, 
 // The cuDNN runtime's version (e.g. 91900), or UNIMPLEMENTED when it cannot be loaded.
 absl::StatusOr<int64_t> CudnnRuntimeVersion();
 
+// side: the cu_seqlens of the padding types (checked by the dispatcher); nothing else is
+// read.
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx, const AttentionConfig& config,
-                                                              const Tensor& q, const Tensor& k, const Tensor& v);
+                                                              const Tensor& q, const Tensor& k, const Tensor& v,
+                                                              const AttentionSideTensors& side);
 
 absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& ctx, const AttentionConfig& config,
                                                                 const Tensor& q, const Tensor& k, const Tensor& v,
-                                                                const Tensor& out, const Tensor& softmax_lse,
-                                                                const Tensor& dout);
+                                                                const AttentionSideTensors& side, const Tensor& out,
+                                                                const Tensor& softmax_lse, const Tensor& dout);
 
 // Destroys the cuDNN handle bound to (device, stream), if any (the stream is going away).
 void ReleaseCudnnHandle(int device_index, void* stream);

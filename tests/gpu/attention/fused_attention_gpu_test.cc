@@ -1,10 +1,12 @@
 // cuDNN's fused attention (kernels/cuda/attention/cudnn_attention.h) through
 // kernels::AttentionForward / Backward with BF16 and FP16 q, k, v, against the CPU
 // reference run on the same 16-bit values widened to FP32 (exact), forward and backward:
-// sbhd / bshd, no_mask, causal, causal_bottom_right, a sliding window, GQA and MQA, head
+// sbhd / bshd, no_mask, causal, causal_bottom_right, a sliding window, the three padding
+// types (ragged lengths, an empty query sequence; padding rows must come out as the
+// contract's zeros and -inf even with unfilled allocations poisoned), GQA and MQA, head
 // sizes 64 and 128, odd sequence lengths. Also: which path ran (fused for these, unfused
-// with the reason for a padding mask), the dtypes of every output, and that a repeated
-// backward gives the same bits (cuDNN's deterministic algorithm).
+// with the reason for a query row with no key), the dtypes of every output, and that a
+// repeated backward gives the same bits (cuDNN's deterministic algorithm).
 //
 // Tolerances. The inputs are exact on both sides; the fused kernels round the
 // probabilities P to the input dtype before P V and dP, and round out and the gradients
@@ -13,7 +15,8 @@
 // with rtol 2e-2 for BF16 (8 significant bits) and 4e-3 for FP16 (11): a few units of the
 // 16-bit rounding of the tensor's scale, while a mask, offset, head-mapping or scale
 // mistake moves values by a sizeable fraction of it. softmax_lse (FP32, natural-log
-// logsumexp of the scaled scores) is compared with 1e-3 absolute.
+// logsumexp of the scaled scores) is compared with 1e-3 absolute. Equal values (the
+// padding rows' 0 and -inf) always agree.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -75,6 +78,16 @@ std::vector<FusedCase> Cases() {
     p.format = F::kBshd, p.mask = M::kCausal, p.s_q = 192, p.s_kv = 192, p.groups = 4, p.window_left = 31;
     p.d_qk = 64, p.d_v = 64;
     add("Bshd_Causal_Window31", p);
+    p = AttentionProblem();
+    p.format = F::kBshd, p.mask = M::kPadding, p.batch = 3, p.s_q = 128, p.s_kv = 128, p.heads = 4, p.groups = 2;
+    p.d_qk = 64, p.d_v = 64, p.cu_q = {0, 100, 228, 265}, p.cu_kv = {0, 128, 218, 219};
+    add("Bshd_Padding_GQA_Lengths100_128_37", p);
+    p.format = F::kSbhd, p.mask = M::kPaddingCausal, p.window_right = 0, p.s_q = 128, p.s_kv = 128, p.groups = 4;
+    p.d_qk = 128, p.d_v = 128, p.cu_q = {0, 70, 198, 199}, p.cu_kv = {0, 128, 228, 292};
+    add("Sbhd_PaddingCausal_D128", p);
+    p.format = F::kBshd, p.mask = M::kPaddingCausalBottomRight, p.s_q = 96, p.s_kv = 160, p.groups = 1;
+    p.d_qk = 64, p.d_v = 64, p.cu_q = {0, 50, 146, 146}, p.cu_kv = {0, 80, 240, 250};
+    add("Bshd_PaddingCausalBottomRight_MQA_EmptyQuery", p);
   }
   return cases;
 }
@@ -88,10 +101,13 @@ std::vector<FusedCase> Cases() {
   const absl::Span<const float> g = got.floats();
   const absl::Span<const float> w = want.floats();
   double scale = 0.0;
-  for (float x : w) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+  for (float x : w) {
+    if (std::isfinite(x)) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+  }
   int64_t failures = 0;
   std::string report;
   for (size_t i = 0; i < w.size(); ++i) {
+    if (g[i] == w[i]) continue;  // the padding rows' exact 0 and -inf
     const double allowed = rtol * (scale + std::fabs(static_cast<double>(w[i]))) + atol;
     if (std::fabs(static_cast<double>(g[i]) - w[i]) <= allowed) continue;  // NaN fails
     if (++failures <= 5) absl::StrAppend(&report, "\n  [", i, "] got ", g[i], " want ", w[i], " (allowed ", allowed, ")");
@@ -112,6 +128,26 @@ kernels::AttentionConfig ConfigOf(const AttentionProblem& p) {
   config.window_right = p.window_right;
   config.softmax_scale = p.softmax_scale();
   return config;
+}
+
+// cu_seqlens of the padding cases, on the host (the CPU reference) and on the GPU.
+kernels::AttentionSideTensors SideOf(const AttentionProblem& p) {
+  kernels::AttentionSideTensors side;
+  if (p.cu_q.empty()) return side;
+  const int64_t n = static_cast<int64_t>(p.cu_q.size());
+  side.cu_seqlens_q = Tensor::Zeros(DType::kInt32, {n}).value();
+  side.cu_seqlens_kv = Tensor::Zeros(DType::kInt32, {n}).value();
+  std::copy(p.cu_q.begin(), p.cu_q.end(), side.cu_seqlens_q.data<int32_t>());
+  std::copy(p.cu_kv.begin(), p.cu_kv.end(), side.cu_seqlens_kv.data<int32_t>());
+  return side;
+}
+
+kernels::AttentionSideTensors OnDevice(const Context& gpu, const kernels::AttentionSideTensors& host) {
+  kernels::AttentionSideTensors side;
+  if (!host.cu_seqlens_q.defined()) return side;
+  side.cu_seqlens_q = kernels::CopyTo(gpu, host.cu_seqlens_q, gpu.device).value();
+  side.cu_seqlens_kv = kernels::CopyTo(gpu, host.cu_seqlens_kv, gpu.device).value();
+  return side;
 }
 
 // A host tensor rounded to `dtype` and widened back: the values both sides compute on.
@@ -139,11 +175,11 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
   const Tensor k = Rounded(cpu, RandomTensor(p.k_shape(), -1.0f, 1.0f, 12), c.dtype);
   const Tensor v = Rounded(cpu, RandomTensor(p.v_shape(), -1.0f, 1.0f, 13), c.dtype);
   const Tensor dout = Rounded(cpu, RandomTensor(p.out_shape(), -1.0f, 1.0f, 14), c.dtype);
+  const kernels::AttentionSideTensors side = SideOf(p);
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs want,
-                       kernels::AttentionForward(cpu, config, q, k, v, kernels::AttentionSideTensors()));
+                       kernels::AttentionForward(cpu, config, q, k, v, side));
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs want_grads,
-                       kernels::AttentionBackward(cpu, config, q, k, v, kernels::AttentionSideTensors(), want.out,
-                                                  want.softmax_lse, dout));
+                       kernels::AttentionBackward(cpu, config, q, k, v, side, want.out, want.softmax_lse, dout));
 
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
@@ -154,8 +190,9 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
     return kernels::CopyTo(gpu, kernels::Convert(cpu, x, c.dtype).value(), gpu.device).value();
   };
   const Tensor dq16 = narrow(q), dk16 = narrow(k), dv16 = narrow(v), ddout16 = narrow(dout);
+  const kernels::AttentionSideTensors gpu_side = OnDevice(gpu, side);
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs got,
-                       kernels::AttentionForward(gpu, config, dq16, dk16, dv16, kernels::AttentionSideTensors()));
+                       kernels::AttentionForward(gpu, config, dq16, dk16, dv16, gpu_side));
   EXPECT_EQ(got.path, AttentionPath::kCudnnFused) << got.unfused_reason;
   EXPECT_EQ(got.out.dtype(), c.dtype);
   EXPECT_EQ(got.softmax_lse.dtype(), DType::kFloat32);
@@ -163,8 +200,8 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
   EXPECT_TRUE(Close(WideHost(gpu, got.softmax_lse), want.softmax_lse, 0.0, 1e-3, "softmax_lse"));
 
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs grads,
-                       kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, kernels::AttentionSideTensors(),
-                                                  got.out, got.softmax_lse, ddout16));
+                       kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, gpu_side, got.out,
+                                                  got.softmax_lse, ddout16));
   EXPECT_EQ(grads.dq.dtype(), c.dtype);
   // dq, dk, dv sum over keys / queries with P and dP rounded to 16 bits: twice the
   // forward's tolerance.
@@ -173,8 +210,8 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
   EXPECT_TRUE(Close(WideHost(gpu, grads.dv), want_grads.dv, 2 * rtol, 0.0, "dv"));
 
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs again,
-                       kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, kernels::AttentionSideTensors(),
-                                                  got.out, got.softmax_lse, ddout16));
+                       kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, gpu_side, got.out,
+                                                  got.softmax_lse, ddout16));
   const Tensor a = WideHost(gpu, grads.dq), b = WideHost(gpu, again.dq);
   EXPECT_TRUE(std::equal(a.floats().begin(), a.floats().end(), b.floats().begin())) << "dq differs between runs";
   const Tensor ak = WideHost(gpu, grads.dk), bk = WideHost(gpu, again.dk);
@@ -184,23 +221,21 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
 INSTANTIATE_TEST_SUITE_P(Fused, FusedAttentionGpuTest, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<FusedCase>& info) { return info.param.name; });
 
-// A configuration outside the fused set runs unfused in FP32 and says why; the outputs
-// still have the input dtype and match the reference.
-TEST(FusedAttentionFallback, PaddingMaskRunsUnfusedAndSaysWhy) {
+// A call whose configuration is in the fused set but in which a query row has no key to
+// attend (sequence 1: 8 queries, 6 keys, bottom-right causal) runs unfused in FP32 and
+// says why; the outputs still have the input dtype and match the reference.
+TEST(FusedAttentionFallback, AQueryRowWithNoKeyRunsUnfusedAndSaysWhy) {
   TESERVE_SKIP_WITHOUT_GPU();
   AttentionProblem p;
-  p.format = QkvFormat::kBshd, p.mask = AttnMaskType::kPadding, p.s_q = 8, p.s_kv = 8, p.d_qk = 16, p.d_v = 16;
-  p.cu_q = {0, 5, 13}, p.cu_kv = {0, 6, 14};
+  p.format = QkvFormat::kBshd, p.mask = AttnMaskType::kPaddingCausalBottomRight, p.window_right = 0;
+  p.s_q = 8, p.s_kv = 8, p.d_qk = 16, p.d_v = 16;
+  p.cu_q = {0, 5, 13}, p.cu_kv = {0, 6, 12};
   kernels::AttentionConfig config = ConfigOf(p);
   Context cpu;
   const Tensor q = Rounded(cpu, RandomTensor(p.q_shape(), -1.0f, 1.0f, 21), DType::kBFloat16);
   const Tensor k = Rounded(cpu, RandomTensor(p.k_shape(), -1.0f, 1.0f, 22), DType::kBFloat16);
   const Tensor v = Rounded(cpu, RandomTensor(p.v_shape(), -1.0f, 1.0f, 23), DType::kBFloat16);
-  kernels::AttentionSideTensors side;
-  side.cu_seqlens_q = Tensor::Zeros(DType::kInt32, {3}).value();
-  side.cu_seqlens_kv = Tensor::Zeros(DType::kInt32, {3}).value();
-  std::copy(p.cu_q.begin(), p.cu_q.end(), side.cu_seqlens_q.data<int32_t>());
-  std::copy(p.cu_kv.begin(), p.cu_kv.end(), side.cu_seqlens_kv.data<int32_t>());
+  const kernels::AttentionSideTensors side = SideOf(p);
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs want, kernels::AttentionForward(cpu, config, q, k, v, side));
 
   testing::ScopedStream stream;
@@ -211,19 +246,28 @@ TEST(FusedAttentionFallback, PaddingMaskRunsUnfusedAndSaysWhy) {
   auto narrow = [&](const Tensor& x) {
     return kernels::CopyTo(gpu, kernels::Convert(cpu, x, DType::kBFloat16).value(), gpu.device).value();
   };
-  kernels::AttentionSideTensors device_side;
-  device_side.cu_seqlens_q = kernels::CopyTo(gpu, side.cu_seqlens_q, gpu.device).value();
-  device_side.cu_seqlens_kv = kernels::CopyTo(gpu, side.cu_seqlens_kv, gpu.device).value();
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs got,
-                       kernels::AttentionForward(gpu, config, narrow(q), narrow(k), narrow(v), device_side));
+                       kernels::AttentionForward(gpu, config, narrow(q), narrow(k), narrow(v), OnDevice(gpu, side)));
   EXPECT_EQ(got.path, AttentionPath::kCudaUnfused);
-  EXPECT_NE(got.unfused_reason.find("padding"), std::string::npos) << got.unfused_reason;
+  EXPECT_NE(got.unfused_reason.find("query 0 of sequence 1 has no key"), std::string::npos) << got.unfused_reason;
   EXPECT_EQ(got.out.dtype(), DType::kBFloat16);
   // The unfused path computes in FP32 and rounds out once: within BF16's half ulp.
   EXPECT_TRUE(Close(WideHost(gpu, got.out), want.out, 4e-3, 0.0, "out"));
+  // The configuration itself is in the fused set (only this call's lengths are not).
   const absl::Status eligible =
       kernels::FusedAttentionEligible(gpu.device, config, DType::kBFloat16, p.d_qk, p.d_v);
+  EXPECT_TRUE(eligible.ok()) << eligible;
+}
+
+// An arbitrary boolean mask is outside the fused set whatever the lengths.
+TEST(FusedAttentionFallback, ArbitraryMaskIsNotEligible) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  kernels::AttentionConfig config;
+  config.qkv_format = QkvFormat::kBshd;
+  config.mask_type = AttnMaskType::kArbitrary;
+  const absl::Status eligible = kernels::FusedAttentionEligible(Device::Cuda(0), config, DType::kBFloat16, 64, 64);
   EXPECT_TRUE(absl::IsUnimplemented(eligible)) << eligible;
+  EXPECT_NE(eligible.message().find("arbitrary"), std::string::npos) << eligible;
 }
 
 #else
