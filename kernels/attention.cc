@@ -450,6 +450,15 @@ std::string RowWithoutKeys(const AttentionConfig& config, const Dims& dims) {
   return "";
 }
 
+#if TESERVE_WITH_CUDA
+cuda::FusedSequences LongestSequences(const Dims& dims) {
+  cuda::FusedSequences sequences;
+  for (int64_t len : dims.len_q) sequences.longest_q = std::max(sequences.longest_q, len);
+  for (int64_t len : dims.len_kv) sequences.longest_kv = std::max(sequences.longest_kv, len);
+  return sequences;
+}
+#endif
+
 absl::StatusOr<std::vector<Tensor>> Widen(const Context& ctx, std::initializer_list<const Tensor*> tensors) {
   std::vector<Tensor> out;
   for (const Tensor* t : tensors) {
@@ -477,7 +486,7 @@ absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, con
   if (!ctx.device.is_cpu()) {
     why = RowWithoutKeys(config, dims);
     absl::StatusOr<AttentionForwardOutputs> fused =
-        why.empty() ? cuda::FusedAttentionForward(ctx, config, q, k, v, side)
+        why.empty() ? cuda::FusedAttentionForward(ctx, config, q, k, v, side, LongestSequences(dims))
                     : absl::StatusOr<AttentionForwardOutputs>(absl::UnimplementedError(why));
     if (fused.ok()) {
       fused->path = AttentionPath::kCudnnFused;
@@ -512,7 +521,8 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
     AttentionConfig fused_config = config;
     if (NondeterministicAttentionAllowed()) fused_config.deterministic = false;
     absl::StatusOr<AttentionBackwardOutputs> fused =
-        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, side, out, softmax_lse, dout);
+        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, side, LongestSequences(dims), out,
+                                     softmax_lse, dout);
     if (fused.ok() || !absl::IsUnimplemented(fused.status())) return fused;
   }
 #endif

@@ -83,7 +83,7 @@
 //
 // CUDA contexts run one of two paths (AttentionForwardOutputs.path says which ran):
 //   - cuDNN's fused SDPA (kernels/cuda/attention/cudnn_attention.h) for BF16 / FP16
-//     sbhd / bshd inputs with any mask type but arbitrary (padding types included), any
+//     sbhd / bshd / thd inputs with any mask type but arbitrary (padding types included), any
 //     window, GQA / MQA, the vanilla softmax and no bias, dropout or max_logit, when
 //     cuDNN is present and accepts the shapes, and when every query row of every
 //     sequence has a key to attend (checked on the host from the lengths; a row without

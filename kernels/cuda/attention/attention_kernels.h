@@ -116,6 +116,8 @@ cudaError_t LaunchAttentionBackwardDbias(const AttentionLaunchParams& p, const f
 
 // softmax_lse in a layout given by strides (q's layout without the head size) <->
 // cuDNN's packed [B, H, S_q] statistics (cudnn_attention.cc).
+// thd: row_start (INT32 [B + 1] on the device, the token row where each sequence starts)
+// replaces stride_b, so position s of sequence b is at (row_start[b] + s) * stride_s.
 struct LseLayout {
   int64_t batch = 0;
   int64_t heads = 0;
@@ -123,13 +125,15 @@ struct LseLayout {
   int64_t stride_b = 0;  // elements, in the strided layout
   int64_t stride_h = 0;
   int64_t stride_s = 0;
+  const int32_t* row_start = nullptr;
 };
 
 // to_layout: packed [B, H, S] `in` -> strided `out`; else strided `in` -> packed `out`.
 // seq_len (INT32 [B] on the device, or null): rows s >= seq_len[b] are padding; they
-// get -inf in the layout (to_layout: the contract's lse of a row with nothing to attend)
-// and 0 in the packed statistics (the fused backward reads no padded row; a finite value
-// keeps a stray read finite).
+// get -inf in the layout (to_layout: the contract's lse of a row with nothing to attend;
+// with row_start they are not written, as they belong to no token of sequence b) and 0
+// in the packed statistics (the fused backward reads no padded row; a finite value keeps
+// a stray read finite).
 cudaError_t LaunchLsePermute(const LseLayout& layout, const float* in, float* out, bool to_layout,
                              const int32_t* seq_len, cudaStream_t stream);
 
@@ -149,6 +153,23 @@ struct TokenRows {
 // Zeroes the rows (b, s) with s >= seq_len[b] (padding tokens: their outputs and
 // gradients are 0 by the contract, whatever a fused kernel left there).
 cudaError_t LaunchZeroPaddedRows(const TokenRows& rows, const int32_t* seq_len, uint16_t* data, cudaStream_t stream);
+
+// thd: offsets[b] = row_start[b] * row_elems for b <= batch (cuDNN's ragged offsets, in
+// elements; the caller keeps them within INT32).
+cudaError_t LaunchRaggedOffsets(const int32_t* row_start, int32_t* offsets, int64_t batch, int64_t row_elems,
+                                cudaStream_t stream);
+
+// thd: the token rows t < tokens that belong to no sequence (no b with row_start[b] <= t
+// < row_start[b] + seq_len[b]) get zeros in data (row_elems 16-bit elements per row) and,
+// when lse is given, -inf in lse[t * heads .. + heads).
+struct RaggedRows {
+  int64_t tokens = 0;
+  int64_t batch = 0;
+  int64_t row_elems = 0;
+  int64_t heads = 0;
+};
+cudaError_t LaunchClearRowsOutsideSequences(const RaggedRows& rows, const int32_t* row_start, const int32_t* seq_len,
+                                            uint16_t* data, float* lse, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "kernels/cuda/attention/attention_kernels.h"
 #include "kernels/cuda/cuda_check.h"
@@ -43,7 +46,7 @@ namespace {
 namespace fe = cudnn_frontend;
 
 // Tensor uids of the graphs' inputs and outputs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqKv };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqKv, kOffsetQ, kOffsetKv };
 
 // dlopen of cuDNN, once per process. The status says why it failed.
 const absl::Status& CudnnLoaded() {
@@ -67,13 +70,20 @@ absl::Status FrontendError(absl::string_view step, fe::error_object error) {
   return absl::UnimplementedError(absl::StrCat("cuDNN SDPA ", step, ": ", error.get_message()));
 }
 
-// [B, H, S, D] view of one of q, k, v, out (and their gradients) in sbhd / bshd.
+// [B, H, S, D] view of one of q, k, v, out (and their gradients): strides of the sbhd /
+// bshd tensor; for thd, batch sequences of at most max_seq tokens at ragged offsets (the
+// batch stride is then unused).
 struct View {
   std::vector<int64_t> dims;
   std::vector<int64_t> strides;
 };
 
-View ViewOf(QkvFormat format, const Tensor& t) {
+View ViewOf(QkvFormat format, const Tensor& t, int64_t batch = 0, int64_t max_seq = 0) {
+  if (format == QkvFormat::kThd) {
+    const int64_t h = t.dim(1);
+    const int64_t d = t.dim(2);
+    return View{{batch, h, max_seq, d}, {max_seq * h * d, d, h * d, 1}};
+  }
   const bool sbhd = format == QkvFormat::kSbhd;
   const int64_t s = sbhd ? t.dim(0) : t.dim(1);
   const int64_t b = sbhd ? t.dim(1) : t.dim(0);
@@ -99,14 +109,29 @@ fe::DataType_t FrontendType(DType dtype) {
   return dtype == DType::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& graph, const char* name, Uid uid,
-                                                    const View& view) {
-  return graph.tensor(
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// ragged: thd's offsets tensor for this side (null otherwise).
+TensorPtr Input(fe::graph::Graph& graph, const char* name, Uid uid, const View& view, const TensorPtr& ragged) {
+  TensorPtr t = graph.tensor(
       fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(view.dims).set_stride(view.strides));
+  if (ragged != nullptr) t->set_ragged_offset(ragged);
+  return t;
 }
 
-void SetOutput(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, const View& view) {
+void SetOutput(const TensorPtr& t, Uid uid, const View& view, const TensorPtr& ragged) {
   t->set_output(true).set_uid(uid).set_dim(view.dims).set_stride(view.strides);
+  if (ragged != nullptr) t->set_ragged_offset(ragged);
+}
+
+// An INT32 [n, 1, 1, 1] graph input (sequence lengths, ragged offsets).
+TensorPtr IndexInput(fe::graph::Graph& graph, const char* name, Uid uid, int64_t n) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({n, 1, 1, 1})
+                          .set_stride({1, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::INT32));
 }
 
 // kernels/attention.h's mask predicates, spelled here: this library sits below the
@@ -135,21 +160,14 @@ void SetMask(const AttentionConfig& config, Attributes& attributes) {
   if (right >= 0) attributes.set_diagonal_band_right_bound(static_cast<int>(right));
 }
 
-// Padding masks: cuDNN's per-sequence lengths (INT32 [B, 1, 1, 1] inputs kSeqQ, kSeqKv).
+// Padding masks (thd has one too): cuDNN's per-sequence lengths (INT32 [B, 1, 1, 1]
+// inputs kSeqQ, kSeqKv).
 template <typename Attributes>
 void SetPadding(const AttentionConfig& config, fe::graph::Graph& graph, int64_t batch, Attributes& attributes) {
   if (!Padding(config.mask_type)) return;
-  auto lengths = [&](const char* name, Uid uid) {
-    return graph.tensor(fe::graph::Tensor_attributes()
-                            .set_name(name)
-                            .set_uid(uid)
-                            .set_dim({batch, 1, 1, 1})
-                            .set_stride({1, 1, 1, 1})
-                            .set_data_type(fe::DataType_t::INT32));
-  };
   attributes.set_padding_mask(true)
-      .set_seq_len_q(lengths("seq_len_q", kSeqQ))
-      .set_seq_len_kv(lengths("seq_len_kv", kSeqKv));
+      .set_seq_len_q(IndexInput(graph, "seq_len_q", kSeqQ, batch))
+      .set_seq_len_kv(IndexInput(graph, "seq_len_kv", kSeqKv, batch));
 }
 
 struct CachedGraph {
@@ -247,14 +265,16 @@ absl::StatusOr<std::shared_ptr<CachedGraph>> Finish(std::shared_ptr<fe::graph::G
   return cached;
 }
 
-std::string ProblemKey(const char* direction, int device, const AttentionConfig& config, const Tensor& q,
-                       const Tensor& k, const Tensor& v) {
+// The graph's identity: the [B, H, S, D] views (for thd the bucketed longest sequences, not
+// the token counts, which only move the ragged offsets), dtype, layout, mask and scale.
+std::string ProblemKey(const char* direction, int device, const AttentionConfig& config, DType dtype,
+                       const View& q, const View& k, const View& v) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &config.softmax_scale, sizeof(scale_bits));
-  return absl::StrCat(direction, "|", device, "|", static_cast<int>(q.dtype()), "|",
-                      static_cast<int>(config.qkv_format), "|", ShapeToString(q.shape()), ShapeToString(k.shape()),
-                      ShapeToString(v.shape()), "|", static_cast<int>(config.mask_type), "|", config.window_left, "|",
-                      config.window_right, "|", scale_bits, "|", config.deterministic ? 1 : 0);
+  return absl::StrCat(direction, "|", device, "|", static_cast<int>(dtype), "|", static_cast<int>(config.qkv_format),
+                      "|", absl::StrJoin(q.dims, ","), ";", absl::StrJoin(k.dims, ","), ";", absl::StrJoin(v.dims, ","),
+                      "|", static_cast<int>(config.mask_type), "|", config.window_left, "|", config.window_right, "|",
+                      scale_bits, "|", config.deterministic ? 1 : 0);
 }
 
 absl::Status Execute(CachedGraph& cached, cudnnHandle_t handle, const Context& ctx,
@@ -275,15 +295,19 @@ absl::Status Execute(CachedGraph& cached, cudnnHandle_t handle, const Context& c
   return absl::OkStatus();
 }
 
-// softmax_lse's strides in q's layout without the head size, as a [B, H, S_q] view.
-LseLayout LseLayoutOf(QkvFormat format, const Tensor& q) {
-  const View view = ViewOf(format, q);
+// softmax_lse's strides in q's layout without the head size, as a [B, H, S_q] view (q
+// is q's view; thd: row_start locates the sequences).
+LseLayout LseLayoutOf(QkvFormat format, const View& view, const int32_t* row_start) {
   const int64_t b = view.dims[0], h = view.dims[1], s = view.dims[2];
   LseLayout layout;
   layout.batch = b;
   layout.heads = h;
   layout.seq = s;
-  if (format == QkvFormat::kSbhd) {
+  if (format == QkvFormat::kThd) {
+    layout.stride_h = 1;
+    layout.stride_s = h;
+    layout.row_start = row_start;
+  } else if (format == QkvFormat::kSbhd) {
     layout.stride_b = h;
     layout.stride_h = 1;
     layout.stride_s = b * h;
@@ -296,20 +320,53 @@ LseLayout LseLayoutOf(QkvFormat format, const Tensor& q) {
 }
 
 // What both directions start from: the checks, the cuDNN handle of ctx's stream (on the
-// current device), the [B, H, S, D] views and, under a padding mask, the sequence lengths
-// (INT32 [B] on the device, from cu_seqlens).
+// current device), the [B, H, S, D] views and, under a padding mask or thd, the sequence
+// lengths (INT32 [B] on the device, from cu_seqlens); for thd also where each sequence
+// starts (cu_seqlens*_padded, else cu_seqlens) and cuDNN's ragged offsets (INT32 [B + 1],
+// in elements; q's serve out, dout and dq, k's serve v, dk and dv, as D_qk == D_v).
 struct Problem {
   cudnnHandle_t handle = nullptr;
   View q, k, v;
   int64_t b = 0, h = 0, s_q = 0;
   Tensor seq_q, seq_kv;
+  const Tensor* start_q = nullptr;
+  const Tensor* start_kv = nullptr;
+  Tensor offset_q, offset_kv;
 
+  bool ragged() const { return offset_q.defined(); }
   const int32_t* seq_q_data() const { return seq_q.defined() ? seq_q.data<int32_t>() : nullptr; }
-  // The lengths' entries of an execution's variant pack.
-  void AddLengths(std::unordered_map<int64_t, void*>& pack) const {
-    if (!seq_q.defined()) return;
-    pack[kSeqQ] = const_cast<void*>(seq_q.raw_data());
-    pack[kSeqKv] = const_cast<void*>(seq_kv.raw_data());
+  const int32_t* start_q_data() const { return start_q != nullptr ? start_q->data<int32_t>() : nullptr; }
+  // The lengths' and offsets' entries of an execution's variant pack.
+  void AddSequenceInputs(std::unordered_map<int64_t, void*>& pack) const {
+    if (seq_q.defined()) {
+      pack[kSeqQ] = const_cast<void*>(seq_q.raw_data());
+      pack[kSeqKv] = const_cast<void*>(seq_kv.raw_data());
+    }
+    if (ragged()) {
+      pack[kOffsetQ] = const_cast<void*>(offset_q.raw_data());
+      pack[kOffsetKv] = const_cast<void*>(offset_kv.raw_data());
+    }
+  }
+  // Zeroes the rows of `t` (one of q's or k's side) that hold no token of a sequence:
+  // padding rows (sbhd / bshd) or rows outside every sequence (thd; lse, when given, gets
+  // -inf there).
+  absl::Status ClearRowsWithoutTokens(QkvFormat format, bool q_side, Tensor& t, float* lse,
+                                      cudaStream_t stream) const {
+    const Tensor& lengths = q_side ? seq_q : seq_kv;
+    uint16_t* data = static_cast<uint16_t*>(t.raw_data());
+    if (ragged()) {
+      RaggedRows rows;
+      rows.tokens = t.dim(0);
+      rows.batch = b;
+      rows.row_elems = t.dim(1) * t.dim(2);
+      rows.heads = t.dim(1);
+      const Tensor& start = *(q_side ? start_q : start_kv);
+      TESERVE_CUDA_RETURN_IF_ERROR(LaunchClearRowsOutsideSequences(rows, start.data<int32_t>(),
+                                                                   lengths.data<int32_t>(), data, lse, stream));
+    } else if (lengths.defined()) {
+      TESERVE_CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(TokenRowsOf(format, t), lengths.data<int32_t>(), data, stream));
+    }
+    return absl::OkStatus();
   }
 };
 
@@ -320,15 +377,36 @@ absl::StatusOr<Tensor> SequenceLengths(const Context& ctx, const Tensor& cu_seql
   return lengths;
 }
 
+// thd: cuDNN sees each sequence in a [max_seq] extent; the longest sequence is rounded up
+// to a power of two (at least 128) so that batches of varying lengths share few graphs.
+int64_t BucketedLength(int64_t longest) {
+  int64_t bucket = 128;
+  while (bucket < longest) bucket *= 2;
+  return bucket;
+}
+
+absl::StatusOr<Tensor> RaggedOffsets(const Context& ctx, const Tensor& start, int64_t batch, int64_t row_elems) {
+  ASSIGN_OR_RETURN(Tensor offsets, Tensor::Empty(DType::kInt32, {batch + 1}, ctx.device, ctx.stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(
+      LaunchRaggedOffsets(start.data<int32_t>(), offsets.data<int32_t>(), batch, row_elems, StreamOf(ctx)));
+  return offsets;
+}
+
 absl::StatusOr<Problem> PrepareProblem(const Context& ctx, const AttentionConfig& config, const Tensor& q,
-                                       const Tensor& k, const Tensor& v, const AttentionSideTensors& side) {
+                                       const Tensor& k, const Tensor& v, const AttentionSideTensors& side,
+                                       const FusedSequences& sequences) {
   RETURN_IF_ERROR(FusedAttentionEligible(config, q.dtype(), q.dim(-1), v.dim(-1)));
   RETURN_IF_ERROR(CudnnLoaded());
   Problem p;
   ASSIGN_OR_RETURN(p.handle, CudnnState::Get().Handle(ctx.device.index, StreamOf(ctx)));
-  p.q = ViewOf(config.qkv_format, q);
-  p.k = ViewOf(config.qkv_format, k);
-  p.v = ViewOf(config.qkv_format, v);
+  const bool thd = config.qkv_format == QkvFormat::kThd;
+  if (thd && std::max(q.numel(), k.numel()) > std::numeric_limits<int32_t>::max()) {
+    return absl::UnimplementedError("not fused: thd tensors past 2^31 elements (cuDNN's INT32 ragged offsets)");
+  }
+  const int64_t batch = thd ? side.cu_seqlens_q.dim(0) - 1 : 0;
+  p.q = ViewOf(config.qkv_format, q, batch, BucketedLength(sequences.longest_q));
+  p.k = ViewOf(config.qkv_format, k, batch, BucketedLength(sequences.longest_kv));
+  p.v = ViewOf(config.qkv_format, v, batch, BucketedLength(sequences.longest_kv));
   p.b = p.q.dims[0];
   p.h = p.q.dims[1];
   p.s_q = p.q.dims[2];
@@ -336,29 +414,41 @@ absl::StatusOr<Problem> PrepareProblem(const Context& ctx, const AttentionConfig
     ASSIGN_OR_RETURN(p.seq_q, SequenceLengths(ctx, side.cu_seqlens_q, p.b));
     ASSIGN_OR_RETURN(p.seq_kv, SequenceLengths(ctx, side.cu_seqlens_kv, p.b));
   }
+  if (thd) {
+    p.start_q = side.cu_seqlens_q_padded.defined() ? &side.cu_seqlens_q_padded : &side.cu_seqlens_q;
+    p.start_kv = side.cu_seqlens_kv_padded.defined() ? &side.cu_seqlens_kv_padded : &side.cu_seqlens_kv;
+    ASSIGN_OR_RETURN(p.offset_q, RaggedOffsets(ctx, *p.start_q, p.b, q.dim(1) * q.dim(2)));
+    ASSIGN_OR_RETURN(p.offset_kv, RaggedOffsets(ctx, *p.start_kv, p.b, k.dim(1) * k.dim(2)));
+  }
   return p;
 }
 
-// A graph computing in FP32 on `dtype` inputs, with q, k and v as its first inputs.
-std::tuple<std::shared_ptr<fe::graph::Graph>, std::shared_ptr<fe::graph::Tensor_attributes>,
-           std::shared_ptr<fe::graph::Tensor_attributes>, std::shared_ptr<fe::graph::Tensor_attributes>>
-NewGraph(DType dtype, const Problem& p) {
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(FrontendType(dtype))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto tq = Input(*graph, "q", kQ, p.q);
-  auto tk = Input(*graph, "k", kK, p.k);
-  auto tv = Input(*graph, "v", kV, p.v);
-  return {graph, tq, tk, tv};
-}
+// A graph computing in FP32 on `dtype` inputs, with q, k and v as its first inputs and,
+// for thd, the ragged offsets of q's and k's side.
+struct NewGraph {
+  NewGraph(DType dtype, const Problem& p) : graph(std::make_shared<fe::graph::Graph>()) {
+    graph->set_io_data_type(FrontendType(dtype))
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    if (p.ragged()) {
+      ragged_q = IndexInput(*graph, "offset_q", kOffsetQ, p.b + 1);
+      ragged_kv = IndexInput(*graph, "offset_kv", kOffsetKv, p.b + 1);
+    }
+    q = Input(*graph, "q", kQ, p.q, ragged_q);
+    k = Input(*graph, "k", kK, p.k, ragged_kv);
+    v = Input(*graph, "v", kV, p.v, ragged_kv);
+  }
+
+  std::shared_ptr<fe::graph::Graph> graph;
+  TensorPtr ragged_q, ragged_kv;  // thd only
+  TensorPtr q, k, v;
+};
 
 }  // namespace
 
 absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, int64_t d_qk, int64_t d_v) {
   auto no = [](absl::string_view why) { return absl::UnimplementedError(absl::StrCat("not fused: ", why)); };
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return no("q, k, v are not BF16 / FP16");
-  if (config.qkv_format == QkvFormat::kThd) return no("thd (ragged offsets) is not wired to cuDNN yet");
   if (config.mask_type == AttnMaskType::kArbitrary) return no("cuDNN has no arbitrary boolean mask");
   if (config.bias_type != AttnBiasType::kNoBias) return no("bias and ALiBi are not wired to cuDNN yet");
   if (config.softmax_type != SoftmaxType::kVanilla) return no("softmax sinks (off-by-one, learnable) run unfused");
@@ -380,22 +470,24 @@ absl::StatusOr<int64_t> CudnnRuntimeVersion() {
 
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx, const AttentionConfig& config,
                                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                                              const AttentionSideTensors& side) {
+                                                              const AttentionSideTensors& side,
+                                                              const FusedSequences& sequences) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v, side));
+  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v, side, sequences));
   const cudaStream_t stream = StreamOf(ctx);
   const cudnnHandle_t handle = p.handle;
   const View& qv = p.q;
   const int64_t b = p.b, h = p.h, s_q = p.s_q;
-  const std::string key = ProblemKey("fwd", ctx.device.index, config, q, k, v);
+  const std::string key = ProblemKey("fwd", ctx.device.index, config, q.dtype(), p.q, p.k, p.v);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
-    auto [graph, tq, tk, tv] = NewGraph(q.dtype(), p);
+    NewGraph g(q.dtype(), p);
+    auto& graph = g.graph;
     fe::graph::SDPA_attributes attributes;
     attributes.set_name("sdpa_forward").set_generate_stats(true).set_attn_scale(config.softmax_scale);
     SetMask(config, attributes);
     SetPadding(config, *graph, b, attributes);
-    auto [o, stats] = graph->sdpa(tq, tk, tv, attributes);
-    SetOutput(o, kO, qv);
+    auto [o, stats] = graph->sdpa(g.q, g.k, g.v, attributes);
+    SetOutput(o, kO, qv, g.ragged_q);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({b, h, s_q, 1}).set_stride(
         {h * s_q, s_q, 1, 1});
     return Finish(graph, handle);
@@ -409,36 +501,36 @@ absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx
                                              {kV, const_cast<void*>(v.raw_data())},
                                              {kO, result.out.raw_data()},
                                              {kStats, stats.raw_data()}};
-  p.AddLengths(pack);
+  p.AddSequenceInputs(pack);
   RETURN_IF_ERROR(Execute(*cached, handle, ctx, pack));
   Shape lse_shape = q.shape();
   lse_shape.pop_back();
   ASSIGN_OR_RETURN(result.softmax_lse, Tensor::Empty(DType::kFloat32, lse_shape, ctx.device, ctx.stream));
-  TESERVE_CUDA_RETURN_IF_ERROR(LaunchLsePermute(LseLayoutOf(config.qkv_format, q), stats.data<float>(),
-                                                result.softmax_lse.data<float>(), /*to_layout=*/true,
-                                                p.seq_q_data(), stream));
-  if (p.seq_q.defined()) {
-    TESERVE_CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(TokenRowsOf(config.qkv_format, result.out), p.seq_q_data(),
-                                                      static_cast<uint16_t*>(result.out.raw_data()), stream));
-  }
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchLsePermute(LseLayoutOf(config.qkv_format, p.q, p.start_q_data()),
+                                                stats.data<float>(), result.softmax_lse.data<float>(),
+                                                /*to_layout=*/true, p.seq_q_data(), stream));
+  RETURN_IF_ERROR(p.ClearRowsWithoutTokens(config.qkv_format, /*q_side=*/true, result.out,
+                                           result.softmax_lse.data<float>(), stream));
   return result;
 }
 
 absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& ctx, const AttentionConfig& config,
                                                                 const Tensor& q, const Tensor& k, const Tensor& v,
-                                                                const AttentionSideTensors& side, const Tensor& out,
+                                                                const AttentionSideTensors& side,
+                                                                const FusedSequences& sequences, const Tensor& out,
                                                                 const Tensor& softmax_lse, const Tensor& dout) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
-  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v, side));
+  ASSIGN_OR_RETURN(const Problem p, PrepareProblem(ctx, config, q, k, v, side, sequences));
   const cudaStream_t stream = StreamOf(ctx);
   const cudnnHandle_t handle = p.handle;
   const View &qv = p.q, &kv = p.k, &vv = p.v;
   const int64_t b = p.b, h = p.h, s_q = p.s_q;
-  const std::string key = ProblemKey("bwd", ctx.device.index, config, q, k, v);
+  const std::string key = ProblemKey("bwd", ctx.device.index, config, q.dtype(), p.q, p.k, p.v);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
-    auto [graph, tq, tk, tv] = NewGraph(q.dtype(), p);
-    auto to = Input(*graph, "o", kO, qv);
-    auto tdo = Input(*graph, "do", kDo, qv);
+    NewGraph g(q.dtype(), p);
+    auto& graph = g.graph;
+    auto to = Input(*graph, "o", kO, qv, g.ragged_q);
+    auto tdo = Input(*graph, "do", kDo, qv, g.ragged_q);
     auto tstats = graph->tensor(fe::graph::Tensor_attributes()
                                     .set_name("stats")
                                     .set_uid(kStats)
@@ -449,16 +541,17 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
     attributes.set_name("sdpa_backward").set_attn_scale(config.softmax_scale).set_deterministic_algorithm(config.deterministic);
     SetMask(config, attributes);
     SetPadding(config, *graph, b, attributes);
-    auto [dq, dk, dv] = graph->sdpa_backward(tq, tk, tv, to, tdo, tstats, attributes);
-    SetOutput(dq, kDq, qv);
-    SetOutput(dk, kDk, kv);
-    SetOutput(dv, kDv, vv);
+    auto [dq, dk, dv] = graph->sdpa_backward(g.q, g.k, g.v, to, tdo, tstats, attributes);
+    SetOutput(dq, kDq, qv, g.ragged_q);
+    SetOutput(dk, kDk, kv, g.ragged_kv);
+    SetOutput(dv, kDv, vv, g.ragged_kv);
     return Finish(graph, handle);
   }));
 
   ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty(DType::kFloat32, {b, h, s_q}, ctx.device, ctx.stream));
-  TESERVE_CUDA_RETURN_IF_ERROR(LaunchLsePermute(LseLayoutOf(config.qkv_format, q), softmax_lse.data<float>(),
-                                                stats.data<float>(), /*to_layout=*/false, p.seq_q_data(), stream));
+  TESERVE_CUDA_RETURN_IF_ERROR(LaunchLsePermute(LseLayoutOf(config.qkv_format, p.q, p.start_q_data()),
+                                                softmax_lse.data<float>(), stats.data<float>(), /*to_layout=*/false,
+                                                p.seq_q_data(), stream));
   AttentionBackwardOutputs result;
   ASSIGN_OR_RETURN(result.dq, Tensor::Empty(q.dtype(), q.shape(), ctx.device, ctx.stream));
   ASSIGN_OR_RETURN(result.dk, Tensor::Empty(k.dtype(), k.shape(), ctx.device, ctx.stream));
@@ -472,16 +565,11 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
                                              {kDq, result.dq.raw_data()},
                                              {kDk, result.dk.raw_data()},
                                              {kDv, result.dv.raw_data()}};
-  p.AddLengths(pack);
+  p.AddSequenceInputs(pack);
   RETURN_IF_ERROR(Execute(*cached, handle, ctx, pack));
-  if (p.seq_q.defined()) {
-    for (auto [t, lengths] : {std::pair<Tensor*, const Tensor*>{&result.dq, &p.seq_q},
-                              {&result.dk, &p.seq_kv},
-                              {&result.dv, &p.seq_kv}}) {
-      TESERVE_CUDA_RETURN_IF_ERROR(LaunchZeroPaddedRows(TokenRowsOf(config.qkv_format, *t), lengths->data<int32_t>(),
-                                                        static_cast<uint16_t*>(t->raw_data()), stream));
-    }
-  }
+  RETURN_IF_ERROR(p.ClearRowsWithoutTokens(config.qkv_format, /*q_side=*/true, result.dq, nullptr, stream));
+  RETURN_IF_ERROR(p.ClearRowsWithoutTokens(config.qkv_format, /*q_side=*/false, result.dk, nullptr, stream));
+  RETURN_IF_ERROR(p.ClearRowsWithoutTokens(config.qkv_format, /*q_side=*/false, result.dv, nullptr, stream));
   return result;
 }
 
@@ -510,13 +598,13 @@ absl::Status FusedAttentionEligible(const AttentionConfig&, DType, int64_t, int6
 absl::StatusOr<int64_t> CudnnRuntimeVersion() { return NotBuilt(); }
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context&, const AttentionConfig&, const Tensor&,
                                                               const Tensor&, const Tensor&,
-                                                              const AttentionSideTensors&) {
+                                                              const AttentionSideTensors&, const FusedSequences&) {
   return NotBuilt();
 }
 absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context&, const AttentionConfig&, const Tensor&,
                                                                 const Tensor&, const Tensor&,
-                                                                const AttentionSideTensors&, const Tensor&,
-                                                                const Tensor&, const Tensor&) {
+                                                                const AttentionSideTensors&, const FusedSequences&,
+                                                                const Tensor&, const Tensor&, const Tensor&) {
   return NotBuilt();
 }
 void ReleaseCudnnHandle(int, void*) {}

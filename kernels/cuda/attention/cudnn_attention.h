@@ -6,6 +6,11 @@
 // What runs fused (everything else answers UNIMPLEMENTED with the reason, and the
 // dispatcher runs the unfused path):
 //   - sbhd and bshd layouts, given to cuDNN as strides of [B, H, S, D] views (no copies);
+//     thd as cuDNN's ragged layout: [B, H, S_max, D] views whose sequences start at
+//     ragged offsets (INT32 [B + 1], elements: the sequence's first token row, from
+//     cu_seqlens*_padded when given, times H * D), S_max the longest sequence rounded up
+//     to a power of two (at least 128; graphs are cached per bucket, not per token count);
+//     rows outside every sequence get out 0, lse -inf and zero gradients afterwards;
 //   - every mask type but arbitrary, with any window (cuDNN's diagonal band: left bound
 //     window_left + 1, right bound window_right, aligned top-left for causal and
 //     padding_causal and bottom-right otherwise, as kernels/attention.h defines the
@@ -18,8 +23,7 @@
 //     contract's);
 //   - GQA / MQA (K and V with fewer heads), D_qk == D_v;
 //   - the vanilla softmax, no bias, no dropout, no max_logit.
-// thd (cuDNN's ragged offsets), post-scale bias, ALiBi and dropout are cuDNN features not
-// wired yet; dropout also needs our counter-based masks bit for bit, which cuDNN's
+// Post-scale bias, ALiBi and dropout are cuDNN features not wired yet; dropout also needs our counter-based masks bit for bit, which cuDNN's
 // generator does not produce.
 //
 // cuDNN is loaded at run time (dlopen of libcudnn.so.9): a host without it runs the
@@ -50,15 +54,24 @@ absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, 
 // The cuDNN runtime's version (e.g. 91900), or UNIMPLEMENTED when it cannot be loaded.
 absl::StatusOr<int64_t> CudnnRuntimeVersion();
 
-// side: the cu_seqlens of the padding types (checked by the dispatcher); nothing else is
-// read.
+// What the dispatcher read on the host of a thd call's sequences: the longest query and
+// key sequence (cuDNN's S_max before bucketing). Unused by the other layouts.
+struct FusedSequences {
+  int64_t longest_q = 0;
+  int64_t longest_kv = 0;
+};
+
+// side: the cu_seqlens (and thd's padded offsets) of the padding types and thd, checked
+// by the dispatcher; nothing else is read.
 absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx, const AttentionConfig& config,
                                                               const Tensor& q, const Tensor& k, const Tensor& v,
-                                                              const AttentionSideTensors& side);
+                                                              const AttentionSideTensors& side,
+                                                              const FusedSequences& sequences);
 
 absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& ctx, const AttentionConfig& config,
                                                                 const Tensor& q, const Tensor& k, const Tensor& v,
-                                                                const AttentionSideTensors& side, const Tensor& out,
+                                                                const AttentionSideTensors& side,
+                                                                const FusedSequences& sequences, const Tensor& out,
                                                                 const Tensor& softmax_lse, const Tensor& dout);
 
 // Destroys the cuDNN handle bound to (device, stream), if any (the stream is going away).

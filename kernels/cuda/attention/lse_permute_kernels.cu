@@ -17,9 +17,12 @@ __global__ void LsePermuteKernel(LseLayout layout, const float* __restrict__ in,
     const int64_t s = i % layout.seq;
     const int64_t h = (i / layout.seq) % layout.heads;
     const int64_t b = i / (layout.seq * layout.heads);
-    const int64_t strided = b * layout.stride_b + h * layout.stride_h + s * layout.stride_s;
     const bool padded = seq_len != nullptr && s >= seq_len[b];
+    const int64_t strided = layout.row_start != nullptr
+                                ? (layout.row_start[b] + s) * layout.stride_s + h * layout.stride_h
+                                : b * layout.stride_b + h * layout.stride_h + s * layout.stride_s;
     if (to_layout) {
+      if (padded && layout.row_start != nullptr) continue;  // not a token of sequence b
       out[strided] = padded ? __int_as_float(0xff800000) : in[i];
     } else {
       out[i] = padded ? 0.0f : in[strided];
@@ -45,6 +48,39 @@ __global__ void ZeroPaddedRowsKernel(TokenRows rows, const int32_t* __restrict__
   }
 }
 
+__global__ void RaggedOffsetsKernel(const int32_t* __restrict__ start, int32_t* __restrict__ offsets, int64_t batch,
+                                    int64_t row_elems) {
+  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b <= batch;
+       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    offsets[b] = static_cast<int32_t>(start[b] * row_elems);
+  }
+}
+
+// A block per token row: the last sequence starting at or before it decides (sequences
+// do not overlap, so an earlier one cannot reach past a later start).
+__global__ void ClearRowsOutsideSequencesKernel(RaggedRows rows, const int32_t* __restrict__ start,
+                                                const int32_t* __restrict__ len, uint16_t* __restrict__ data,
+                                                float* __restrict__ lse) {
+  for (int64_t t = blockIdx.x; t < rows.tokens; t += gridDim.x) {
+    int64_t lo = 0, hi = rows.batch - 1, found = -1;
+    while (lo <= hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (start[mid] <= t) {
+        found = mid;
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    if (found >= 0 && t < start[found] + len[found]) continue;
+    uint16_t* p = data + t * rows.row_elems;
+    for (int64_t e = threadIdx.x; e < rows.row_elems; e += blockDim.x) p[e] = 0;
+    if (lse != nullptr) {
+      for (int64_t h = threadIdx.x; h < rows.heads; h += blockDim.x) lse[t * rows.heads + h] = __int_as_float(0xff800000);
+    }
+  }
+}
+
 unsigned Blocks(int64_t total, int threads) {
   const int64_t blocks = (total + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
@@ -62,6 +98,20 @@ cudaError_t LaunchZeroPaddedRows(const TokenRows& rows, const int32_t* seq_len, 
   const int64_t total = rows.batch * rows.seq;
   if (total == 0 || rows.row_elems == 0) return cudaSuccess;
   ZeroPaddedRowsKernel<<<static_cast<unsigned>(total < 65535 ? total : 65535), 128, 0, stream>>>(rows, seq_len, data);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRaggedOffsets(const int32_t* row_start, int32_t* offsets, int64_t batch, int64_t row_elems,
+                                cudaStream_t stream) {
+  RaggedOffsetsKernel<<<Blocks(batch + 1, 128), 128, 0, stream>>>(row_start, offsets, batch, row_elems);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClearRowsOutsideSequences(const RaggedRows& rows, const int32_t* row_start, const int32_t* seq_len,
+                                            uint16_t* data, float* lse, cudaStream_t stream) {
+  if (rows.tokens == 0) return cudaSuccess;
+  ClearRowsOutsideSequencesKernel<<<static_cast<unsigned>(rows.tokens < 65535 ? rows.tokens : 65535), 128, 0,
+                                    stream>>>(rows, row_start, seq_len, data, lse);
   return cudaGetLastError();
 }
 

@@ -3,7 +3,8 @@
 // reference run on the same 16-bit values widened to FP32 (exact), forward and backward:
 // sbhd / bshd, no_mask, causal, causal_bottom_right, a sliding window, the three padding
 // types (ragged lengths, an empty query sequence; padding rows must come out as the
-// contract's zeros and -inf even with unfilled allocations poisoned), GQA and MQA, head
+// contract's zeros and -inf even with unfilled allocations poisoned), thd (packed and
+// with padded offsets, rows outside every sequence), GQA and MQA, head
 // sizes 64 and 128, odd sequence lengths. Also: which path ran (fused for these, unfused
 // with the reason for a query row with no key), the dtypes of every output, and that a
 // repeated backward gives the same bits (cuDNN's deterministic algorithm).
@@ -88,6 +89,18 @@ std::vector<FusedCase> Cases() {
     p.format = F::kBshd, p.mask = M::kPaddingCausalBottomRight, p.s_q = 96, p.s_kv = 160, p.groups = 1;
     p.d_qk = 64, p.d_v = 64, p.cu_q = {0, 50, 146, 146}, p.cu_kv = {0, 80, 240, 250};
     add("Bshd_PaddingCausalBottomRight_MQA_EmptyQuery", p);
+    p = AttentionProblem();
+    p.format = F::kThd, p.mask = M::kPaddingCausal, p.window_right = 0, p.heads = 4, p.groups = 2;
+    p.d_qk = 64, p.d_v = 64, p.cu_q = {0, 100, 228, 265}, p.cu_kv = {0, 100, 228, 265}, p.t_q = 280, p.t_kv = 270;
+    add("Thd_PaddingCausal_GQA_TailRows", p);
+    p.mask = M::kPadding, p.window_right = -1, p.groups = 4, p.d_qk = 128, p.d_v = 128;
+    p.cu_q = {0, 60, 150, 151}, p.cu_q_padded = {0, 64, 160, 176}, p.t_q = 180;
+    p.cu_kv = {0, 90, 150, 190}, p.cu_kv_padded = {0, 96, 160, 208}, p.t_kv = 210;
+    add("Thd_Padding_PaddedOffsets_D128", p);
+    p.mask = M::kPaddingCausalBottomRight, p.window_right = 0, p.groups = 1, p.d_qk = 64, p.d_v = 64;
+    p.cu_q = {0, 40, 40, 140}, p.cu_kv = {0, 64, 70, 270}, p.cu_q_padded.clear(), p.cu_kv_padded.clear();
+    p.t_q = 140, p.t_kv = 270;
+    add("Thd_PaddingCausalBottomRight_MQA_EmptyQuery", p);
   }
   return cases;
 }
@@ -131,22 +144,31 @@ kernels::AttentionConfig ConfigOf(const AttentionProblem& p) {
 }
 
 // cu_seqlens of the padding cases, on the host (the CPU reference) and on the GPU.
+Tensor Int32Tensor(const std::vector<int32_t>& values) {
+  if (values.empty()) return Tensor();
+  Tensor t = Tensor::Zeros(DType::kInt32, {static_cast<int64_t>(values.size())}).value();
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+// cu_seqlens (and thd's padded offsets) of the padding and thd cases, on the host (the
+// CPU reference) and on the GPU.
 kernels::AttentionSideTensors SideOf(const AttentionProblem& p) {
   kernels::AttentionSideTensors side;
-  if (p.cu_q.empty()) return side;
-  const int64_t n = static_cast<int64_t>(p.cu_q.size());
-  side.cu_seqlens_q = Tensor::Zeros(DType::kInt32, {n}).value();
-  side.cu_seqlens_kv = Tensor::Zeros(DType::kInt32, {n}).value();
-  std::copy(p.cu_q.begin(), p.cu_q.end(), side.cu_seqlens_q.data<int32_t>());
-  std::copy(p.cu_kv.begin(), p.cu_kv.end(), side.cu_seqlens_kv.data<int32_t>());
+  side.cu_seqlens_q = Int32Tensor(p.cu_q);
+  side.cu_seqlens_kv = Int32Tensor(p.cu_kv);
+  side.cu_seqlens_q_padded = Int32Tensor(p.cu_q_padded);
+  side.cu_seqlens_kv_padded = Int32Tensor(p.cu_kv_padded);
   return side;
 }
 
 kernels::AttentionSideTensors OnDevice(const Context& gpu, const kernels::AttentionSideTensors& host) {
+  auto copy = [&](const Tensor& t) { return t.defined() ? kernels::CopyTo(gpu, t, gpu.device).value() : Tensor(); };
   kernels::AttentionSideTensors side;
-  if (!host.cu_seqlens_q.defined()) return side;
-  side.cu_seqlens_q = kernels::CopyTo(gpu, host.cu_seqlens_q, gpu.device).value();
-  side.cu_seqlens_kv = kernels::CopyTo(gpu, host.cu_seqlens_kv, gpu.device).value();
+  side.cu_seqlens_q = copy(host.cu_seqlens_q);
+  side.cu_seqlens_kv = copy(host.cu_seqlens_kv);
+  side.cu_seqlens_q_padded = copy(host.cu_seqlens_q_padded);
+  side.cu_seqlens_kv_padded = copy(host.cu_seqlens_kv_padded);
   return side;
 }
 
