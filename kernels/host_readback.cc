@@ -20,6 +20,7 @@ HostReadback::~HostReadback() {
 #if TESERVE_WITH_CUDA
   cuda::DestroyEvent(event_, event_device_);
   cuda::FreePinnedHost(pinned_, pinned_capacity_);
+  cuda::FreePinnedHost(gather_table_, gather_table_capacity_);
 #endif
 }
 
@@ -69,9 +70,16 @@ absl::Status HostReadback::Start(const Context& ctx, absl::Span<const Tensor> te
     pinned_capacity_ = capacity;
   }
   on_device_ = true;
-  RETURN_IF_ERROR(cuda::StartDeviceToHost(ctx, tensors, static_cast<uint8_t*>(pinned_), offsets, &event_,
-                                          &event_device_));
   sources_.assign(tensors.begin(), tensors.end());
+  cuda::GatherTable table{gather_table_, gather_table_capacity_};
+  const absl::Status started = cuda::StartDeviceToHost(ctx, tensors, static_cast<uint8_t*>(pinned_), offsets,
+                                                       &event_, &event_device_, &table, &sources_);
+  gather_table_ = table.pinned;
+  gather_table_capacity_ = table.capacity;
+  if (!started.ok()) {
+    sources_.clear();
+    return started;
+  }
   offsets_ = std::move(offsets);
   in_flight_ = true;
   return absl::OkStatus();

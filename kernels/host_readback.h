@@ -15,8 +15,9 @@
 //
 // On a CUDA device the staging memory is page-locked (so the copy is asynchronous and the
 // host reads it directly) and kept from call to call, reallocated only when a call needs
-// more; the event is made once per device. On the CPU, Start copies at once and Wait
-// returns at once.
+// more; the event is made once per device. Many tensors are packed on the device first
+// and come over in one copy (cuda::StartDeviceToHost). On the CPU, Start copies at once
+// and Wait returns at once.
 //
 // One readback at a time: Start first waits for one still in flight (its copies write into
 // the staging memory the new one reuses). The object keeps the source tensors until Wait,
@@ -68,6 +69,9 @@ class HostReadback {
   // CUDA: page-locked staging and the event (cudaEvent_t) of device event_device_.
   void* pinned_ = nullptr;
   size_t pinned_capacity_ = 0;
+  // The page-locked table of a gathered read (host_readback_cuda.h), reused likewise.
+  void* gather_table_ = nullptr;
+  size_t gather_table_capacity_ = 0;
   void* event_ = nullptr;
   int event_device_ = -1;
 };

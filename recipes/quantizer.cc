@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -226,6 +227,11 @@ absl::StatusOr<Tensor> HostAmaxBits(float amax) {
 
 }  // namespace
 
+// RegionEnd's read (quantizer.h), held by the quantizers it serves until they resolve.
+struct SharedAmaxRead {
+  kernels::HostReadback readback;
+};
+
 Quantizer::~Quantizer() = default;
 
 absl::StatusOr<Tensor> Quantizer::Source(const Context& ctx, const Tensor& x) const {
@@ -369,14 +375,18 @@ bool Quantizer::StartAmaxRead() {
 void Quantizer::ResolveEndedRegions() {
   if (ended_regions_ == 0) return;
   if (reading_amaxes_ > 0) {
-    const bool read = readback_->Wait().ok();
+    kernels::HostReadback& readback = shared_read_ != nullptr ? shared_read_->readback : *readback_;
+    const bool read = readback.Wait().ok();
     for (size_t i = 0; i < reading_amaxes_; ++i) {
-      const float amax = read ? DecodeAmaxBits(readback_->bytes(i)) : std::numeric_limits<float>::quiet_NaN();
+      const float amax =
+          read ? DecodeAmaxBits(readback.bytes(shared_begin_ + i)) : std::numeric_limits<float>::quiet_NaN();
       RecordAmax(amax);
       last_amax_ = amax;
     }
     reading_amaxes_ = 0;
   }
+  shared_read_.reset();
+  shared_begin_ = 0;
   for (; ended_regions_ > 0; --ended_regions_) DoEndRegion();
 }
 
@@ -465,10 +475,55 @@ void Quantizer::ImportState(const QuantizerState& state) {
   // waited for by the next Start or the destructor, before its staging is reused).
   ended_regions_ = 0;
   reading_amaxes_ = 0;
+  shared_read_.reset();
+  shared_begin_ = 0;
   pending_amax_.clear();
   last_amax_ = state.amax;
   calls_ = state.quantize_calls;
   ImportExtra(state);
+}
+
+RegionEnd::RegionEnd() = default;
+RegionEnd::~RegionEnd() = default;
+
+void RegionEnd::End(absl::Span<Quantizer* const> quantizers) {
+  std::vector<Quantizer*> together;
+  std::vector<Tensor> bits;
+  std::optional<Context> stream;  // the first joining quantizer's device and stream
+  for (Quantizer* q : quantizers) {
+    bool joins = q->lazy_region_end_ && !q->pending_amax_.empty();
+    if (joins) {
+      const Context first = stream.value_or(q->pending_amax_[0].ctx);
+      for (const Quantizer::PendingAmax& p : q->pending_amax_) {
+        joins = joins && p.ctx.device == first.device && p.ctx.stream == first.stream;
+      }
+    }
+    if (!joins) {
+      q->EndRegion();
+      continue;
+    }
+    q->ResolveEndedRegions();  // a no-op: Quantize resolved them before this region's first amax
+    if (!stream.has_value()) stream = q->pending_amax_[0].ctx;
+    together.push_back(q);
+    for (const Quantizer::PendingAmax& p : q->pending_amax_) bits.push_back(p.bits);
+  }
+  if (together.empty()) return;
+  // A quantizer that has not resolved the previous read still holds it: that read's
+  // staging stays as it is and this one gets its own.
+  if (read_ == nullptr || read_.use_count() > 1) read_ = std::make_shared<SharedAmaxRead>();
+  if (!read_->readback.Start(*stream, bits).ok()) {
+    for (Quantizer* q : together) q->EndRegion();  // each reads its own (or eagerly)
+    return;
+  }
+  size_t begin = 0;
+  for (Quantizer* q : together) {
+    q->shared_read_ = read_;
+    q->shared_begin_ = begin;
+    q->reading_amaxes_ = q->pending_amax_.size();
+    begin += q->reading_amaxes_;
+    q->pending_amax_.clear();
+    q->ended_regions_ = 1;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, TensorRole role) {

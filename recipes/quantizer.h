@@ -35,7 +35,8 @@
 //     EndRegion with a wait, as before.
 // In a training step the next Quantize of a forward quantizer comes after the backward
 // has been enqueued, so by then its region has usually finished on the GPU and the wait
-// costs nothing.
+// costs nothing. A session ends all of a region's quantizers together (RegionEnd below):
+// one read for all of their amaxes, not one per quantizer.
 // On the CPU the amax is computed in place and EndRegion updates at once.
 #ifndef TESERVE_RECIPES_QUANTIZER_H_
 #define TESERVE_RECIPES_QUANTIZER_H_
@@ -48,6 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/context.h"
 #include "core/quantized_tensor.h"
 #include "kernels/cast.h"
@@ -93,6 +95,9 @@ struct FusedCast {
   float scale = 1.0f;       // kPerTensor: the scale Quantize would use now
   bool defer_amax = false;  // leave the amax on the device (amax_bits), as Quantize would
 };
+
+struct SharedAmaxRead;  // RegionEnd's read, shared by the quantizers it serves
+class RegionEnd;
 
 class Quantizer {
  public:
@@ -224,6 +229,8 @@ class Quantizer {
   // region, in order.
   void ResolveEndedRegions();
 
+  friend class RegionEnd;
+
   struct PendingAmax {
     Context ctx;  // the device and stream that quantized
     Tensor bits;  // QuantizedTensor::amax_bits
@@ -234,6 +241,10 @@ class Quantizer {
   int ended_regions_ = 0;
   size_t reading_amaxes_ = 0;
   std::unique_ptr<kernels::HostReadback> readback_;  // made on first use, then reused
+  // When a RegionEnd read the ended region's amaxes: that read, and where this
+  // quantizer's reading_amaxes_ amaxes start in it (readback_ is then not used).
+  std::shared_ptr<SharedAmaxRead> shared_read_;
+  size_t shared_begin_ = 0;
   bool defer_host_amax_for_testing_ = false;
   bool lazy_region_end_ = true;
 
@@ -261,6 +272,25 @@ class Quantizer {
     QuantizedTensor q;
   };
   std::optional<Reusable> reusable_;
+};
+
+// Ends the regions of many quantizers together (a session's forward or backward region).
+// The amaxes that lazy quantizers left on one device stream are read with one
+// kernels::HostReadback for all of them (one gather, one copy, one event) instead of one
+// read each; every quantizer then resolves its region from that read exactly as after its
+// own EndRegion (the same updates in the same order, bit for bit). A quantizer with
+// nothing on the device, with amaxes on another stream than the first one's, or with the
+// lazy end off ends through its own EndRegion. Keep one RegionEnd per region kind: its
+// page-locked staging is reused while no quantizer still reads from the previous read
+// (else a new read is made). Not thread-safe (a session's quantizers, under its lock).
+class RegionEnd {
+ public:
+  RegionEnd();
+  ~RegionEnd();
+  void End(absl::Span<Quantizer* const> quantizers);
+
+ private:
+  std::shared_ptr<SharedAmaxRead> read_;
 };
 
 // The quantizer for `role` under `recipe`; nullptr when the recipe has none (no recipe,

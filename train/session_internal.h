@@ -68,6 +68,8 @@ struct Session::State {
   std::unique_ptr<Optimizer> optimizer;
   std::vector<layers::Parameter*> params;
   std::vector<layers::NamedQuantizer> quantizers;  // of the stack, fixed at Create
+  recipes::RegionEnd forward_region_end;
+  recipes::RegionEnd backward_region_end;
   float max_grad_norm = 0.0f;
   // How this session's quantized GEMMs run, planned for the device it computes on
   // (per-tensor FP8 on sm_90: native, Linear reads the codes directly).
@@ -205,11 +207,15 @@ struct Session::State {
     return absl::OkStatus();
   }
 
-  // Quantizers whose region ends with a Forward (true) or a Backward (false).
+  // Quantizers whose region ends with a Forward (true) or a Backward (false), ended
+  // together: on a device, one read of all their amaxes (recipes::RegionEnd).
   void EndRegion(bool forward) {
+    std::vector<recipes::Quantizer*> ending;
+    ending.reserve(quantizers.size());
     for (const layers::NamedQuantizer& q : quantizers) {
-      if (recipes::IsForwardRole(q.quantizer->role()) == forward) q.quantizer->EndRegion();
+      if (recipes::IsForwardRole(q.quantizer->role()) == forward) ending.push_back(q.quantizer);
     }
+    (forward ? forward_region_end : backward_region_end).End(ending);
   }
 
   // The checks every forward runs before touching state: FP32 CPU inputs the stack

@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_entry.h"
+#include "kernels/cuda/elementwise/elementwise_kernels.h"
 
 namespace teserve {
 namespace kernels {
@@ -64,8 +65,53 @@ void FreePinnedHost(void* ptr, size_t bytes) {
   if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
 }
 
+namespace {
+
+// The gathered form of StartDeviceToHost's copies (before its event): the table of pieces
+// to the device, one gather into device scratch, one copy to dst. Returns the first CUDA
+// error; *enqueued says whether anything reached the stream.
+cudaError_t GatherToHost(const Context& ctx, absl::Span<const Tensor> tensors, uint8_t* dst,
+                         absl::Span<const size_t> offsets, GatherTable* table, std::vector<Tensor>* keep,
+                         bool* enqueued) {
+  const size_t n = tensors.size();
+  const size_t total = offsets[n];
+  const size_t table_bytes = n * sizeof(GatherPiece);
+  if (table->capacity < table_bytes) {
+    FreePinnedHost(table->pinned, table->capacity);
+    table->pinned = nullptr;
+    table->capacity = 0;
+    absl::StatusOr<void*> pinned = AllocatePinnedHost(2 * table_bytes);
+    if (!pinned.ok()) return cudaErrorMemoryAllocation;
+    table->pinned = *pinned;
+    table->capacity = 2 * table_bytes;
+  }
+  absl::StatusOr<Tensor> scratch = Tensor::Empty(DType::kBool, {static_cast<int64_t>(total)}, ctx.device, ctx.stream);
+  absl::StatusOr<Tensor> device_table = Tensor::Empty(
+      DType::kInt64, {static_cast<int64_t>((table_bytes + sizeof(int64_t) - 1) / sizeof(int64_t))}, ctx.device,
+      ctx.stream);
+  if (!scratch.ok() || !device_table.ok()) return cudaErrorMemoryAllocation;
+  GatherPiece* pieces = static_cast<GatherPiece*>(table->pinned);
+  for (size_t i = 0; i < n; ++i) {
+    pieces[i] = GatherPiece{tensors[i].raw_data(), offsets[i], offsets[i + 1] - offsets[i]};
+  }
+  const cudaStream_t stream = StreamOf(ctx);
+  GatherPiece* device_pieces = static_cast<GatherPiece*>(device_table->raw_data());
+  char* packed = static_cast<char*>(scratch->raw_data());
+  cudaError_t error = cudaMemcpyAsync(device_pieces, pieces, table_bytes, cudaMemcpyHostToDevice, stream);
+  if (error != cudaSuccess) return error;
+  *enqueued = true;
+  error = LaunchGather(device_pieces, static_cast<int64_t>(n), packed, stream);
+  if (error == cudaSuccess) error = cudaMemcpyAsync(dst, packed, total, cudaMemcpyDeviceToHost, stream);
+  keep->push_back(*std::move(scratch));
+  keep->push_back(*std::move(device_table));
+  return error;
+}
+
+}  // namespace
+
 absl::Status StartDeviceToHost(const Context& ctx, absl::Span<const Tensor> tensors, uint8_t* dst,
-                               absl::Span<const size_t> offsets, void** event, int* event_device) {
+                               absl::Span<const size_t> offsets, void** event, int* event_device,
+                               GatherTable* table, std::vector<Tensor>* keep) {
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(ctx.device.index));
   // An event can only be recorded on a stream of the device it was made on.
   if (*event != nullptr && *event_device != ctx.device.index) {
@@ -82,11 +128,15 @@ absl::Status StartDeviceToHost(const Context& ctx, absl::Span<const Tensor> tens
   const cudaStream_t stream = StreamOf(ctx);
   cudaError_t error = cudaSuccess;
   bool enqueued = false;
-  for (size_t i = 0; i < tensors.size() && error == cudaSuccess; ++i) {
-    const size_t bytes = offsets[i + 1] - offsets[i];
-    if (bytes == 0) continue;
-    error = cudaMemcpyAsync(dst + offsets[i], tensors[i].raw_data(), bytes, cudaMemcpyDeviceToHost, stream);
-    enqueued = enqueued || error == cudaSuccess;
+  if (tensors.size() >= kGatherFrom && offsets[tensors.size()] > 0) {
+    error = GatherToHost(ctx, tensors, dst, offsets, table, keep, &enqueued);
+  } else {
+    for (size_t i = 0; i < tensors.size() && error == cudaSuccess; ++i) {
+      const size_t bytes = offsets[i + 1] - offsets[i];
+      if (bytes == 0) continue;
+      error = cudaMemcpyAsync(dst + offsets[i], tensors[i].raw_data(), bytes, cudaMemcpyDeviceToHost, stream);
+      enqueued = enqueued || error == cudaSuccess;
+    }
   }
   if (error == cudaSuccess) error = cudaEventRecord(static_cast<cudaEvent_t>(*event), stream);
   if (error != cudaSuccess) {

@@ -408,6 +408,51 @@ TEST(LazyRegionEnd, RandomCallSequencesMatchEager) {
   }
 }
 
+// A session's region end: the lazy quantizers of several pairs end together through one
+// RegionEnd (one read of all their amaxes) while the eager and in-place ones end one by
+// one. Some pairs sit regions out (their ended region stays unresolved, holding the
+// previous read, so the next one must not reuse its staging), some import a state in the
+// middle; every pair's three must still agree bit for bit.
+TEST(LazyRegionEnd, RegionEndTogetherMatchesEager) {
+  for (uint32_t seed = 0; seed < 4; ++seed) {
+    SCOPED_TRACE(absl::StrCat("seed ", seed));
+    std::mt19937 rng(seed);
+    std::vector<std::unique_ptr<Pair>> pairs;
+    for (int i = 0; i < 6; ++i) {
+      pairs.push_back(std::make_unique<Pair>(Delayed(1 + (seed + i) % 4), i % 3 == 2 ? TensorRole::kGradOutput
+                                                                                       : TensorRole::kInput));
+    }
+    RegionEnd together;
+    std::vector<QuantizerState> marks{pairs[0]->Export("start")};
+    for (int step = 0; step < 120; ++step) {
+      const std::string where = absl::StrCat("step ", step);
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        Pair& p = *pairs[i];
+        const int op = std::uniform_int_distribution<int>(0, 9)(rng);
+        if (op < 6) {
+          const float magnitude = std::ldexp(1.0f, std::uniform_int_distribution<int>(-10, 10)(rng));
+          p.Quantize(Values(3, 4, rng(), magnitude), absl::StrCat(where, " pair ", i), op % 2 == 0);
+          if (op == 0) p.Quantize(Values(2, 4, rng(), magnitude), absl::StrCat(where, " pair ", i, " again"));
+        } else if (op == 6 && i == 0) {
+          marks.push_back(p.Export(where));
+        } else if (op == 7 && i == 0) {
+          p.Import(marks[rng() % marks.size()]);
+        } else if (op == 8) {
+          p.ExpectSame(absl::StrCat(where, " pair ", i));
+        }
+      }
+      std::vector<Quantizer*> lazy;
+      for (auto& p : pairs) {
+        p->in_place->EndRegion();
+        p->eager->EndRegion();
+        lazy.push_back(p->lazy.get());
+      }
+      together.End(lazy);
+    }
+    for (size_t i = 0; i < pairs.size(); ++i) pairs[i]->ExpectSame(absl::StrCat("end, pair ", i));
+  }
+}
+
 }  // namespace
 }  // namespace recipes
 }  // namespace teserve

@@ -78,6 +78,43 @@ TEST(HostReadbackGpu, WaitsForTheWorkBeforeStartOnly) {
 #endif
 }
 
+// From cuda::kGatherFrom tensors on, the read is gathered on the device and copied once:
+// tensors of odd byte sizes and dtypes, some empty, land at their offsets intact, and a
+// second, larger read through the same object (a bigger table and staging) too.
+TEST(HostReadbackGpu, ManyTensorsAreGatheredIntact) {
+  TESERVE_SKIP_WITHOUT_GPU();
+#if TESERVE_WITH_CUDA
+  testing::ScopedStream stream;
+  ASSERT_TRUE(stream.ok());
+  Context ctx;
+  ctx.device = Device::Cuda(0);
+  ctx.stream = stream.get();
+  HostReadback r;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Tensor> hosts, devices;
+    const int count = round == 0 ? 7 : 3000;
+    for (int i = 0; i < count; ++i) {
+      const int64_t n = (i * 7 + round) % 13;  // 0..12 elements
+      Tensor host = Tensor::Zeros(i % 3 == 0 ? DType::kBFloat16 : DType::kFloat32, {n}).value();
+      uint8_t* bytes = static_cast<uint8_t*>(host.raw_data());
+      for (int64_t b = 0; b < host.nbytes(); ++b) bytes[b] = static_cast<uint8_t>(31 * i + 7 * b + round);
+      ASSERT_OK_AND_ASSIGN(Tensor dev, CopyTo(ctx, host, ctx.device));
+      hosts.push_back(std::move(host));
+      devices.push_back(std::move(dev));
+    }
+    ASSERT_TRUE(r.Start(ctx, devices).ok());
+    ASSERT_TRUE(r.Wait().ok());
+    ASSERT_EQ(r.size(), devices.size());
+    for (int i = 0; i < count; ++i) {
+      const absl::Span<const uint8_t> got = r.bytes(i);
+      ASSERT_EQ(got.size(), static_cast<size_t>(hosts[i].nbytes())) << "round " << round << " tensor " << i;
+      if (got.empty()) continue;
+      EXPECT_EQ(std::memcmp(got.data(), hosts[i].raw_data(), got.size()), 0) << "round " << round << " tensor " << i;
+    }
+  }
+#endif
+}
+
 TEST(HostReadbackGpu, DestroyedInFlight) {
   TESERVE_SKIP_WITHOUT_GPU();
 #if TESERVE_WITH_CUDA

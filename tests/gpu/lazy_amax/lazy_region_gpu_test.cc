@@ -4,6 +4,8 @@
 //     the same codes, snapshots and exported states across forward and backward regions,
 //     with snapshots and exports right after EndRegion, EndRegions in a row and
 //     ImportState while a region is pending.
+//   - RegionEnd (a session's region end, one read for all of its quantizers' amaxes)
+//     gives the same as each quantizer's own EndRegion.
 //   - Non-blocking: EndRegion returns while the stream is still busy with earlier work,
 //     and what resolves the region afterwards (the next Quantize, a Snapshot) waits for
 //     that region only, not for the work enqueued after it.
@@ -196,6 +198,47 @@ TEST(LazyRegionGpu, MatchesEagerAndTheCpuAcrossRegions) {
       t->ExpectSame("end");
       t->Export("end");
     }
+  }
+#endif
+}
+
+// A session's region end on the GPU: the lazy quantizers of ten trios end together through
+// one RegionEnd (their amaxes gathered on the device and read in one copy), the CPU and
+// eager ones one by one. Trios sit regions out (holding the previous read) and quantize
+// twice in others; all three of each trio agree bit for bit throughout.
+TEST(LazyRegionGpu, RegionEndTogetherMatchesEagerAndTheCpu) {
+  TESERVE_SKIP_WITHOUT_GPU();
+#if TESERVE_WITH_CUDA
+  testing::ScopedStream stream;
+  ASSERT_TRUE(stream.ok());
+  Context gpu;
+  gpu.device = Device::Cuda(0);
+  gpu.stream = stream.get();
+  std::vector<std::unique_ptr<Trio>> trios;
+  for (int i = 0; i < 10; ++i) {
+    const Recipe recipe = Delayed(1 + i % 5, i % 4 == 3 ? AmaxComputeAlgo::kMostRecent : AmaxComputeAlgo::kMax);
+    trios.push_back(std::make_unique<Trio>(recipe, i % 3 == 2 ? TensorRole::kGradOutput : TensorRole::kInput, gpu));
+  }
+  RegionEnd together;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<Quantizer*> lazy;
+    for (size_t i = 0; i < trios.size(); ++i) {
+      Trio& t = *trios[i];
+      const std::string where = absl::StrCat("step ", step, " trio ", i);
+      const float magnitude = std::ldexp(1.0f, static_cast<int>((step * 7 + i * 3) % 13) - 6);
+      if ((step + i) % 5 != 4) t.Quantize(Values(16, 32, 1000 * step + i, magnitude), where, step % 3 == 0);
+      if ((step + i) % 4 == 1) t.Quantize(Values(16, 32, 5000 + 1000 * step + i, 2 * magnitude), where, false);
+      t.cpu->EndRegion();
+      t.eager->EndRegion();
+      lazy.push_back(t.lazy.get());
+      if (step % 4 == 2 && i % 3 == 0) t.ExpectSame(where + ", before the region ends");
+    }
+    together.End(lazy);
+    if (step % 3 == 1) trios[step % trios.size()]->ExpectSame(absl::StrCat("step ", step, " right after End"));
+  }
+  for (size_t i = 0; i < trios.size(); ++i) {
+    trios[i]->ExpectSame(absl::StrCat("end, trio ", i));
+    trios[i]->Export(absl::StrCat("end, trio ", i));
   }
 #endif
 }
