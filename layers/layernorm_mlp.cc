@@ -42,6 +42,12 @@ absl::StatusOr<std::unique_ptr<LayerNormMLP>> LayerNormMLP::Create(std::string n
   fc1.bias_name = absl::StrCat(name, ".fc1_bias");
   fc1.params_dtype = options.params_dtype;
   ASSIGN_OR_RETURN(layer->fc1_, Linear::Create(absl::StrCat(name, ".fc1"), fc1, recipe));
+  // gelu with 16-bit params and no quantization: fc1's GEMM applies it in its epilogue.
+  if (options.activation == kernels::Activation::kGelu && options.bias && options.params_dtype != DType::kFloat32 &&
+      layer->fc1_->Quantizers().empty()) {
+    RETURN_IF_ERROR(layer->fc1_->set_fprop_gelu(true));
+    layer->gelu_epilogue_ = true;
+  }
   LinearOptions fc2;
   fc2.in_features = options.ffn_hidden_size;
   fc2.out_features = options.hidden_size;
@@ -139,6 +145,12 @@ absl::StatusOr<Tensor> LayerNormMLP::RecomputeFc1(const Context& ctx, const Save
   if (saved.weight_quantization.quantized) {
     ASSIGN_OR_RETURN(w_q, Requantize(ctx, saved.weight_quantization, replay_weight_.get(), w1));
   }
+  if (gelu_epilogue_) {
+    // The forward's epilogue GEMM again; the backward reads its pre-activation.
+    Tensor pre_activation;
+    RETURN_IF_ERROR(fc1_->Fprop(ctx, ln_out, nullptr, w1, nullptr, &pre_activation).status());
+    return pre_activation;
+  }
   return fc1_->Fprop(ctx, ln_out, input.quantized ? &x_q : nullptr, w1,
                      saved.weight_quantization.quantized ? &w_q : nullptr);
 }
@@ -149,13 +161,20 @@ absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const st
                    NormThenLinear(ctx, *norm_, *fc1_, inputs, options, options_.return_layernorm_output));
   ForwardOutput& normed = run.normed;
   ForwardOutput& fc1 = run.projected;
+  Shape act_shape = inputs[0].shape();
+  act_shape.back() = options_.ffn_hidden_size;
+  if (gelu_epilogue_) {
+    // fc1's epilogue applied gelu: its first output is the activation, its last the
+    // pre-activation (fc1_out, which the backward reads).
+    ASSIGN_OR_RETURN(Tensor fc1_out, fc1.outputs.back().As2D());
+    ASSIGN_OR_RETURN(ForwardOutput fc2, fc2_->Forward(ctx, {fc1.outputs[0]}, options));
+    return Finish(std::move(normed), std::move(fc1), std::move(fc2), fc1_out, inputs[0], run.fused, options);
+  }
   ASSIGN_OR_RETURN(Tensor fc1_out, fc1.outputs[0].As2D());
   // The activation reads fc1_out in params_dtype and writes in it (FP32 math). Under a
   // per-tensor plan of fc2's input quantizer the activation kernel writes fc2's FP8
   // operand instead (the FP32 values cast as the quantizer would cast them): the
   // backward reads fc1_out, not the activation, so the 16-bit copy is not needed.
-  Shape act_shape = inputs[0].shape();
-  act_shape.back() = options_.ffn_hidden_size;
   kernels::ActivationForwardOptions act_options;
   act_options.y_dtype = options_.params_dtype;
   std::optional<recipes::FusedCast> cast = fc2_->PlanInputCast(fc1_out.dim(0), options);
@@ -179,7 +198,13 @@ absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const st
     ASSIGN_OR_RETURN(Tensor act, activated.y.Reshape(act_shape));
     ASSIGN_OR_RETURN(fc2, fc2_->Forward(ctx, {act}, options));
   }
+  return Finish(std::move(normed), std::move(fc1), std::move(fc2), fc1_out, inputs[0], run.fused, options);
+}
 
+absl::StatusOr<ForwardOutput> LayerNormMLP::Finish(ForwardOutput normed, ForwardOutput fc1, ForwardOutput fc2,
+                                                   const Tensor& fc1_out, const Tensor& input,
+                                                   const std::optional<recipes::FusedCast>& fused,
+                                                   const ForwardOptions& options) {
   ForwardOutput out;
   out.outputs = std::move(fc2.outputs);
   if (options_.return_layernorm_output) out.outputs.push_back(normed.outputs[0]);
@@ -189,9 +214,9 @@ absl::StatusOr<ForwardOutput> LayerNormMLP::Forward(const Context& ctx, const st
     saved->fc1 = std::move(fc1.saved);
     saved->fc2 = std::move(fc2.saved);
     if (options_.checkpoint) {
-      saved->input = inputs[0];
+      saved->input = input;
       saved->input_quantization = Record(TensorRole::kInput);
-      if (run.fused.has_value()) saved->input_quantization.fused_mode = run.fused->mode;
+      if (fused.has_value()) saved->input_quantization.fused_mode = fused->mode;
       saved->weight_quantization = Record(TensorRole::kWeight);
     } else {
       saved->fc1_out = fc1_out;

@@ -25,6 +25,11 @@
 // it. y, b2 and ln_out come out in params_dtype, dx in x's dtype; the saved fc1_out is
 // 16-bit. Parameters and their gradients stay FP32 (the optimizer's masters). Under a
 // quantizing recipe fc1's and fc2's quantizers read the 16-bit ln_out and activation.
+// gelu with a bias, 16-bit params and no quantizing recipe (TE's GEMM + gelu fusion):
+// fc1's GEMM applies the gelu in its epilogue (Linear::set_fprop_gelu), on the FP32 sums
+// before rounding, and writes the pre-activation fc1_out beside it: one pass over
+// [tokens, ffn_hidden_size] instead of the GEMM's write and the activation's read and
+// write. act then differs from gelu(rounded fc1_out) in the last bit of some elements.
 //
 // checkpoint (TE's selective activation checkpointing): the forward does not keep
 // fc1_out, the largest activation of the layer ([tokens, fc1_width] in params_dtype);
@@ -124,6 +129,12 @@ class LayerNormMLP : public Module {
                                              recipes::Quantizer* replay, const Tensor& x) const;
   // fc1_out [tokens, fc1_width] of the forward that saved `saved`, recomputed.
   absl::StatusOr<Tensor> RecomputeFc1(const Context& ctx, const Saved& saved) const;
+  // The forward's end once fc2 has run: the outputs, and what the backward keeps (fc1_out,
+  // or what its recomputation needs: the input and how fc1's operands were quantized,
+  // `fused` being the cast the norm made).
+  absl::StatusOr<ForwardOutput> Finish(ForwardOutput normed, ForwardOutput fc1, ForwardOutput fc2,
+                                       const Tensor& fc1_out, const Tensor& input,
+                                       const std::optional<recipes::FusedCast>& fused, const ForwardOptions& options);
 
   LayerNormMLPOptions options_;
   std::unique_ptr<Normalization> norm_;
@@ -132,6 +143,9 @@ class LayerNormMLP : public Module {
   // checkpoint under a block recipe: quantizers of the recomputation (never reported).
   std::unique_ptr<recipes::Quantizer> replay_input_;
   std::unique_ptr<recipes::Quantizer> replay_weight_;
+  // fc1's GEMM applies the gelu (Linear::set_fprop_gelu): gelu, a bias, 16-bit params and
+  // no quantization.
+  bool gelu_epilogue_ = false;
 };
 
 }  // namespace layers

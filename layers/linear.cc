@@ -65,10 +65,12 @@ struct SavedOperand {
 // With `bias` (FP32 [n], the fprop of a Linear that adds its bias), d = op(a) op(b) +
 // bias. A 16-bit d takes it in the GEMM's epilogue, rounded to d's dtype (TE's 16-bit
 // bias); an FP32 d gets it from AddBias after the GEMM, since cuBLASLt has no FP8
-// kernel with an FP32 D and an FP32 BIAS epilogue.
+// kernel with an FP32 D and an FP32 BIAS epilogue. With `gelu_aux` as well (a 16-bit d of
+// 16-bit operands: Linear::set_fprop_gelu), the epilogue is kGeluAuxBias: *gelu_aux gets
+// the pre-activation op(a) op(b) + bias and d its gelu.
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
-                        float beta, Tensor* d, const Tensor* bias = nullptr) {
+                        float beta, Tensor* d, const Tensor* bias = nullptr, Tensor* gelu_aux = nullptr) {
   kernels::GemmOptions options;
   options.beta = beta;
   options.accumulation = accumulation;
@@ -80,6 +82,12 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
     ASSIGN_OR_RETURN(bias_d, kernels::Convert(ctx, *bias, d->dtype()));
     options.epilogue = kernels::GemmEpilogue::kBias;
     options.bias = &bias_d;
+    if (gelu_aux != nullptr) {
+      options.epilogue = kernels::GemmEpilogue::kGeluAuxBias;
+      options.aux = gelu_aux;
+    }
+  } else if (gelu_aux != nullptr) {
+    return absl::InternalError("LinearGemm: the gelu epilogue needs a bias and a 16-bit d");
   }
   const bool add_bias_after = bias != nullptr && !bias_d.defined();
   auto run = [&](const kernels::GemmOperand& ga, const kernels::GemmOperand& gb, Tensor* out) -> absl::Status {
@@ -164,12 +172,16 @@ absl::Status PrepareOperand(const Context& ctx, recipes::Quantizer* quantizer, b
 }
 
 // fprop: y [N, out] = x W^T (+ bias) in `dtype`, fast accumulation. The GEMM (beta 0)
-// writes every element of y, so no zero fill.
+// writes every element of y, so no zero fill. With `gelu_aux`, y is the gelu of that and
+// *gelu_aux (made here, [N, out] in `dtype`) the pre-activation.
 absl::StatusOr<Tensor> FpropGemm(const Context& ctx, const SavedOperand& x, const SavedOperand& w, int64_t rows,
-                                 int64_t out_features, DType dtype, const Tensor* bias) {
+                                 int64_t out_features, DType dtype, const Tensor* bias, Tensor* gelu_aux = nullptr) {
   ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(dtype, {rows, out_features}, ctx.device, ctx.stream));
+  if (gelu_aux != nullptr) {
+    ASSIGN_OR_RETURN(*gelu_aux, Tensor::Empty(dtype, {rows, out_features}, ctx.device, ctx.stream));
+  }
   RETURN_IF_ERROR(LinearGemm(ctx, x, Copy::kRowwise, false, w, Copy::kRowwise, true,
-                             kernels::GemmAccumulation::kFast, 0.0f, &y, bias));
+                             kernels::GemmAccumulation::kFast, 0.0f, &y, bias, gelu_aux));
   return y;
 }
 
@@ -280,7 +292,9 @@ absl::StatusOr<ForwardOutput> Linear::ForwardFrom(const Context& ctx, const Tens
                                  /*immutable=*/options_.params_dtype != DType::kFloat32, &w_operand));
 
   // Every output lives on the Context's device, ordered on its stream.
-  ASSIGN_OR_RETURN(Tensor y, FpropGemm(ctx, x_operand, w_operand, rows, options_.out_features, dtype, FpropBias()));
+  Tensor gelu_aux;
+  ASSIGN_OR_RETURN(Tensor y, FpropGemm(ctx, x_operand, w_operand, rows, options_.out_features, dtype, FpropBias(),
+                                       fprop_gelu_ ? &gelu_aux : nullptr));
   if (saved) {
     // The backward reads the columnwise copies (and the FP32 tensors when unquantized).
     x_operand.quantized.rowwise_data = Tensor();
@@ -296,6 +310,10 @@ absl::StatusOr<ForwardOutput> Linear::ForwardFrom(const Context& ctx, const Tens
   y_shape.back() = options_.out_features;
   ASSIGN_OR_RETURN(Tensor y_full, y.Reshape(y_shape));
   out.outputs.push_back(std::move(y_full));
+  if (fprop_gelu_) {
+    ASSIGN_OR_RETURN(Tensor aux_full, gelu_aux.Reshape(y_shape));
+    out.outputs.push_back(std::move(aux_full));
+  }
   if (options_.bias && options_.return_bias) {
     // TE returns the bias parameter itself, in params_dtype.
     ASSIGN_OR_RETURN(Tensor bias_copy, dtype == DType::kFloat32 ? bias_.value.Clone(ctx.stream)
@@ -385,8 +403,18 @@ const Tensor* Linear::FpropBias() const {
   return options_.bias && !options_.return_bias ? &bias_.value : nullptr;
 }
 
+absl::Status Linear::set_fprop_gelu(bool on) {
+  if (on && !(options_.bias && !options_.return_bias && options_.params_dtype != DType::kFloat32 &&
+              input_quantizer_ == nullptr && weight_quantizer_ == nullptr)) {
+    return absl::InternalError(absl::StrCat(name(), ": the gelu epilogue needs a bias added in the fprop, 16-bit "
+                                            "params and unquantized operands"));
+  }
+  fprop_gelu_ = on;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> Linear::Fprop(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q,
-                                     const Tensor& w, const QuantizedTensor* w_q) const {
+                                     const Tensor& w, const QuantizedTensor* w_q, Tensor* gelu_aux) const {
   const DType dtype = options_.params_dtype;
   SavedOperand x_operand, w_operand;
   if (x.defined()) {
@@ -403,7 +431,10 @@ absl::StatusOr<Tensor> Linear::Fprop(const Context& ctx, const Tensor& x, const 
   }
   if (!x.defined() && x_q == nullptr) return absl::InternalError("Linear::Fprop: neither x nor its copies");
   const int64_t rows = x.defined() ? x.dim(0) : x_q->shape[0];
-  return FpropGemm(ctx, x_operand, w_operand, rows, options_.out_features, dtype, FpropBias());
+  if (fprop_gelu_ != (gelu_aux != nullptr)) {
+    return absl::InternalError("Linear::Fprop: gelu_aux must be given exactly when the fprop applies gelu");
+  }
+  return FpropGemm(ctx, x_operand, w_operand, rows, options_.out_features, dtype, FpropBias(), gelu_aux);
 }
 
 std::vector<Parameter*> Linear::Parameters() {

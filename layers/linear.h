@@ -68,9 +68,20 @@ class Linear : public Module {
   // when given (as made by a quantizer of this Linear's recipe). Forward runs this very
   // GEMM on its quantizers' copies, so a caller that reproduces those copies reproduces
   // y bit for bit (LayerNormMLP's checkpoint recomputation). x may be undefined when x_q
-  // is given.
+  // is given. With set_fprop_gelu, y is the gelu and *gelu_aux (required then, and only
+  // then) the pre-activation.
   absl::StatusOr<Tensor> Fprop(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q, const Tensor& w,
-                               const QuantizedTensor* w_q) const;
+                               const QuantizedTensor* w_q, Tensor* gelu_aux = nullptr) const;
+
+  // LayerNormMLP's fc1 under a gelu activation (TE's GEMM + gelu fusion): the fprop's
+  // epilogue applies gelu_tanh as well (kernels::GemmEpilogue::kGeluAuxBias), so
+  // Forward's first output is gelu(x W^T + b), computed on the FP32 sums before any
+  // rounding, and its last output the pre-activation x W^T + b (the activation's
+  // backward input), both in params_dtype: one pass over [N, out] where a separate
+  // activation kernel would make three. The backward is unchanged (it reads x and W).
+  // Only for a bias added in the fprop, 16-bit params and no quantizer (INTERNAL
+  // otherwise: the caller checks).
+  absl::Status set_fprop_gelu(bool on);
 
   // For a caller that produces x itself (the norm of LayerNormLinear and LayerNormMLP,
   // the MLP's activation): the cast of x that producer may make as it writes x, in place
@@ -98,6 +109,7 @@ class Linear : public Module {
                                             const ForwardOptions& options);
 
   LinearOptions options_;
+  bool fprop_gelu_ = false;      // set_fprop_gelu
   bool calibrating_ = false;     // quantizers observe amaxes; GEMMs stay in FP32
   int64_t row_multiple_ = 1;     // token count divisor the recipe's blocks need
   Parameter weight_;
