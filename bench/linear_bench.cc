@@ -16,6 +16,8 @@
 //   layernorm_mlp_fp8_delayed_bf16_fwd_bwd  LayerNormMLP (LayerNorm, gelu, hidden C, ffn
 //                              LAYER_BENCH_FFN or 4 C, bias), BF16 params, FP8 delayed:
 //                              te.LayerNormMLP's case
+//   layernorm_mlp_bf16_fwd_bwd  the same MLP with BF16 params and no recipe (fc1's GEMM
+//                              applies the gelu in its epilogue)
 // bench/te_layer_probe.py times the TE modules on the same shapes.
 // Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
 // regions: what a training step's Linear costs in a session between two optimizer
@@ -244,6 +246,8 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   run("layernorm_linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,
       Layer::kLayerNormLinear);
   run("layernorm_mlp_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,
+      Layer::kLayerNormMLP);
+  run("layernorm_mlp_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results,
       Layer::kLayerNormMLP);
 }
 

@@ -1,7 +1,8 @@
 """Transformer Engine's te.Linear, te.LayerNormLinear and te.LayerNormMLP, forward +
 backward, timed as linear_bench times ours (<op>_pipelined: steps back to back).
 
-BF16 parameters, FP8 delayed scaling (HYBRID, history 16, max), LayerNorm, bias, gelu;
+BF16 parameters, FP8 delayed scaling (HYBRID, history 16, max; --recipe none: no FP8
+autocast, BF16 GEMMs), LayerNorm, bias, gelu;
 tokens x features as linear_bench's --shapes (16384 x 8192 by default), the MLP's ffn
 width --ffn (4 x features by default, as linear_bench's LAYER_BENCH_FFN). Each layer is
 timed --rounds times (median of 30 steps each) so that the spread between rounds shows.
@@ -22,6 +23,7 @@ def main():
     p.add_argument("--ffn", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--layers", default="Linear,LayerNormLinear,LayerNormMLP")
+    p.add_argument("--recipe", choices=["delayed", "none"], default="delayed")
     a = p.parse_args()
     import transformer_engine
     import transformer_engine.pytorch as te
@@ -46,12 +48,12 @@ def main():
         def step():
             layer.zero_grad(set_to_none=True)
             x.grad = None
-            with te.autocast(enabled=True, recipe=rec):
+            with te.autocast(enabled=a.recipe == "delayed", recipe=rec):
                 y = layer(x)
             y.backward(dy)
 
         for r in range(a.rounds):
-            print(json.dumps({"probe": "te." + name + " fwd_bwd", "round": r, "tokens": a.tokens,
+            print(json.dumps({"probe": "te." + name + " fwd_bwd", "recipe": a.recipe, "round": r, "tokens": a.tokens,
                               "features": a.features, "ffn": ffn if name == "LayerNormMLP" else None,
                               "ms": round(timed(step), 4)}), flush=True)
         del layer, x, dy
