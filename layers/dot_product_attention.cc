@@ -391,7 +391,8 @@ void DotProductAttention::DescribeAttention(const Device& device, std::vector<At
              fused.ok()) {
     info.path = "cudnn_fused";
     info.reason = absl::StrCat("cuDNN fused SDPA for ", DTypeName(options_.activation_dtype),
-                               " q, k, v (the unfused kernels take over if cuDNN refuses a call's shapes)");
+                               " q, k, v (the unfused kernels take over for a call whose shapes cuDNN refuses "
+                               "or in which a query row has no key to attend)");
   } else if (d_qk > kCudaMaxHeadSize || d_v > kCudaMaxHeadSize) {
     info.path = "unavailable";
     info.reason = absl::StrCat("the CUDA attention kernels take head sizes up to ", kCudaMaxHeadSize, "; this layer has D_qk ",
