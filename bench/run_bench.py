@@ -524,23 +524,38 @@ def _torch_linear_fwd_bwd(rows, cols):
 BENCHES.append("linear_bench")
 
 
+_SDPA_BATCH, _SDPA_HEADS = 4, 32  # attention_bench's B and H
+
+
+def _sdpa_tensors(seq, head_dim):
+    """BF16 q, k, v, dout [B, H, S, D]."""
+    torch = _torch()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (_SDPA_BATCH, _SDPA_HEADS, seq, head_dim)
+    return [torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+
+
+def _sdpa_fwd_bwd(q, k, v, dout, **sdpa_args):
+    """A step of SDPA forward + backward (dq, dk, dv) on these tensors."""
+    import torch.nn.functional as F
+    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+
+    def run():
+        out = F.scaled_dot_product_attention(q, k, v, **sdpa_args)
+        q.grad = k.grad = v.grad = None
+        out.backward(dout)
+    return run
+
+
 def _torch_sdpa(backward):
     def build(seq, head_dim):
-        torch = _torch()
         import torch.nn.functional as F
-        shape = (4, 32, seq, head_dim)  # [B, H, S, D]; attention_bench's B and H
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, dout = (torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+        q, k, v, dout = _sdpa_tensors(seq, head_dim)
         if not backward:
             return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), \
                 "F.scaled_dot_product_attention BF16 causal forward"
-        q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
-
-        def run():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            q.grad = k.grad = v.grad = None
-            out.backward(dout)
-        return run, "F.scaled_dot_product_attention BF16 causal forward + backward (dq, dk, dv)"
+        return _sdpa_fwd_bwd(q, k, v, dout, is_causal=True), \
+            "F.scaled_dot_product_attention BF16 causal forward + backward (dq, dk, dv)"
     return build
 
 
@@ -548,23 +563,15 @@ def _torch_sdpa_padded(seq, head_dim):
     """What a PyTorch user runs for a right-padded causal batch: one boolean mask (causal and
     the keys past each sequence's length), which sends SDPA to its memory-efficient kernel."""
     torch = _torch()
-    import torch.nn.functional as F
-    batch, heads = 4, 32
-    shape = (batch, heads, seq, head_dim)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    q, k, v, dout = _sdpa_tensors(seq, head_dim)
+    batch = _SDPA_BATCH
     lengths = torch.tensor([seq * (batch - b) // batch for b in range(batch)], device="cuda")
     pos = torch.arange(seq, device="cuda")
     causal = pos[None, :] <= pos[:, None]                                   # [S_q, S_kv]
     keys = pos[None, :] < lengths[:, None]                                  # [B, S_kv]
     mask = (causal[None, :, :] & keys[:, None, :])[:, None, :, :]           # [B, 1, S_q, S_kv]
-    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
-
-    def run():
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        q.grad = k.grad = v.grad = None
-        out.backward(dout)
-    return run, "F.scaled_dot_product_attention BF16, causal + key-padding boolean attn_mask, forward + backward"
+    return _sdpa_fwd_bwd(q, k, v, dout, attn_mask=mask), \
+        "F.scaled_dot_product_attention BF16, causal + key-padding boolean attn_mask, forward + backward"
 
 
 BENCHES.append("attention_bench")

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "core/context.h"
+
 #if TESERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -49,6 +51,13 @@ class ScopedStream {
   ScopedStream& operator=(const ScopedStream&) = delete;
   bool ok() const { return ok_; }
   cudaStream_t get() const { return stream_; }
+  // A Context of CUDA device `device` on this stream.
+  Context context(int device = 0) const {
+    Context ctx;
+    ctx.device = Device::Cuda(device);
+    ctx.stream = stream_;
+    return ctx;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

@@ -205,9 +205,7 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
 
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context gpu;
-  gpu.device = Device::Cuda(0);
-  gpu.stream = stream.get();
+  const Context gpu = stream.context();
   auto narrow = [&](const Tensor& x) {
     return kernels::CopyTo(gpu, kernels::Convert(cpu, x, c.dtype).value(), gpu.device).value();
   };
@@ -262,9 +260,7 @@ TEST(FusedAttentionFallback, AQueryRowWithNoKeyRunsUnfusedAndSaysWhy) {
 
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context gpu;
-  gpu.device = Device::Cuda(0);
-  gpu.stream = stream.get();
+  const Context gpu = stream.context();
   auto narrow = [&](const Tensor& x) {
     return kernels::CopyTo(gpu, kernels::Convert(cpu, x, DType::kBFloat16).value(), gpu.device).value();
   };

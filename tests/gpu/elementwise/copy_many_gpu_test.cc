@@ -21,9 +21,7 @@ using testing_kernels::Pointers;
 #if TESERVE_WITH_CUDA
 
 Context GpuOn(const testing::ScopedStream& stream) {
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream.get();
+  const Context ctx = stream.context();
   return ctx;
 }
 

@@ -39,9 +39,7 @@ TEST(HostReadbackGpu, WaitsForTheWorkBeforeStartOnly) {
 #if TESERVE_WITH_CUDA
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream.get();
+  const Context ctx = stream.context();
   const Tensor a_host = Tensor::FromFloats({1.0f, -2.0f, 3.5f}, {3}).value();
   const Tensor b_host = Tensor::FromFloats({7.0f}, {1}).value();
   ASSERT_OK_AND_ASSIGN(Tensor a, CopyTo(ctx, a_host, ctx.device));
@@ -86,9 +84,7 @@ TEST(HostReadbackGpu, ManyTensorsAreGatheredIntact) {
 #if TESERVE_WITH_CUDA
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream.get();
+  const Context ctx = stream.context();
   HostReadback r;
   for (int round = 0; round < 2; ++round) {
     std::vector<Tensor> hosts, devices;
@@ -120,9 +116,7 @@ TEST(HostReadbackGpu, DestroyedInFlight) {
 #if TESERVE_WITH_CUDA
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream.get();
+  const Context ctx = stream.context();
   const Tensor a_host = Tensor::FromFloats({1.0f}, {1}).value();
   ASSERT_OK_AND_ASSIGN(Tensor a, CopyTo(ctx, a_host, ctx.device));
   {

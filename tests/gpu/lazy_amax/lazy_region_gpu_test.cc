@@ -154,9 +154,7 @@ TEST(LazyRegionGpu, MatchesEagerAndTheCpuAcrossRegions) {
 #if TESERVE_WITH_CUDA
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context gpu;
-  gpu.device = Device::Cuda(0);
-  gpu.stream = stream.get();
+  const Context gpu = stream.context();
   const std::vector<std::pair<std::string, Recipe>> configs = {
       {"len1", Delayed(1)},
       {"len2", Delayed(2)},
@@ -211,9 +209,7 @@ TEST(LazyRegionGpu, RegionEndTogetherMatchesEagerAndTheCpu) {
 #if TESERVE_WITH_CUDA
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context gpu;
-  gpu.device = Device::Cuda(0);
-  gpu.stream = stream.get();
+  const Context gpu = stream.context();
   std::vector<std::unique_ptr<Trio>> trios;
   for (int i = 0; i < 10; ++i) {
     const Recipe recipe = Delayed(1 + i % 5, i % 4 == 3 ? AmaxComputeAlgo::kMostRecent : AmaxComputeAlgo::kMax);
@@ -249,9 +245,7 @@ TEST(LazyRegionGpu, EndRegionReturnsWhileTheStreamRuns) {
 #if TESERVE_WITH_CUDA
   testing::ScopedStream stream;
   ASSERT_TRUE(stream.ok());
-  Context gpu;
-  gpu.device = Device::Cuda(0);
-  gpu.stream = stream.get();
+  const Context gpu = stream.context();
   const Tensor x1 = kernels::CopyTo(gpu, Values(256, 256, 1, 2.0f), gpu.device).value();
   const Tensor x2 = kernels::CopyTo(gpu, Values(256, 256, 2, 5.0f), gpu.device).value();
   std::unique_ptr<Quantizer> lazy = MakeQuantizer(Delayed(8), TensorRole::kInput).value();
