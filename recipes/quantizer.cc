@@ -508,16 +508,28 @@ void RegionEnd::End(absl::Span<Quantizer* const> quantizers) {
     for (const Quantizer::PendingAmax& p : q->pending_amax_) bits.push_back(p.bits);
   }
   if (together.empty()) return;
-  // A quantizer that has not resolved the previous read still holds it: that read's
-  // staging stays as it is and this one gets its own.
-  if (read_ == nullptr || read_.use_count() > 1) read_ = std::make_shared<SharedAmaxRead>();
-  if (!read_->readback.Start(*stream, bits).ok()) {
+  // A read that a quantizer has not resolved yet is still held by it and keeps its
+  // staging; any other read is free to reuse. A quantizer that sits regions out (or
+  // never quantizes again) holds one, so a few are kept: a new read allocates page-locked
+  // memory, and freeing it waits for the device.
+  std::shared_ptr<SharedAmaxRead> read;
+  for (const std::shared_ptr<SharedAmaxRead>& kept : reads_) {
+    if (kept.use_count() == 1) {
+      read = kept;
+      break;
+    }
+  }
+  if (read == nullptr) {
+    read = std::make_shared<SharedAmaxRead>();
+    if (reads_.size() < kKeptReads) reads_.push_back(read);
+  }
+  if (!read->readback.Start(*stream, bits).ok()) {
     for (Quantizer* q : together) q->EndRegion();  // each reads its own (or eagerly)
     return;
   }
   size_t begin = 0;
   for (Quantizer* q : together) {
-    q->shared_read_ = read_;
+    q->shared_read_ = read;
     q->shared_begin_ = begin;
     q->reading_amaxes_ = q->pending_amax_.size();
     begin += q->reading_amaxes_;

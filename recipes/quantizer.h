@@ -281,8 +281,8 @@ class Quantizer {
 // own EndRegion (the same updates in the same order, bit for bit). A quantizer with
 // nothing on the device, with amaxes on another stream than the first one's, or with the
 // lazy end off ends through its own EndRegion. Keep one RegionEnd per region kind: its
-// page-locked staging is reused while no quantizer still reads from the previous read
-// (else a new read is made). Not thread-safe (a session's quantizers, under its lock).
+// reads' page-locked staging is reused once no quantizer reads from them any more. Not
+// thread-safe (a session's quantizers, under its lock).
 class RegionEnd {
  public:
   RegionEnd();
@@ -290,7 +290,8 @@ class RegionEnd {
   void End(absl::Span<Quantizer* const> quantizers);
 
  private:
-  std::shared_ptr<SharedAmaxRead> read_;
+  static constexpr size_t kKeptReads = 4;
+  std::vector<std::shared_ptr<SharedAmaxRead>> reads_;  // reused while no quantizer holds one
 };
 
 // The quantizer for `role` under `recipe`; nullptr when the recipe has none (no recipe,
