@@ -45,8 +45,11 @@ Workload WorkloadFor(const std::string& device) {
 }
 
 // A call must take this long for the deadlines and the cancel below (a fifth of it) to
-// land mid-call; the CPU model above takes ~125 ms (and skips itself when faster).
+// land mid-call; the CPU model above takes ~125 ms. On a faster CPU the layer count grows
+// until both calls take kCpuCallTime, up to kMaxCpuLayers (and skips itself past that).
 constexpr absl::Duration kMinCallTime = absl::Milliseconds(100);
+constexpr absl::Duration kCpuCallTime = absl::Milliseconds(150);
+constexpr int64_t kMaxCpuLayers = 16;
 // On a GPU the layer count grows until both calls take this long, up to kMaxGpuLayers.
 constexpr absl::Duration kGpuCallTime = absl::Milliseconds(300);
 constexpr int64_t kMaxGpuLayers = 4096;
@@ -162,8 +165,8 @@ TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
   client::Client c(server.address());
 
   // Two sessions of one spec; one step on both (optimizer state and scaling history
-  // exist), timing the calls. On a GPU, while a call is shorter than kGpuCallTime, both
-  // sessions go and two of a deeper model take their place.
+  // exist), timing the calls. While a call is shorter than kCpuCallTime / kGpuCallTime,
+  // both sessions go and two of a deeper model take their place.
   std::string a, b;
   absl::Duration forward_took, backward_took;
   for (;;) {
@@ -190,11 +193,13 @@ TEST(Cancellation, AbandonedCallsLeaveTheSessionAsIfTheyNeverCame) {
     std::printf("%s, %lld layers: Forward %s, Backward %s\n", device.c_str(), static_cast<long long>(w.layers),
                 absl::FormatDuration(forward_took).c_str(), absl::FormatDuration(backward_took).c_str());
     const absl::Duration shorter = std::min(forward_took, backward_took);
-    if (on_cpu || shorter >= kGpuCallTime || w.layers >= kMaxGpuLayers) break;
+    const absl::Duration goal = on_cpu ? kCpuCallTime : kGpuCallTime;
+    const int64_t max_layers = on_cpu ? kMaxCpuLayers : kMaxGpuLayers;
+    if (shorter >= goal || w.layers >= max_layers) break;
     ASSERT_TRUE(c.DeleteSession(a).ok() && c.DeleteSession(b).ok());
     // The time per layer is about constant at these depths: aim half again past the goal.
-    const double factor = std::max(2.0, 1.5 * absl::FDivDuration(kGpuCallTime, shorter));
-    w.layers = std::min<int64_t>(kMaxGpuLayers, static_cast<int64_t>(std::ceil(w.layers * factor)));
+    const double factor = std::max(on_cpu ? 1.25 : 2.0, 1.5 * absl::FDivDuration(goal, shorter));
+    w.layers = std::min<int64_t>(max_layers, static_cast<int64_t>(std::ceil(w.layers * factor)));
   }
   ExpectSameParametersAndGradients(c, a, b);
   if (forward_took < kMinCallTime || backward_took < kMinCallTime) {
