@@ -232,6 +232,19 @@ absl::StatusOr<std::vector<Tensor>> LayerNormMLP::Backward(const Context& ctx, S
   auto& saved = static_cast<Saved&>(saved_base);
   std::vector<Tensor> fc2_grads{grad_outputs[0]};
   if (returns_bias()) fc2_grads.push_back(grad_outputs[1]);
+  std::vector<Tensor> d_ln;
+  if (gelu_epilogue_) {
+    // fc2's dgrad GEMM applies gelu' in its epilogue and sums fc1's bias gradient.
+    Tensor fc1_out = saved.fc1_out;
+    if (options_.checkpoint) {
+      ASSIGN_OR_RETURN(fc1_out, RecomputeFc1(ctx, saved));
+    }
+    Tensor fc1_bias_grad;
+    ASSIGN_OR_RETURN(const Tensor d_fc1,
+                     fc2_->BackwardThroughGelu(ctx, *saved.fc2, fc2_grads, fc1_out, &fc1_bias_grad));
+    ASSIGN_OR_RETURN(d_ln, fc1_->BackwardWithBiasGrad(ctx, *saved.fc1, {d_fc1}, fc1_bias_grad));
+    return FinishBackward(ctx, saved, grad_outputs, std::move(d_ln));
+  }
   ASSIGN_OR_RETURN(std::vector<Tensor> d_act, fc2_->Backward(ctx, *saved.fc2, fc2_grads));
   ASSIGN_OR_RETURN(Tensor d_act_2d, d_act[0].As2D());
 
@@ -244,7 +257,13 @@ absl::StatusOr<std::vector<Tensor>> LayerNormMLP::Backward(const Context& ctx, S
   ASSIGN_OR_RETURN(kernels::ActivationBackwardResult d_fc1,
                    kernels::FusedActivationBackward(ctx, options_.activation, options_.activation_params, dy_act,
                                                     fc1_out, kernels::ActivationBackwardOptions()));
-  ASSIGN_OR_RETURN(std::vector<Tensor> d_ln, fc1_->Backward(ctx, *saved.fc1, {d_fc1.dx}));
+  ASSIGN_OR_RETURN(d_ln, fc1_->Backward(ctx, *saved.fc1, {d_fc1.dx}));
+  return FinishBackward(ctx, saved, grad_outputs, std::move(d_ln));
+}
+
+absl::StatusOr<std::vector<Tensor>> LayerNormMLP::FinishBackward(const Context& ctx, Saved& saved,
+                                                                 const std::vector<Tensor>& grad_outputs,
+                                                                 std::vector<Tensor> d_ln) {
   // The returned ln_out's gradient joins in FP32 (d_ln[0] is in params_dtype; the norm's
   // backward takes any dtype). For FP32 d_ln[0] is a fresh tensor of Linear's, added to
   // in place.

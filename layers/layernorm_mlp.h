@@ -127,6 +127,11 @@ class LayerNormMLP : public Module {
   // without fc1's quantizers (how.quantized only).
   absl::StatusOr<QuantizedTensor> Requantize(const Context& ctx, const FpropQuantization& how,
                                              recipes::Quantizer* replay, const Tensor& x) const;
+  // The backward's end once fc1's has run: a returned ln_out's gradient joins d_ln, then
+  // the norm's backward.
+  absl::StatusOr<std::vector<Tensor>> FinishBackward(const Context& ctx, Saved& saved,
+                                                     const std::vector<Tensor>& grad_outputs,
+                                                     std::vector<Tensor> d_ln);
   // fc1_out [tokens, fc1_width] of the forward that saved `saved`, recomputed.
   absl::StatusOr<Tensor> RecomputeFc1(const Context& ctx, const Saved& saved) const;
   // The forward's end once fc2 has run: the outputs, and what the backward keeps (fc1_out,

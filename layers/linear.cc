@@ -67,10 +67,14 @@ struct SavedOperand {
 // bias); an FP32 d gets it from AddBias after the GEMM, since cuBLASLt has no FP8
 // kernel with an FP32 D and an FP32 BIAS epilogue. With `gelu_aux` as well (a 16-bit d of
 // 16-bit operands: Linear::set_fprop_gelu), the epilogue is kGeluAuxBias: *gelu_aux gets
-// the pre-activation op(a) op(b) + bias and d its gelu.
+// the pre-activation op(a) op(b) + bias and d its gelu. With `dgelu_bias_grad` instead
+// (no bias; a 16-bit d of 16-bit operands: Linear::BackwardThroughGelu's dgrad), the
+// epilogue is kDGeluBGrad: d = (op(a) op(b)) * gelu'(*gelu_aux) and *dgelu_bias_grad
+// (d's dtype, [n]) the column sums of d.
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
-                        float beta, Tensor* d, const Tensor* bias = nullptr, Tensor* gelu_aux = nullptr) {
+                        float beta, Tensor* d, const Tensor* bias = nullptr, Tensor* gelu_aux = nullptr,
+                        Tensor* dgelu_bias_grad = nullptr) {
   kernels::GemmOptions options;
   options.beta = beta;
   options.accumulation = accumulation;
@@ -86,8 +90,13 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       options.epilogue = kernels::GemmEpilogue::kGeluAuxBias;
       options.aux = gelu_aux;
     }
-  } else if (gelu_aux != nullptr) {
-    return absl::InternalError("LinearGemm: the gelu epilogue needs a bias and a 16-bit d");
+  } else if (dgelu_bias_grad != nullptr && gelu_aux != nullptr && bias == nullptr &&
+             d->dtype() != DType::kFloat32) {
+    options.epilogue = kernels::GemmEpilogue::kDGeluBGrad;
+    options.aux = gelu_aux;
+    options.bias_grad = dgelu_bias_grad;
+  } else if (gelu_aux != nullptr || dgelu_bias_grad != nullptr) {
+    return absl::InternalError("LinearGemm: the gelu epilogues need a 16-bit d (and a bias in the forward only)");
   }
   const bool add_bias_after = bias != nullptr && !bias_d.defined();
   auto run = [&](const kernels::GemmOperand& ga, const kernels::GemmOperand& gb, Tensor* out) -> absl::Status {
@@ -327,6 +336,41 @@ absl::StatusOr<ForwardOutput> Linear::ForwardFrom(const Context& ctx, const Tens
 absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedActivations& saved_base,
                                                      const std::vector<Tensor>& grad_outputs,
                                                      SideGrads* side_grads) {
+  return BackwardImpl(ctx, saved_base, grad_outputs, GeluBackward());
+}
+
+absl::StatusOr<Tensor> Linear::BackwardThroughGelu(const Context& ctx, SavedActivations& saved,
+                                                   const std::vector<Tensor>& grad_outputs,
+                                                   const Tensor& pre_activation, Tensor* pre_activation_bias_grad) {
+  if (options_.params_dtype == DType::kFloat32 || grad_output_quantizer_ != nullptr ||
+      weight_quantizer_ != nullptr || pre_activation.dtype() != options_.params_dtype) {
+    return absl::InternalError(absl::StrCat(name(), ": the dgelu epilogue needs 16-bit params, unquantized "
+                                            "operands and the pre-activation in params_dtype"));
+  }
+  GeluBackward gelu;
+  ASSIGN_OR_RETURN(gelu.pre_activation, pre_activation.As2D());
+  ASSIGN_OR_RETURN(*pre_activation_bias_grad,
+                   Tensor::Empty(options_.params_dtype, {options_.in_features}, ctx.device, ctx.stream));
+  gelu.bias_grad = pre_activation_bias_grad;
+  ASSIGN_OR_RETURN(std::vector<Tensor> dx, BackwardImpl(ctx, saved, grad_outputs, gelu));
+  return std::move(dx[0]);
+}
+
+absl::StatusOr<std::vector<Tensor>> Linear::BackwardWithBiasGrad(const Context& ctx, SavedActivations& saved,
+                                                                 const std::vector<Tensor>& grad_outputs,
+                                                                 const Tensor& bias_grad) {
+  if (!options_.bias || options_.return_bias || grad_output_quantizer_ != nullptr) {
+    return absl::InternalError(absl::StrCat(name(), ": a given bias gradient needs a bias added in the fprop and "
+                                            "an unquantized dy"));
+  }
+  GeluBackward given;
+  given.given_bias_grad = &bias_grad;
+  return BackwardImpl(ctx, saved, grad_outputs, given);
+}
+
+absl::StatusOr<std::vector<Tensor>> Linear::BackwardImpl(const Context& ctx, SavedActivations& saved_base,
+                                                         const std::vector<Tensor>& grad_outputs,
+                                                         const GeluBackward& gelu) {
   auto& saved = static_cast<LinearSaved&>(saved_base);
   const DType dtype = options_.params_dtype;
   ASSIGN_OR_RETURN(Tensor dy2d, grad_outputs[0].As2D());
@@ -338,6 +382,9 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
   const bool quantize_dy = grad_output_quantizer_ != nullptr && !calibrating_;
   if (options_.bias && options_.return_bias) {
     ASSIGN_OR_RETURN(Tensor db, grad_outputs[1].Reshape({1, options_.out_features}));
+    ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
+  } else if (gelu.given_bias_grad != nullptr) {
+    ASSIGN_OR_RETURN(Tensor db, gelu.given_bias_grad->Reshape({1, options_.out_features}));
     ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
   } else if (options_.bias && !quantize_dy) {
     ASSIGN_OR_RETURN(Tensor dy32, kernels::Convert(ctx, dy, DType::kFloat32));
@@ -372,8 +419,10 @@ absl::StatusOr<std::vector<Tensor>> Linear::Backward(const Context& ctx, SavedAc
 
   // dgrad: dx [N, in] = dy [N, out] x W [out, in]; the columnwise W is W^T [in, out].
   ASSIGN_OR_RETURN(Tensor dx, Tensor::Empty(dtype, {dy.dim(0), options_.in_features}, ctx.device, ctx.stream));
+  Tensor pre_activation = gelu.pre_activation;
   RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kRowwise, false, saved.w, Copy::kColumnwise,
-                             saved.w.is_quantized, kernels::GemmAccumulation::kSplit, 0.0f, &dx));
+                             saved.w.is_quantized, kernels::GemmAccumulation::kSplit, 0.0f, &dx, nullptr,
+                             gelu.bias_grad != nullptr ? &pre_activation : nullptr, gelu.bias_grad));
 
   // wgrad: dW [out, in] += dy^T [out, N] x x [N, in]; columnwise copies are already
   // transposed ([out, N] and [in, N]). Onto a gradient known to be zero the GEMM writes

@@ -83,6 +83,23 @@ class Linear : public Module {
   // otherwise: the caller checks).
   absl::Status set_fprop_gelu(bool on);
 
+  // The MLP backward's fusion (TE's DGELU_BGRAD): this Linear is fc2, whose input was
+  // gelu(pre_activation) (fc1's output, [N, in] in params_dtype). Backward, but the
+  // dgrad's epilogue applies gelu' (kernels::GemmEpilogue::kDGeluBGrad): returns the
+  // gradient of the pre-activation, d(pre) = (dy W) * gelu'(pre_activation), in
+  // params_dtype, and sets *pre_activation_bias_grad to its column sums ([in], in
+  // params_dtype: fc1's bias gradient). Everything else (dW, this bias) as Backward.
+  // 16-bit params and no quantizer only (INTERNAL otherwise).
+  absl::StatusOr<Tensor> BackwardThroughGelu(const Context& ctx, SavedActivations& saved,
+                                             const std::vector<Tensor>& grad_outputs, const Tensor& pre_activation,
+                                             Tensor* pre_activation_bias_grad);
+  // Backward with the bias gradient given (fc1 after BackwardThroughGelu: any dtype,
+  // [out]) instead of the column sums of dy. A bias added in the fprop and an unquantized
+  // dy only (INTERNAL otherwise).
+  absl::StatusOr<std::vector<Tensor>> BackwardWithBiasGrad(const Context& ctx, SavedActivations& saved,
+                                                           const std::vector<Tensor>& grad_outputs,
+                                                           const Tensor& bias_grad);
+
   // For a caller that produces x itself (the norm of LayerNormLinear and LayerNormMLP,
   // the MLP's activation): the cast of x that producer may make as it writes x, in place
   // of Forward's quantization of x (Quantizer::PlanFusedCast), for `rows` tokens. Set
@@ -103,6 +120,15 @@ class Linear : public Module {
 
   // The bias the fprop adds: the FP32 master, or null without one or with return_bias.
   const Tensor* FpropBias() const;
+  // What BackwardImpl fuses: the dgrad's gelu' (pre_activation, bias_grad set) or a bias
+  // gradient given in place of dy's column sums (given_bias_grad). Empty: Backward.
+  struct GeluBackward {
+    Tensor pre_activation;                  // [N, in], params_dtype
+    Tensor* bias_grad = nullptr;            // [in], params_dtype: written
+    const Tensor* given_bias_grad = nullptr;  // [out]: read
+  };
+  absl::StatusOr<std::vector<Tensor>> BackwardImpl(const Context& ctx, SavedActivations& saved,
+                                                   const std::vector<Tensor>& grad_outputs, const GeluBackward& gelu);
   // Forward from x in params_dtype [rows, in] or, when x_q is given, from its copies.
   absl::StatusOr<ForwardOutput> ForwardFrom(const Context& ctx, const Tensor& x, const QuantizedTensor* x_q,
                                             const Shape& input_shape, DType input_dtype,

@@ -237,12 +237,23 @@ TEST_P(LayerNormMLPRecipeTest, EqualsItsPartsBitwise) {
 
         auto m_dx = mlp->Backward(Context(), *m_out.saved, {dy, d_ln}).value();
         EndRegion(*mlp, false);
-        auto d_act = fc2->Backward(Context(), *h2.saved, {dy}).value();
-        const Tensor d_h1 = kernels::FusedActivationBackward(Context(), activation, params, d_act[0], pre_activation,
-                                                             kernels::ActivationBackwardOptions())
-                                .value()
-                                .dx;
-        auto d_norm = fc1->Backward(Context(), *h1.saved, {d_h1}).value();
+        std::vector<Tensor> d_norm;
+        if (gelu_epilogue) {
+          // fc2's dgrad applies gelu' and sums fc1's bias gradient (kDGeluBGrad).
+          Tensor fc1_bias_grad;
+          const Tensor d_h1 =
+              fc2->BackwardThroughGelu(Context(), *h2.saved, {dy}, pre_activation.As2D().value(), &fc1_bias_grad)
+                  .value();
+          EXPECT_EQ(fc1_bias_grad.dtype(), dtype);
+          d_norm = fc1->BackwardWithBiasGrad(Context(), *h1.saved, {d_h1}, fc1_bias_grad).value();
+        } else {
+          auto d_act = fc2->Backward(Context(), *h2.saved, {dy}).value();
+          const Tensor d_h1 = kernels::FusedActivationBackward(Context(), activation, params, d_act[0],
+                                                               pre_activation, kernels::ActivationBackwardOptions())
+                                  .value()
+                                  .dx;
+          d_norm = fc1->Backward(Context(), *h1.saved, {d_h1}).value();
+        }
         EndRegion(*fc1, false);
         EndRegion(*fc2, false);
         Tensor d_ln_out = kernels::Convert(Context(), d_norm[0], DType::kFloat32).value();
