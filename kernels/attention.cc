@@ -451,6 +451,19 @@ std::string RowWithoutKeys(const AttentionConfig& config, const Dims& dims) {
 }
 
 #if TESERVE_WITH_CUDA
+// The side tensors as the fused path takes them: a post_scale_bias rounded to q's dtype
+// (cuDNN's bias is in the inputs' dtype). The conversion runs only for a configuration
+// the fused path takes.
+absl::StatusOr<AttentionSideTensors> FusedSide(const Context& ctx, const AttentionConfig& config, const Tensor& q,
+                                               const Tensor& v, const AttentionSideTensors& side) {
+  AttentionSideTensors fused = side;
+  if (config.bias_type == AttnBiasType::kPostScaleBias &&
+      cuda::FusedAttentionEligible(config, q.dtype(), q.dim(-1), v.dim(-1)).ok()) {
+    ASSIGN_OR_RETURN(fused.bias, Convert(ctx, side.bias, q.dtype()));
+  }
+  return fused;
+}
+
 cuda::FusedSequences LongestSequences(const Dims& dims) {
   cuda::FusedSequences sequences;
   for (int64_t len : dims.len_q) sequences.longest_q = std::max(sequences.longest_q, len);
@@ -485,9 +498,11 @@ absl::StatusOr<AttentionForwardOutputs> AttentionForward(const Context& ctx, con
 #if TESERVE_WITH_CUDA
   if (!ctx.device.is_cpu()) {
     why = RowWithoutKeys(config, dims);
-    absl::StatusOr<AttentionForwardOutputs> fused =
-        why.empty() ? cuda::FusedAttentionForward(ctx, config, q, k, v, side, LongestSequences(dims))
-                    : absl::StatusOr<AttentionForwardOutputs>(absl::UnimplementedError(why));
+    absl::StatusOr<AttentionForwardOutputs> fused = absl::UnimplementedError(why);
+    if (why.empty()) {
+      ASSIGN_OR_RETURN(const AttentionSideTensors fused_side, FusedSide(ctx, config, q, v, side));
+      fused = cuda::FusedAttentionForward(ctx, config, q, k, v, fused_side, LongestSequences(dims));
+    }
     if (fused.ok()) {
       fused->path = AttentionPath::kCudnnFused;
       return fused;
@@ -520,9 +535,13 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   if (!ctx.device.is_cpu() && RowWithoutKeys(config, dims).empty()) {
     AttentionConfig fused_config = config;
     if (NondeterministicAttentionAllowed()) fused_config.deterministic = false;
+    ASSIGN_OR_RETURN(const AttentionSideTensors fused_side, FusedSide(ctx, config, q, v, side));
     absl::StatusOr<AttentionBackwardOutputs> fused =
-        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, side, LongestSequences(dims), out,
+        cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, fused_side, LongestSequences(dims), out,
                                      softmax_lse, dout);
+    if (fused.ok() && fused->dbias.defined()) {
+      ASSIGN_OR_RETURN(fused->dbias, Convert(ctx, fused->dbias, DType::kFloat32));
+    }
     if (fused.ok() || !absl::IsUnimplemented(fused.status())) return fused;
   }
 #endif

@@ -84,11 +84,16 @@
 // CUDA contexts run one of two paths (AttentionForwardOutputs.path says which ran):
 //   - cuDNN's fused SDPA (kernels/cuda/attention/cudnn_attention.h) for BF16 / FP16
 //     sbhd / bshd / thd inputs with any mask type but arbitrary (padding types included), any
-//     window, GQA / MQA, the vanilla softmax and no bias, dropout or max_logit, when
-//     cuDNN is present and accepts the shapes, and when every query row of every
+//     window, GQA / MQA, the vanilla softmax and no dropout or max_logit; with no bias,
+//     a post_scale_bias (sbhd / bshd), or ALiBi with the default slopes under causal /
+//     padding_causal (top-left: cuDNN's ALiBi is slope * (j - i) on the causal side);
+//     when cuDNN is present and accepts the shapes, and when every query row of every
 //     sequence has a key to attend (checked on the host from the lengths; a row without
 //     one sends the call unfused). Its results agree with the reference within the
-//     16-bit rounding of its inputs and outputs (its internal sums are FP32).
+//     16-bit rounding of its inputs and outputs (its internal sums are FP32); a
+//     post_scale_bias is rounded to q's dtype on the way in (cuDNN's bias is in the
+//     inputs' dtype) and dbias comes back from that dtype. A backward whose dbias shape
+//     cuDNN refuses runs unfused from the fused forward's out and softmax_lse.
 //   - the unfused kernels of kernels/cuda/attention for everything else: scores
 //     recomputed row by row, never materialized, FP32 arithmetic throughout, so results
 //     agree with the CPU's within FP32 rounding of the sums involved; dropout masks are
@@ -168,6 +173,9 @@ struct AttentionConfig {
   uint64_t dropout_seed = 0;
   uint64_t dropout_stream = 0;
   bool return_max_logit = false;
+  // alibi: the slopes are DefaultAlibiSlopes(H) (the caller passed none). cuDNN's fused
+  // ALiBi computes exactly those slopes itself, so only then may it run there.
+  bool alibi_default_slopes = false;
   // false lets cuDNN's fused backward use its non-deterministic algorithm (dq summed with
   // atomics: faster, results vary in the last bits between runs). The unfused kernels and
   // the CPU reference are deterministic either way.

@@ -289,6 +289,8 @@ absl::StatusOr<ForwardOutput> DotProductAttention::Forward(const Context& ctx, c
     ASSIGN_OR_RETURN(*t, OnDevice(ctx, *t));
   }
   kernels::AttentionConfig config = config_;
+  config.alibi_default_slopes = options_.core_attention_bias_type == AttnBiasType::kAlibi &&
+                                (options.side == nullptr || options.side->Find("alibi_slopes") == nullptr);
   const bool dropout = options_.attention_dropout > 0.0f && options.save_for_backward;
   if (dropout) {
     config.dropout = options_.attention_dropout;
@@ -370,6 +372,8 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
 kernels::AttentionConfig DotProductAttention::TrainingConfig() const {
   kernels::AttentionConfig config = config_;
   config.dropout = options_.attention_dropout;  // what a training forward runs with
+  // and, for ALiBi, a call without side_inputs.alibi_slopes
+  config.alibi_default_slopes = options_.core_attention_bias_type == AttnBiasType::kAlibi;
   return config;
 }
 

@@ -45,7 +45,9 @@ namespace {
 namespace fe = cudnn_frontend;
 
 // Tensor uids of the graphs' inputs and outputs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqKv, kOffsetQ, kOffsetKv };
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqKv, kOffsetQ, kOffsetKv, kBias, kDbias
+};
 
 // dlopen of cuDNN, once per process. The status says why it failed.
 const absl::Status& CudnnLoaded() {
@@ -169,6 +171,30 @@ void SetPadding(const AttentionConfig& config, fe::graph::Graph& graph, int64_t 
       .set_seq_len_kv(IndexInput(graph, "seq_len_kv", kSeqKv, batch));
 }
 
+// A contiguous [1|B, 1|H, S_q, S_kv] tensor in the inputs' dtype: the post_scale_bias
+// (kBias) or its gradient (kDbias).
+TensorPtr BiasTensor(fe::graph::Graph& graph, const char* name, Uid uid, const Shape& shape) {
+  const int64_t s_q = shape[2], s_kv = shape[3];
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({shape[0], shape[1], s_q, s_kv})
+                          .set_stride({shape[1] * s_q * s_kv, s_q * s_kv, s_kv, 1}));
+}
+
+// The score modifiers: cuDNN adds a bias after the scale (post_scale_bias); its ALiBi adds
+// slope_h * (j - i) with the default slopes (FusedAttentionEligible admits it only where
+// that is the contract's ALiBi). Returns the bias graph input, or null.
+template <typename Attributes>
+TensorPtr SetScoreModifiers(const AttentionConfig& config, const Tensor* bias, fe::graph::Graph& graph,
+                            Attributes& attributes) {
+  if (config.bias_type == AttnBiasType::kAlibi) attributes.set_alibi_mask(true);
+  if (config.bias_type != AttnBiasType::kPostScaleBias) return nullptr;
+  TensorPtr t = BiasTensor(graph, "bias", kBias, bias->shape());
+  attributes.set_bias(t);
+  return t;
+}
+
 struct CachedGraph {
   std::shared_ptr<fe::graph::Graph> graph;
   int64_t workspace_bytes = 0;
@@ -267,13 +293,14 @@ absl::StatusOr<std::shared_ptr<CachedGraph>> Finish(std::shared_ptr<fe::graph::G
 // The graph's identity: the [B, H, S, D] views (for thd the bucketed longest sequences, not
 // the token counts, which only move the ragged offsets), dtype, layout, mask and scale.
 std::string ProblemKey(const char* direction, int device, const AttentionConfig& config, DType dtype,
-                       const View& q, const View& k, const View& v) {
+                       const View& q, const View& k, const View& v, const Tensor* bias) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &config.softmax_scale, sizeof(scale_bits));
   return absl::StrCat(direction, "|", device, "|", static_cast<int>(dtype), "|", static_cast<int>(config.qkv_format),
                       "|", absl::StrJoin(q.dims, ","), ";", absl::StrJoin(k.dims, ","), ";", absl::StrJoin(v.dims, ","),
                       "|", static_cast<int>(config.mask_type), "|", config.window_left, "|", config.window_right, "|",
-                      scale_bits, "|", config.deterministic ? 1 : 0);
+                      scale_bits, "|", config.deterministic ? 1 : 0, "|", static_cast<int>(config.bias_type), "|",
+                      bias != nullptr ? ShapeToString(bias->shape()) : "");
 }
 
 absl::Status Execute(CachedGraph& cached, cudnnHandle_t handle, const Context& ctx,
@@ -331,6 +358,7 @@ struct Problem {
   const Tensor* start_q = nullptr;
   const Tensor* start_kv = nullptr;
   Tensor offset_q, offset_kv;
+  const Tensor* bias = nullptr;  // post_scale_bias, in q's dtype
 
   bool ragged() const { return offset_q.defined(); }
   const int32_t* seq_q_data() const { return seq_q.defined() ? seq_q.data<int32_t>() : nullptr; }
@@ -345,6 +373,7 @@ struct Problem {
       pack[kOffsetQ] = const_cast<void*>(offset_q.raw_data());
       pack[kOffsetKv] = const_cast<void*>(offset_kv.raw_data());
     }
+    if (bias != nullptr) pack[kBias] = const_cast<void*>(bias->raw_data());
   }
   // Zeroes the rows of `t` (one of q's or k's side) that hold no token of a sequence:
   // padding rows (sbhd / bshd) or rows outside every sequence (thd; lse, when given, gets
@@ -402,6 +431,12 @@ absl::StatusOr<Problem> PrepareProblem(const Context& ctx, const AttentionConfig
   if (thd && std::max(q.numel(), k.numel()) > std::numeric_limits<int32_t>::max()) {
     return absl::UnimplementedError("not fused: thd tensors past 2^31 elements (cuDNN's INT32 ragged offsets)");
   }
+  if (config.bias_type == AttnBiasType::kPostScaleBias) {
+    if (!side.bias.defined() || side.bias.dtype() != q.dtype() || side.bias.rank() != 4) {
+      return absl::InternalError("cuDNN SDPA: the post_scale_bias must come as a 4-D tensor in q's dtype");
+    }
+    p.bias = &side.bias;
+  }
   const int64_t batch = thd ? side.cu_seqlens_q.dim(0) - 1 : 0;
   p.q = ViewOf(config.qkv_format, q, batch, BucketedLength(sequences.longest_q));
   p.k = ViewOf(config.qkv_format, k, batch, BucketedLength(sequences.longest_kv));
@@ -449,7 +484,16 @@ absl::Status FusedAttentionEligible(const AttentionConfig& config, DType dtype, 
   auto no = [](absl::string_view why) { return absl::UnimplementedError(absl::StrCat("not fused: ", why)); };
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return no("q, k, v are not BF16 / FP16");
   if (config.mask_type == AttnMaskType::kArbitrary) return no("cuDNN has no arbitrary boolean mask");
-  if (config.bias_type != AttnBiasType::kNoBias) return no("bias and ALiBi are not wired to cuDNN yet");
+  if (config.bias_type == AttnBiasType::kPreScaleBias) {
+    return no("cuDNN adds its bias after the scale (pre_scale_bias runs unfused)");
+  }
+  if (config.bias_type == AttnBiasType::kAlibi) {
+    if (!config.alibi_default_slopes) return no("ALiBi with given slopes (cuDNN's ALiBi computes the default ones)");
+    if (!TopLeft(config.mask_type)) {
+      return no("ALiBi under a mask other than causal / padding_causal (cuDNN's ALiBi, slope * (j - i), is "
+                "-slope * |i + o - j| only left of a top-left diagonal)");
+    }
+  }
   if (config.softmax_type != SoftmaxType::kVanilla) return no("softmax sinks (off-by-one, learnable) run unfused");
   if (config.dropout > 0.0f) return no("dropout masks must equal the CPU's bit for bit (counter-based RNG)");
   if (config.return_max_logit) return no("max_logit is computed by the unfused kernels");
@@ -477,7 +521,7 @@ absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx
   const cudnnHandle_t handle = p.handle;
   const View& qv = p.q;
   const int64_t b = p.b, h = p.h, s_q = p.s_q;
-  const std::string key = ProblemKey("fwd", ctx.device.index, config, q.dtype(), p.q, p.k, p.v);
+  const std::string key = ProblemKey("fwd", ctx.device.index, config, q.dtype(), p.q, p.k, p.v, p.bias);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
     NewGraph g(q.dtype(), p);
     auto& graph = g.graph;
@@ -485,6 +529,7 @@ absl::StatusOr<AttentionForwardOutputs> FusedAttentionForward(const Context& ctx
     attributes.set_name("sdpa_forward").set_generate_stats(true).set_attn_scale(config.softmax_scale);
     SetMask(config, attributes);
     SetPadding(config, *graph, b, attributes);
+    SetScoreModifiers(config, p.bias, *graph, attributes);
     auto [o, stats] = graph->sdpa(g.q, g.k, g.v, attributes);
     SetOutput(o, kO, qv, g.ragged_q);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim({b, h, s_q, 1}).set_stride(
@@ -524,7 +569,7 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
   const cudnnHandle_t handle = p.handle;
   const View &qv = p.q, &kv = p.k, &vv = p.v;
   const int64_t b = p.b, h = p.h, s_q = p.s_q;
-  const std::string key = ProblemKey("bwd", ctx.device.index, config, q.dtype(), p.q, p.k, p.v);
+  const std::string key = ProblemKey("bwd", ctx.device.index, config, q.dtype(), p.q, p.k, p.v, p.bias);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedGraph> cached, CudnnState::Get().GraphFor(key, [&]() {
     NewGraph g(q.dtype(), p);
     auto& graph = g.graph;
@@ -540,6 +585,9 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
     attributes.set_name("sdpa_backward").set_attn_scale(config.softmax_scale).set_deterministic_algorithm(config.deterministic);
     SetMask(config, attributes);
     SetPadding(config, *graph, b, attributes);
+    if (SetScoreModifiers(config, p.bias, *graph, attributes) != nullptr) {
+      attributes.set_dbias(BiasTensor(*graph, "dbias", kDbias, p.bias->shape()));
+    }
     auto [dq, dk, dv] = graph->sdpa_backward(g.q, g.k, g.v, to, tdo, tstats, attributes);
     SetOutput(dq, kDq, qv, g.ragged_q);
     SetOutput(dk, kDk, kv, g.ragged_kv);
@@ -555,6 +603,11 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
   ASSIGN_OR_RETURN(result.dq, Tensor::Empty(q.dtype(), q.shape(), ctx.device, ctx.stream));
   ASSIGN_OR_RETURN(result.dk, Tensor::Empty(k.dtype(), k.shape(), ctx.device, ctx.stream));
   ASSIGN_OR_RETURN(result.dv, Tensor::Empty(v.dtype(), v.shape(), ctx.device, ctx.stream));
+  if (p.bias != nullptr) {
+    // Zero-filled: cuDNN sums the broadcast dimensions into it and leaves positions no
+    // unmasked score reaches (padding) as they were.
+    ASSIGN_OR_RETURN(result.dbias, Tensor::ZerosOn(q.dtype(), p.bias->shape(), ctx.device, ctx.stream));
+  }
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q.raw_data())},
                                              {kK, const_cast<void*>(k.raw_data())},
                                              {kV, const_cast<void*>(v.raw_data())},
@@ -565,6 +618,7 @@ absl::StatusOr<AttentionBackwardOutputs> FusedAttentionBackward(const Context& c
                                              {kDk, result.dk.raw_data()},
                                              {kDv, result.dv.raw_data()}};
   p.AddSequenceInputs(pack);
+  if (p.bias != nullptr) pack[kDbias] = result.dbias.raw_data();
   RETURN_IF_ERROR(Execute(*cached, handle, ctx, pack));
   RETURN_IF_ERROR(p.ClearRowsWithoutTokens(config.qkv_format, /*q_side=*/true, result.dq, nullptr, stream));
   RETURN_IF_ERROR(p.ClearRowsWithoutTokens(config.qkv_format, /*q_side=*/false, result.dk, nullptr, stream));

@@ -22,9 +22,14 @@
 //     sequence has a key to attend (cuDNN's result for a row with none is not the
 //     contract's);
 //   - GQA / MQA (K and V with fewer heads), D_qk == D_v;
-//   - the vanilla softmax, no bias, no dropout, no max_logit.
-// Post-scale bias, ALiBi and dropout are cuDNN features not wired yet; dropout also needs our counter-based masks bit for bit, which cuDNN's
-// generator does not produce.
+//   - no bias; a post_scale_bias (side.bias, [1|B, 1|H, S_q, S_kv], in q's dtype: the
+//     dispatcher rounds the contract's FP32 bias), with dbias from cuDNN's backward in
+//     that dtype (cuDNN sums the broadcast dimensions); ALiBi through cuDNN's own
+//     (slope_h * (j - i), the default slopes) when the caller's slopes are the defaults
+//     and the mask is causal or padding_causal, where that is the contract's
+//     -slope_h * |i - j|. pre_scale_bias and given slopes run unfused;
+//   - the vanilla softmax, no dropout, no max_logit. Dropout needs our counter-based masks
+//     bit for bit, which cuDNN's generator does not produce.
 //
 // cuDNN is loaded at run time (dlopen of libcudnn.so.9): a host without it runs the
 // unfused path, and the binaries link no cuDNN library. Each problem's graph (shapes,

@@ -5,7 +5,8 @@
 // types (ragged lengths, an empty query sequence; padding rows must come out as the
 // contract's zeros and -inf even with unfilled allocations poisoned), thd (packed and
 // with padded offsets, rows outside every sequence), GQA and MQA, head
-// sizes 64 and 128, odd sequence lengths. Also: which path ran (fused for these, unfused
+// sizes 64 and 128, odd sequence lengths, a post_scale_bias of each broadcast shape (with
+// dbias) and ALiBi with the default slopes. Also: which path ran (fused for these, unfused
 // with the reason for a query row with no key), the dtypes of every output, and that a
 // repeated backward gives the same bits (cuDNN's deterministic algorithm).
 //
@@ -101,6 +102,33 @@ std::vector<FusedCase> Cases() {
     p.cu_q = {0, 40, 40, 140}, p.cu_kv = {0, 64, 70, 270}, p.cu_q_padded.clear(), p.cu_kv_padded.clear();
     p.t_q = 140, p.t_kv = 270;
     add("Thd_PaddingCausalBottomRight_MQA_EmptyQuery", p);
+    // Score modifiers: post_scale_bias of every broadcast shape (cuDNN may refuse some
+    // dbias shapes; that backward then runs unfused and must still match), ALiBi with the
+    // default slopes on the top-left causal masks.
+    using B = kernels::AttnBiasType;
+    p = AttentionProblem();
+    p.format = F::kBshd, p.mask = M::kNoMask, p.batch = 2, p.s_q = 128, p.s_kv = 128, p.heads = 4, p.groups = 4;
+    p.d_qk = 64, p.d_v = 64, p.bias = B::kPostScaleBias, p.bias_shape = {1, 4, 128, 128};
+    add("Bshd_NoMask_PostScaleBias1H", p);
+    p.format = F::kSbhd, p.mask = M::kCausal, p.window_right = 0, p.bias_shape = {2, 4, 128, 128}, p.groups = 2;
+    add("Sbhd_Causal_GQA_PostScaleBiasBH", p);
+    p.format = F::kBshd, p.groups = 4, p.s_q = 64, p.s_kv = 192, p.bias_shape = {2, 1, 64, 192};
+    add("Bshd_Causal_Sq64_Skv192_PostScaleBiasB1", p);
+    p.mask = M::kPadding, p.window_right = -1, p.batch = 3, p.s_q = 128, p.s_kv = 128, p.bias_shape = {1, 1, 128, 128};
+    p.cu_q = {0, 100, 228, 265}, p.cu_kv = {0, 128, 218, 219};
+    add("Bshd_Padding_PostScaleBias11", p);
+    p = AttentionProblem();
+    p.format = F::kBshd, p.mask = M::kCausal, p.window_right = 0, p.batch = 2, p.s_q = 160, p.s_kv = 160;
+    p.heads = 8, p.groups = 2, p.d_qk = 64, p.d_v = 64, p.bias = B::kAlibi;
+    add("Bshd_Causal_GQA_Alibi", p);
+    p.format = F::kSbhd, p.mask = M::kPaddingCausal, p.heads = 6, p.groups = 6, p.batch = 3, p.s_q = 128, p.s_kv = 128;
+    p.d_qk = 128, p.d_v = 128, p.cu_q = {0, 70, 198, 199}, p.cu_kv = {0, 128, 228, 292};
+    add("Sbhd_PaddingCausal_Heads6_Alibi", p);
+    p = AttentionProblem();
+    p.format = F::kThd, p.mask = M::kPaddingCausal, p.window_right = 0, p.heads = 4, p.groups = 2, p.d_qk = 64;
+    p.d_v = 64, p.cu_q = {0, 100, 228, 265}, p.cu_kv = {0, 100, 228, 265}, p.t_q = 280, p.t_kv = 270;
+    p.bias = B::kAlibi;
+    add("Thd_PaddingCausal_Alibi", p);
   }
   return cases;
 }
@@ -140,6 +168,8 @@ kernels::AttentionConfig ConfigOf(const AttentionProblem& p) {
   config.window_left = p.window_left;
   config.window_right = p.window_right;
   config.softmax_scale = p.softmax_scale();
+  config.bias_type = p.bias;
+  config.alibi_default_slopes = p.bias == kernels::AttnBiasType::kAlibi;
   return config;
 }
 
@@ -159,6 +189,10 @@ kernels::AttentionSideTensors SideOf(const AttentionProblem& p) {
   side.cu_seqlens_kv = Int32Tensor(p.cu_kv);
   side.cu_seqlens_q_padded = Int32Tensor(p.cu_q_padded);
   side.cu_seqlens_kv_padded = Int32Tensor(p.cu_kv_padded);
+  if (p.bias == kernels::AttnBiasType::kPostScaleBias) side.bias = RandomTensor(p.bias_shape, -2.0f, 2.0f, 15);
+  if (p.bias == kernels::AttnBiasType::kAlibi) {
+    side.alibi_slopes = Tensor::FromFloats(kernels::DefaultAlibiSlopes(p.heads), {p.heads}).value();
+  }
   return side;
 }
 
@@ -169,6 +203,8 @@ kernels::AttentionSideTensors OnDevice(const Context& gpu, const kernels::Attent
   side.cu_seqlens_kv = copy(host.cu_seqlens_kv);
   side.cu_seqlens_q_padded = copy(host.cu_seqlens_q_padded);
   side.cu_seqlens_kv_padded = copy(host.cu_seqlens_kv_padded);
+  side.bias = copy(host.bias);
+  side.alibi_slopes = copy(host.alibi_slopes);
   return side;
 }
 
@@ -197,7 +233,9 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
   const Tensor k = Rounded(cpu, RandomTensor(p.k_shape(), -1.0f, 1.0f, 12), c.dtype);
   const Tensor v = Rounded(cpu, RandomTensor(p.v_shape(), -1.0f, 1.0f, 13), c.dtype);
   const Tensor dout = Rounded(cpu, RandomTensor(p.out_shape(), -1.0f, 1.0f, 14), c.dtype);
-  const kernels::AttentionSideTensors side = SideOf(p);
+  kernels::AttentionSideTensors side = SideOf(p);
+  // The fused path rounds the bias to the inputs' dtype: the reference takes the same.
+  if (side.bias.defined()) side.bias = Rounded(cpu, side.bias, c.dtype);
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionForwardOutputs want,
                        kernels::AttentionForward(cpu, config, q, k, v, side));
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs want_grads,
@@ -228,6 +266,11 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
   EXPECT_TRUE(Close(WideHost(gpu, grads.dq), want_grads.dq, 2 * rtol, 0.0, "dq"));
   EXPECT_TRUE(Close(WideHost(gpu, grads.dk), want_grads.dk, 2 * rtol, 0.0, "dk"));
   EXPECT_TRUE(Close(WideHost(gpu, grads.dv), want_grads.dv, 2 * rtol, 0.0, "dv"));
+  if (p.bias == kernels::AttnBiasType::kPostScaleBias) {
+    ASSERT_TRUE(grads.dbias.defined());
+    EXPECT_EQ(grads.dbias.dtype(), DType::kFloat32);
+    EXPECT_TRUE(Close(WideHost(gpu, grads.dbias), want_grads.dbias, 2 * rtol, 0.0, "dbias"));
+  }
 
   ASSERT_OK_AND_ASSIGN(const kernels::AttentionBackwardOutputs again,
                        kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, gpu_side, got.out,
@@ -286,6 +329,39 @@ TEST(FusedAttentionFallback, ArbitraryMaskIsNotEligible) {
   const absl::Status eligible = kernels::FusedAttentionEligible(Device::Cuda(0), config, DType::kBFloat16, 64, 64);
   EXPECT_TRUE(absl::IsUnimplemented(eligible)) << eligible;
   EXPECT_NE(eligible.message().find("arbitrary"), std::string::npos) << eligible;
+}
+
+// Score modifiers cuDNN does not compute as the contract defines them stay unfused, each
+// with its reason: a pre-scale bias, ALiBi with given slopes, ALiBi off the top-left
+// causal masks. The same configurations with a post-scale bias / the default slopes on a
+// causal mask are in the fused set.
+TEST(FusedAttentionFallback, ScoreModifiersCuDnnComputesOtherwiseAreNotEligible) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  if (const auto version = kernels::cuda::CudnnRuntimeVersion(); !version.ok()) {
+    GTEST_SKIP() << version.status().message();
+  }
+  kernels::AttentionConfig config;
+  config.qkv_format = QkvFormat::kBshd;
+  config.mask_type = AttnMaskType::kCausal;
+  config.window_right = 0;
+  auto why = [&]() {
+    const absl::Status s = kernels::FusedAttentionEligible(Device::Cuda(0), config, DType::kBFloat16, 64, 64);
+    return s.ok() ? std::string("eligible") : std::string(s.message());
+  };
+  config.bias_type = kernels::AttnBiasType::kPreScaleBias;
+  EXPECT_NE(why().find("pre_scale_bias"), std::string::npos) << why();
+  config.bias_type = kernels::AttnBiasType::kPostScaleBias;
+  EXPECT_EQ(why(), "eligible");
+  config.bias_type = kernels::AttnBiasType::kAlibi;
+  config.alibi_default_slopes = false;
+  EXPECT_NE(why().find("given slopes"), std::string::npos) << why();
+  config.alibi_default_slopes = true;
+  EXPECT_EQ(why(), "eligible");
+  config.mask_type = AttnMaskType::kCausalBottomRight;
+  EXPECT_NE(why().find("ALiBi under a mask"), std::string::npos) << why();
+  config.mask_type = AttnMaskType::kNoMask;
+  config.window_right = -1;
+  EXPECT_NE(why().find("ALiBi under a mask"), std::string::npos) << why();
 }
 
 #else
