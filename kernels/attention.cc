@@ -423,6 +423,7 @@ absl::StatusOr<AttentionBackwardOutputs> BackwardFp32(const Context& ctx, const 
                       [&] { return cuda::AttentionBackward(ctx, config, q, k, v, side, out, softmax_lse, dout); }));
 }
 
+#if TESERVE_WITH_CUDA
 // Why a call whose configuration the fused path takes cannot run there: a query row of
 // some sequence has no key to attend (an empty key sequence, more queries than keys under
 // bottom-right alignment, a window that leaves no key). The contract gives such a row
@@ -450,7 +451,6 @@ std::string RowWithoutKeys(const AttentionConfig& config, const Dims& dims) {
   return "";
 }
 
-#if TESERVE_WITH_CUDA
 // The side tensors as the fused path takes them: a post_scale_bias rounded to q's dtype
 // (cuDNN's bias is in the inputs' dtype). The conversion runs only for a configuration
 // the fused path takes.

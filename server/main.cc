@@ -48,6 +48,9 @@ ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "-1 = no budget (the host's MemAvailable still applies)");
 ABSL_FLAG(int64_t, admission_tokens, 8192,
           "tokens per request the CreateSession memory estimate assumes for activations");
+ABSL_FLAG(int, compute_threads, 4,
+          "training calls (Forward, Backward, ForwardBackward, Step, ZeroGrad) computing at once on the device; "
+          "more wait in arrival order (gRPC's threads never wait on the device)");
 ABSL_FLAG(absl::Duration, session_idle_timeout, absl::ZeroDuration(),
           "delete sessions no RPC has named for this long (e.g. 30m); 0 = never");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
@@ -116,6 +119,7 @@ int main(int argc, char** argv) {
   options.max_attention_scores = absl::GetFlag(FLAGS_max_attention_scores);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.admission_tokens = absl::GetFlag(FLAGS_admission_tokens);
+  options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
 

@@ -166,6 +166,9 @@ Metrics::Metrics(const MetricsOptions& options)
                               "Serialized size of the responses sent (successful calls), by method",
                               r);
   sessions_ = &Register(BuildGauge(), "teserve_sessions", "Live training sessions", r).Add({});
+  compute_queued_ = &Register(BuildGauge(), "teserve_compute_queued_calls",
+                              "Training calls waiting for a compute thread (--compute_threads)", r)
+                         .Add({});
   train_steps_ = &Register(BuildCounter(), "teserve_train_steps_total",
                            "Optimizer steps that updated the parameters (SessionInfo.step)", r);
   steps_skipped_ = &Register(BuildCounter(), "teserve_steps_skipped_total",
@@ -272,6 +275,7 @@ std::string SessionMetricsLabel(const std::string& id, bool session_ids_in_label
 }
 
 void Metrics::SetSessions(int64_t live) { sessions_->Set(static_cast<double>(live)); }
+void Metrics::SetComputeQueued(int64_t calls) { compute_queued_->Set(static_cast<double>(calls)); }
 
 void Metrics::RecordCheckpointSave(bool ok, double seconds, int64_t bytes) {
   checkpoint_saves_->Add({{"result", ok ? "ok" : "error"}}).Increment();

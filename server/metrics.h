@@ -10,6 +10,8 @@
 //   teserve_rpc_received_bytes_total{method}        counter, serialized request sizes
 //   teserve_rpc_sent_bytes_total{method}            counter, serialized response sizes (OK calls)
 //   teserve_sessions                                gauge
+//   teserve_compute_queued_calls                    gauge, training calls waiting for a
+//                                                   compute thread (--compute_threads)
 //   teserve_train_steps_total{session}              counter = SessionInfo.step
 //   teserve_steps_skipped_total{session}            counter, steps with non-finite gradients
 //   teserve_loss{session}                           gauge, latest ForwardBackward loss
@@ -119,6 +121,7 @@ class Metrics {
   void RecordRpc(absl::string_view method, grpc::StatusCode code, double seconds,
                  int64_t received_bytes, int64_t sent_bytes);
   void SetSessions(int64_t live);
+  void SetComputeQueued(int64_t calls);
   // One checkpoint save (SaveCheckpoint or a session's checkpoint_every_steps):
   // teserve_checkpoint_saves_total{result="ok"|"error"}, and for a saved one
   // teserve_checkpoint_save_duration_seconds and teserve_checkpoint_bytes_total.
@@ -210,6 +213,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* rpc_received_bytes_;
   prometheus::Family<prometheus::Counter>* rpc_sent_bytes_;
   prometheus::Gauge* sessions_;
+  prometheus::Gauge* compute_queued_;
   prometheus::Family<prometheus::Counter>* train_steps_;
   prometheus::Family<prometheus::Counter>* steps_skipped_;
   prometheus::Family<prometheus::Counter>* checkpoint_saves_;

@@ -72,6 +72,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--memory_budget_bytes: expected bytes, 0 (auto) or -1 (no budget), got ", options.memory_budget_bytes));
   }
+  if (options.compute_threads < 1 || options.compute_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute_threads: expected 1 to 256, got ", options.compute_threads));
+  }
   if (options.admission_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--admission_tokens: expected at least 1, got ", options.admission_tokens));
@@ -178,6 +182,7 @@ absl::StatusOr<std::unique_ptr<TeserveServer>> TeserveServer::Start(
   config.memory_budget_bytes =
       options.memory_budget_bytes == 0 ? DefaultMemoryBudgetBytes() : options.memory_budget_bytes;
   config.admission_tokens = options.admission_tokens;
+  config.compute_threads = options.compute_threads;
   if (!options.checkpoint_dir.empty()) {
     const absl::Status clean = train::CleanCheckpointDir(options.checkpoint_dir);
     if (!clean.ok()) return clean;

@@ -66,6 +66,9 @@ struct ServerOptions {
   int64_t max_attention_scores = int64_t{1} << 27;    // per attention layer and request
   int64_t memory_budget_bytes = 0;                    // 0: cgroup memory.max or MemTotal; -1: none
   int64_t admission_tokens = 8192;                    // tokens per request assumed at admission
+  // Training calls (Forward, Backward, ForwardBackward, Step, ZeroGrad) computing at once on
+  // the device (server/compute_executor.h); more wait in arrival order.
+  int compute_threads = 4;
   absl::Duration session_idle_timeout = absl::ZeroDuration();  // 0: sessions never expire
   // Where checkpoints live (created when missing; leftovers of interrupted writes are
   // cleaned at startup). Empty: the checkpoint RPCs answer FAILED_PRECONDITION.

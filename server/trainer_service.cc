@@ -247,7 +247,31 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 TrainerService::TrainerService(TrainerConfig config, Metrics* metrics)
     : config_(std::move(config)),
       metrics_(metrics),
-      registry_(RegistryLimits{config_.max_sessions, config_.max_sessions_per_tenant}) {}
+      registry_(RegistryLimits{config_.max_sessions, config_.max_sessions_per_tenant}),
+      compute_(std::make_unique<ComputeExecutor>(config_.compute_threads,
+                                                 [metrics](int64_t queued) { metrics->SetComputeQueued(queued); })) {}
+
+void TrainerService::FinishCall(grpc::ServerUnaryReactor* reactor, absl::string_view method, absl::Status status,
+                                const google::protobuf::Message& request, const google::protobuf::Message& response,
+                                absl::Time start) {
+  // The handlers that can build large replies size them first (GetParameters); this is
+  // the backstop, so a reply over the limit fails with a message naming both sizes
+  // rather than gRPC's own.
+  int64_t sent = status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0;
+  if (sent > config_.max_message_bytes) {
+    status = absl::ResourceExhaustedError(absl::StrCat(method, ": the reply would be ", sent,
+                                                       " bytes, over the server's message limit of ",
+                                                       config_.max_message_bytes, " bytes (--max_message_bytes)"));
+    sent = 0;
+  }
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  // A failed call sends no message, only its status.
+  metrics_->RecordRpc(method, grpc_status.error_code(), absl::ToDoubleSeconds(absl::Now() - start),
+                      static_cast<int64_t>(request.ByteSizeLong()), sent);
+  reactor->Finish(grpc_status);
+  absl::MutexLock lock(&calls_mu_);
+  --calls_in_flight_;
+}
 
 absl::StatusOr<std::string> TrainerService::TenantOf(const grpc::CallbackServerContext& context) const {
   if (config_.auth == nullptr) return std::string();
@@ -471,7 +495,9 @@ grpc::ServerUnaryReactor* TrainerService::DeleteSession(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* context,
                                                   const v1::ForwardRequest* request,
                                                   v1::ForwardResponse* response) {
-  return Serve(context, "Forward", *request, *response, [&]() -> absl::Status {
+  // The training calls (this, Backward, ForwardBackward, Step, ZeroGrad) compute on a
+  // compute thread (Lane::kCompute); their handlers capture the call's pointers by value.
+  return Serve(context, "Forward", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
@@ -492,13 +518,13 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
     RETURN_IF_ERROR(EncodeTensors(result.outputs, response->mutable_outputs()));
     response->set_handle(result.handle);
     return absl::OkStatus();
-  });
+  }, Lane::kCompute);
 }
 
 grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* context,
                                                    const v1::BackwardRequest* request,
                                                    v1::BackwardResponse* response) {
-  return Serve(context, "Backward", *request, *response, [&]() -> absl::Status {
+  return Serve(context, "Backward", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
                      DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
@@ -513,13 +539,13 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
       RETURN_IF_ERROR(EncodeTensor(g.tensor, wire->mutable_tensor()));
     }
     return EncodeTensors(grad_inputs, response->mutable_grad_inputs());
-  });
+  }, Lane::kCompute);
 }
 
 grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerContext* context,
                                                           const v1::ForwardBackwardRequest* request,
                                                           v1::ForwardBackwardResponse* response) {
-  return Serve(context, "ForwardBackward", *request, *response, [&]() -> absl::Status {
+  return Serve(context, "ForwardBackward", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
@@ -538,13 +564,13 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
     RETURN_IF_ERROR(EncodeTensors(result.grad_inputs, response->mutable_grad_inputs()));
     RETURN_IF_ERROR(EncodeNamed(result.side_grads, response->mutable_side_grads()));
     return EncodeTensors(result.outputs, response->mutable_outputs());
-  });
+  }, Lane::kCompute);
 }
 
 grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* context,
                                                const v1::StepRequest* request,
                                                v1::StepResponse* response) {
-  return Serve(context, "Step", *request, *response, [&]() -> absl::Status {
+  return Serve(context, "Step", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     const CallInterruption interruption(*context, "Step", stop_calls_at_ns_);
     ASSIGN_OR_RETURN(train::StepResult result, session->Step(request->zero_grad(), &interruption));
@@ -554,17 +580,17 @@ grpc::ServerUnaryReactor* TrainerService::Step(grpc::CallbackServerContext* cont
     response->set_skipped(result.skipped);
     if (!result.skipped) AutoSave(request->session_id(), *session, result.step, response);
     return absl::OkStatus();
-  });
+  }, Lane::kCompute);
 }
 
 grpc::ServerUnaryReactor* TrainerService::ZeroGrad(grpc::CallbackServerContext* context,
                                                    const v1::ZeroGradRequest* request,
                                                    v1::ZeroGradResponse* response) {
-  return Serve(context, "ZeroGrad", *request, *response, [&]() -> absl::Status {
+  return Serve(context, "ZeroGrad", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     RETURN_IF_ERROR(session->ZeroGrad());
     return absl::OkStatus();
-  });
+  }, Lane::kCompute);
 }
 
 grpc::ServerUnaryReactor* TrainerService::GetParameters(grpc::CallbackServerContext* context,

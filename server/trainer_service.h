@@ -28,6 +28,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/device_info.h"
 #include "server/auth.h"
+#include "server/compute_executor.h"
 #include "server/limits.h"
 #include "server/metrics.h"
 #include "server/session_registry.h"
@@ -39,8 +40,8 @@ namespace server {
 inline constexpr char kTeserveVersion[] = "0.1.0";
 
 struct TrainerConfig {
-  // The device chosen by --device ("cpu", "cuda:0"), and whether it is a GPU. Sessions
-  // run on the CPU reference backend either way in this release.
+  // The device chosen by --device ("cpu", "cuda:0"), and whether it is a GPU (sessions
+  // are created there).
   std::string selected_device = "cpu";
   bool gpu_selected = false;
   kernels::DeviceInfo device_info;
@@ -57,6 +58,7 @@ struct TrainerConfig {
   // checkpoint_every_steps read and write (created at startup); empty: checkpoints off.
   std::string checkpoint_dir;
   absl::Duration session_idle_timeout = absl::ZeroDuration();  // reported; the server expires
+  int compute_threads = 4;  // --compute_threads (ComputeExecutor)
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
@@ -184,13 +186,25 @@ class TrainerService final : public v1::Trainer::CallbackService {
   void Forget(const std::vector<std::pair<std::string, std::shared_ptr<train::Session>>>& removed,
               absl::Time series_until = absl::InfiniteFuture());
 
-  // Runs `handler` (returning absl::Status), records the RPC metrics (the serialized
-  // sizes of `request` and, for a successful call, `response`) and finishes the call.
+  // Where Serve runs a handler: on the gRPC callback thread (calls that only read or
+  // write host state, or copy a little) or on a compute thread (the training calls, which
+  // enqueue device work and wait for their results; the callback thread returns at once).
+  enum class Lane { kCallback, kCompute };
+
+  // Runs `handler` (returning absl::Status) in `lane`, records the RPC metrics (the
+  // serialized sizes of `request` and, for a successful call, `response`) and finishes the
+  // call. A kCompute handler runs after this returns: it must capture the call's pointers
+  // by value ([=]), never the handler method's parameters by reference.
   template <typename Handler>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context,
                                   absl::string_view method,
                                   const google::protobuf::Message& request,
-                                  const google::protobuf::Message& response, Handler&& handler);
+                                  const google::protobuf::Message& response, Handler&& handler,
+                                  Lane lane = Lane::kCallback);
+  // Serve's end of a call: metrics, the reply-size backstop, Finish, the in-flight count.
+  void FinishCall(grpc::ServerUnaryReactor* reactor, absl::string_view method, absl::Status status,
+                  const google::protobuf::Message& request, const google::protobuf::Message& response,
+                  absl::Time start);
 
   // The caller's tenant: "" without authentication, else the tenant of its bearer token
   // (UNAUTHENTICATED otherwise).
@@ -220,6 +234,8 @@ class TrainerService final : public v1::Trainer::CallbackService {
   absl::Mutex calls_mu_;
   int64_t calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
   absl::Time last_call_ ABSL_GUARDED_BY(calls_mu_) = absl::InfinitePast();  // the latest call's arrival
+  // Last: destroyed first, running what it still holds while everything its tasks use lives.
+  std::unique_ptr<ComputeExecutor> compute_;
 };
 
 }  // namespace server

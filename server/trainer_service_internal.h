@@ -59,7 +59,7 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
                                                 absl::string_view method,
                                                 const google::protobuf::Message& request,
                                                 const google::protobuf::Message& response,
-                                                Handler&& handler) {
+                                                Handler&& handler, Lane lane) {
   const absl::Time start = absl::Now();
   {
     absl::MutexLock lock(&calls_mu_);
@@ -78,31 +78,29 @@ grpc::ServerUnaryReactor* TrainerService::Serve(grpc::CallbackServerContext* con
   if (status.ok()) status = service_internal::CallAbandoned(*context, method, "before it started");
   // Our code returns Status; this only catches what a library might still throw (an
   // allocation failure on a huge request), so that it fails one call, not the server.
-  try {
-    if (status.ok()) status = handler();
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(absl::StrCat(method, ": out of memory"));
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat(method, ": unexpected exception: ", e.what()));
-  }
-  // The handlers that can build large replies size them first (GetParameters); this is
-  // the backstop, so a reply over the limit fails with a message naming both sizes
-  // rather than gRPC's own.
-  int64_t sent = status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0;
-  if (sent > config_.max_message_bytes) {
-    status = absl::ResourceExhaustedError(absl::StrCat(method, ": the reply would be ", sent,
-                                                       " bytes, over the server's message limit of ",
-                                                       config_.max_message_bytes, " bytes (--max_message_bytes)"));
-    sent = 0;
-  }
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  // A failed call sends no message, only its status.
-  metrics_->RecordRpc(method, grpc_status.error_code(), absl::ToDoubleSeconds(absl::Now() - start),
-                      static_cast<int64_t>(request.ByteSizeLong()), sent);
+  auto run = [method](auto& body) -> absl::Status {
+    try {
+      return body();
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(method, ": out of memory"));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(method, ": unexpected exception: ", e.what()));
+    }
+  };
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc_status);
-  absl::MutexLock lock(&calls_mu_);
-  --calls_in_flight_;
+  if (!status.ok() || lane == Lane::kCallback) {
+    if (status.ok()) status = run(handler);
+    FinishCall(reactor, method, std::move(status), request, response, start);
+    return reactor;
+  }
+  // method names a string literal of the handler (static storage); request and response
+  // live until the reactor is finished.
+  compute_->Submit([this, context, reactor, method, &request, &response, start, run,
+                    body = std::forward<Handler>(handler)]() mutable {
+    absl::Status status = service_internal::CallAbandoned(*context, method, "while it waited for a compute thread");
+    if (status.ok()) status = run(body);
+    FinishCall(reactor, method, std::move(status), request, response, start);
+  });
   return reactor;
 }
 
