@@ -11,6 +11,8 @@
 //   attention_fp32_padding_causal_fwd_bwd_unfused  the same on FP32 q, k, v: the unfused
 //                                  kernels, which every padded 16-bit call ran before the
 //                                  padding types were wired to cuDNN
+//   attention_bf16_causal_alibi_fwd_bwd  causal with ALiBi, the default slopes (a
+//                                  DotProductAttention without alibi_slopes), forward + backward
 // The padded variants count the FLOPs of the real tokens only.
 // FLOPs count the causal half of the score matrix: forward 2 * 2 * B * H * S^2 * D / 2,
 // backward 2.5x the forward.
@@ -152,6 +154,31 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
                             ", bshd BF16 padding_causal, lengths S, 3S/4, S/2, S/4")};
   r_pad.flops = padded_flops + padded_flops * 5 / 2;
   results->push_back(r_pad);
+
+  kernels::AttentionConfig alibi = config;
+  alibi.bias_type = kernels::AttnBiasType::kAlibi;
+  alibi.alibi_default_slopes = true;
+  kernels::AttentionSideTensors alibi_side;
+  alibi_side.alibi_slopes = OrDie(
+      kernels::CopyTo(ctx, OrDie(Tensor::FromFloats(kernels::DefaultAlibiSlopes(kHeads), {kHeads}), "slopes"),
+                      ctx.device),
+      "slopes to the GPU");
+  const kernels::AttentionForwardOutputs alibi_fwd =
+      OrDie(kernels::AttentionForward(ctx, alibi, q, k, v, alibi_side), "alibi forward");
+  Timing t_alibi = TimeLaunches(
+      [&]() -> cudaError_t {
+        auto out = kernels::AttentionForward(ctx, alibi, q, k, v, alibi_side);
+        Check(out.status(), "alibi forward");
+        Check(kernels::AttentionBackward(ctx, alibi, q, k, v, alibi_side, out->out, out->softmax_lse, dout).status(),
+              "alibi backward");
+        return cudaSuccess;
+      },
+      flags);
+  Result r_alibi{"attention_bf16_causal_alibi_fwd_bwd", seq, head_dim, "bf16", t_alibi, 2 * qkvo_bytes,
+                 absl::StrCat("kernels::Attention ", PathName(alibi_fwd.path), " ", alibi_fwd.unfused_reason,
+                              ", bshd BF16 causal, ALiBi with the default slopes")};
+  r_alibi.flops = r_fb.flops;
+  results->push_back(r_alibi);
 
   auto wide = [&](const Tensor& t) { return OrDie(kernels::Convert(ctx, t, DType::kFloat32), "fp32"); };
   const Tensor q32 = wide(q), k32 = wide(k), v32 = wide(v), dout32 = wide(dout);

@@ -553,6 +553,22 @@ def _torch_sdpa_padded(seq, head_dim):
         "F.scaled_dot_product_attention BF16, causal + key-padding boolean attn_mask, forward + backward"
 
 
+def _torch_sdpa_alibi(seq, head_dim):
+    """What a PyTorch user runs for causal ALiBi: the bias (-slope_h * (i - j), the default
+    slopes of 32 heads, 2^(-8h/32)) and the causal -inf as one BF16 float attn_mask."""
+    torch = _torch()
+    q, k, v, dout = _sdpa_tensors(seq, head_dim)
+    heads = _SDPA_HEADS
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
+    pos = torch.arange(seq, device="cuda")
+    distance = (pos[None, :] - pos[:, None]).float()                       # j - i
+    bias = slopes[:, None, None] * distance[None, :, :]                    # [H, S_q, S_kv]
+    bias = bias.masked_fill(distance[None, :, :] > 0, float("-inf"))
+    mask = bias[None, :, :, :].to(torch.bfloat16)                          # [1, H, S_q, S_kv]
+    return _sdpa_fwd_bwd(q, k, v, dout, attn_mask=mask), \
+        "F.scaled_dot_product_attention BF16, ALiBi + causal as a float attn_mask, forward + backward"
+
+
 BENCHES.append("attention_bench")
 
 TORCH_EQUIVALENTS.update({
@@ -560,6 +576,7 @@ TORCH_EQUIVALENTS.update({
     "attention_bf16_causal_fwd_bwd": _torch_sdpa(True),
     "attention_bf16_causal_fwd_bwd_nondeterministic": _torch_sdpa(True),
     "attention_bf16_padding_causal_fwd_bwd": _torch_sdpa_padded,
+    "attention_bf16_causal_alibi_fwd_bwd": _torch_sdpa_alibi,
     "linear_fp32_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_fp8_delayed_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_bf16_fwd_bwd": _torch_linear_fwd_bwd,
