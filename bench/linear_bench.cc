@@ -10,6 +10,8 @@
 //                              TE's te.Linear runs with BF16 parameters
 //   linear_mxfp8_bf16_fwd_bwd  MXFP8 with params_dtype BF16; emulated on sm_90 (MXFP8
 //                              quantize, dequantize, BF16 GEMMs)
+//   linear_nvfp4_bf16_fwd_bwd  NVFP4 with params_dtype BF16, emulated the same way (the
+//                              per-tensor scales in the GEMM's alpha)
 //   layernorm_linear_fp8_delayed_bf16_fwd_bwd  LayerNormLinear (LayerNorm, C -> C, bias),
 //                              BF16 params, FP8 delayed: te.LayerNormLinear's case (the
 //                              norm kernel writes the GEMM's FP8 input)
@@ -243,6 +245,9 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   v1::RecipeSpec mxfp8;
   mxfp8.mutable_mxfp8();
   run("linear_mxfp8_bf16_fwd_bwd", mxfp8, DType::kBFloat16, rows, cols, flags, results);
+  v1::RecipeSpec nvfp4;
+  nvfp4.mutable_nvfp4();
+  run("linear_nvfp4_bf16_fwd_bwd", nvfp4, DType::kBFloat16, rows, cols, flags, results);
   run("layernorm_linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,
       Layer::kLayerNormLinear);
   run("layernorm_mlp_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,

@@ -584,6 +584,8 @@ TORCH_EQUIVALENTS.update({
     "linear_fp8_delayed_bf16_fwd_bwd_pipelined": _torch_linear_fwd_bwd,
     "linear_mxfp8_bf16_fwd_bwd": _torch_linear_fwd_bwd,
     "linear_mxfp8_bf16_fwd_bwd_pipelined": _torch_linear_fwd_bwd,
+    "linear_nvfp4_bf16_fwd_bwd": _torch_linear_fwd_bwd,
+    "linear_nvfp4_bf16_fwd_bwd_pipelined": _torch_linear_fwd_bwd,
     "gemm_bf16": _torch_matmul_bf16,
     "gemm_fp8_fast": _torch_scaled_mm(True),
     "gemm_fp8_split": _torch_scaled_mm(False),

@@ -34,6 +34,9 @@ struct SavedOperand {
   // FP8 block scaling (1x128 or 128x128 FP32 scales): also read directly, with the
   // copy's scale_inv as the quantizer made it.
   bool IsMxfp8() const { return is_quantized && quantized.mode == ScalingMode::kMxfp8_1D; }
+  bool IsNvfp4() const {
+    return is_quantized && (quantized.mode == ScalingMode::kNvfp4_1D || quantized.mode == ScalingMode::kNvfp4_2D);
+  }
   bool IsBlockScaled() const {
     return is_quantized && (quantized.mode == ScalingMode::kBlock1D || quantized.mode == ScalingMode::kBlock2D);
   }
@@ -59,8 +62,8 @@ struct SavedOperand {
 // dequantized copies bit for bit (so CPU sessions compute exactly what the dequantized
 // path below does). Otherwise the operands are read in high precision (calibration,
 // unquantized sessions, MXFP8 / NVFP4 emulation, block scaling where the device or
-// shapes do not suit): 16-bit values as they are when both are 16-bit, MXFP8's
-// dequantized values on a GPU as BF16 (exact, see below), else as FP32.
+// shapes do not suit): 16-bit values as they are when both are 16-bit, MXFP8's and
+// NVFP4's dequantized values on a GPU as BF16 (exact, see below), else as FP32.
 //
 // With `bias` (FP32 [n], the fprop of a Linear that adds its bias), d = op(a) op(b) +
 // bias. A 16-bit d takes it in the GEMM's epilogue, rounded to d's dtype (TE's 16-bit
@@ -118,6 +121,26 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       options.accumulation = kernels::GemmAccumulation::kSplit;
       return run(ga, gb, d);
     }
+  }
+  if (!ctx.device.is_cpu() && a.IsNvfp4() && b.IsNvfp4() && d->dtype() != DType::kFloat16) {
+    // NVFP4 emulated on a GPU (no FP4 tensor cores before sm_100): an E2M1 code (2
+    // significant bits) times its E4M3 block scale (4) has at most 6 significant bits and
+    // lies within 2^-10 .. 2688, so BF16 holds it exactly; the per-tensor decode scales
+    // (kernels/nvfp4.h: inv_S = 1 / S, one S for both copies of a tensor) multiply the
+    // GEMM's result through alpha instead of every element. The same products as the FP32
+    // path, summed on the BF16 tensor cores in FP32 and scaled once at the end: results
+    // agree with the CPU reference's FP32 GEMM of the dequantized values within FP32
+    // rounding (tests/gpu/linear). A BF16 GEMM writes FP32 or BF16; an FP16 d takes the
+    // FP32 path below.
+    QuantizedTensor qa = a.quantized, qb = b.quantized;
+    options.alpha = (1.0f / qa.global_encode_scale) * (1.0f / qb.global_encode_scale);
+    qa.global_encode_scale = 1.0f;
+    qb.global_encode_scale = 1.0f;
+    ASSIGN_OR_RETURN(Tensor ua, recipes::DequantizeCopy(ctx, qa, a_copy));
+    ASSIGN_OR_RETURN(Tensor ub, recipes::DequantizeCopy(ctx, qb, b_copy));
+    ASSIGN_OR_RETURN(ua, kernels::Convert(ctx, ua, DType::kBFloat16));
+    ASSIGN_OR_RETURN(ub, kernels::Convert(ctx, ub, DType::kBFloat16));
+    return run(kernels::GemmOperand{ua, transpose_a}, kernels::GemmOperand{ub, transpose_b}, d);
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));

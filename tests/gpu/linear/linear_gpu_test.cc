@@ -6,10 +6,19 @@
 //   - the multi-tensor optimizer step rewrites the copy in its pass, equal to Convert
 //     of the updated master (device and CPU);
 //   - wgrad written fresh (GEMM beta 0 onto a gradient marked zero) gives the same bits
-//     as accumulating onto the zeros, and a second backward accumulates.
+//     as accumulating onto the zeros, and a second backward accumulates;
+//   - the emulated recipes (MXFP8, NVFP4: the device multiplies the dequantized values as
+//     BF16, NVFP4's per-tensor scales in the GEMM's alpha) give the CPU reference's y, dx
+//     and dW within FP32 rounding: the quantized codes are equal on both (the quantize
+//     kernels match bit for bit, stochastic rounding and the Hadamard transform
+//     included), so only the GEMMs' summation order and the scaling's rounding differ.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -152,6 +161,65 @@ TEST_P(LinearGpuWgrad, FreshEqualsAccumulatingOntoZeros) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, LinearGpuWgrad,
                          ::testing::Combine(::testing::Values("none", "delayed", "current"),
+                                            ::testing::Values(DType::kFloat32, DType::kBFloat16)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+                           return std::get<0>(info.param) + "_" + std::string(DTypeName(std::get<1>(info.param)));
+                         });
+
+double RelativeL2(const Tensor& got_any, const Tensor& want_any) {
+  const Tensor got = CpuConvert(got_any, DType::kFloat32), want = CpuConvert(want_any, DType::kFloat32);
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.floats()[i], g = got.floats()[i];
+    diff += (g - w) * (g - w);
+    norm += w * w;
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+class LinearGpuEmulated : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(LinearGpuEmulated, MatchesTheCpuLinearOnTheSameCodes) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const auto& [recipe, dtype] = GetParam();
+  LinearOptions o;
+  o.in_features = kIn;
+  o.out_features = kOut;
+  o.params_dtype = dtype;
+  o.init_std = 0.05f;
+  o.seed = 4;
+  const recipes::Recipe r = recipes::RecipeFromProto(testing_util::RecipeSpecNamed(recipe)).value();
+  auto cpu = Linear::Create("fc", o, r).value();
+  auto gpu = Linear::Create("fc", o, r).value();
+  ASSERT_TRUE(PlaceParameters(Gpu(), gpu->Parameters()).ok());
+  Tensor x = Random({kTokens, kIn}, 80), dy = Random({kTokens, kOut}, 81, 0.1f);
+  if (dtype != DType::kFloat32) {
+    x = CpuConvert(x, dtype);
+    dy = CpuConvert(dy, dtype);
+  }
+  auto step = [&](Linear& l, const Context& ctx, const Tensor& in, const Tensor& grad) {
+    auto out = l.Forward(ctx, {in}, ForwardOptions());
+    EXPECT_TRUE(out.ok()) << out.status();
+    auto dx = l.Backward(ctx, *out->saved, {grad});
+    EXPECT_TRUE(dx.ok()) << dx.status();
+    return std::make_pair(out->outputs[0], (*dx)[0]);
+  };
+  const auto [y_cpu, dx_cpu] = step(*cpu, Context::Cpu(), x, dy);
+  const auto [y_gpu, dx_gpu] = step(*gpu, Gpu(), ToGpu(x), ToGpu(dy));
+  // FP32 params: only summation order and the final scaling differ (relative 1e-6 or
+  // so; 1e-4 leaves room). 16-bit params: each output rounds once to BF16, and a sum on
+  // the other side of a rounding boundary moves one element by one BF16 step (2^-8).
+  const double bound = dtype == DType::kFloat32 ? 1e-4 : 1e-2;
+  EXPECT_LE(RelativeL2(ToHost(y_gpu), y_cpu), bound) << "y";
+  EXPECT_LE(RelativeL2(ToHost(dx_gpu), dx_cpu), bound) << "dx";
+  EXPECT_LE(RelativeL2(ToHost(gpu->Parameters()[0]->grad), cpu->Parameters()[0]->grad), bound) << "dW";
+  std::printf("%s %s: y %.3g dx %.3g dW %.3g\n", recipe.c_str(), std::string(DTypeName(dtype)).c_str(),
+              RelativeL2(ToHost(y_gpu), y_cpu), RelativeL2(ToHost(dx_gpu), dx_cpu),
+              RelativeL2(ToHost(gpu->Parameters()[0]->grad), cpu->Parameters()[0]->grad));
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearGpuEmulated,
+                         ::testing::Combine(::testing::Values("mxfp8", "nvfp4"),
                                             ::testing::Values(DType::kFloat32, DType::kBFloat16)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
                            return std::get<0>(info.param) + "_" + std::string(DTypeName(std::get<1>(info.param)));

@@ -244,8 +244,11 @@ std::vector<double> Doubles(const Tensor& t) { return std::vector<double>(t.floa
 // re-quantizes every layer's incoming gradient, so flips compound with depth: per-tensor
 // FP8 quantizes gradients to E5M2 with the first step's default scale, and its
 // gradients four quantized layers down differ by up to ~0.4 (bound 0.5); E4M3 block
-// scaling and the emulated recipes (same dequantized operands on both sides) stay
-// within 0.1. A wrong scale, layout or operand gives errors of order 1. The amax and
+// scaling and MXFP8 (same dequantized operands on both sides) stay within 0.1. NVFP4
+// re-quantizes gradients on E2M1's grid, whose steps are up to 4x E4M3's, so a flipped
+// code moves its element that much more: a BF16 TransformerLayer's LayerNormMLP
+// gradients two NVFP4 gradient casts down measured 0.118 (bound 0.2, its forward's),
+// while one Linear alone matches the CPU within 2e-7 (tests/gpu/linear). A wrong scale, layout or operand gives errors of order 1. The amax and
 // scale of each quantizer agree within the gradient bound (a gradient's amax moves
 // with the outputs).
 struct FirstStep {
@@ -260,7 +263,7 @@ struct FirstStep {
 FirstStep FirstStepBounds(const std::string& recipe) {
   if (recipe == "none") return {2e-2, 5e-2};
   if (recipe == "delayed" || recipe == "current") return {5e-2, 0.5};
-  if (recipe == "nvfp4") return {0.2, 0.1};
+  if (recipe == "nvfp4") return {0.2, 0.2};
   return {5e-2, 0.1};
 }
 
