@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "kernels/cpu/block_math.h"
 #include "kernels/cpu/block_quantize_cpu.h"
+#include "kernels/cpu/cast_cpu.h"
 #include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
 #include "kernels/timing.h"
@@ -106,11 +107,18 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
                   TESERVE_CUDA_KERNEL([&] { return cuda::QuantizeBlockScaling(ctx, x, options); }));
 }
 
-absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype) {
   RETURN_IF_ERROR(CheckBlockCopy(q, copy, ctx));
+  RETURN_IF_ERROR(CheckDequantizeOutput(out_dtype));
   ScopedKernelTimer timer(ctx, KernelOp::kDequantizeBlock);
-  return Dispatch("DequantizeBlock", ctx, [&] { return cpu::DequantizeBlock(ctx, q, copy); },
-                  TESERVE_CUDA_KERNEL([&] { return cuda::DequantizeBlock(ctx, q, copy); }));
+  return Dispatch(
+      "DequantizeBlock", ctx,
+      [&]() -> absl::StatusOr<Tensor> {
+        ASSIGN_OR_RETURN(Tensor out, cpu::DequantizeBlock(ctx, q, copy));
+        if (out_dtype == DType::kFloat32) return out;
+        return cpu::CastFromFloat32(ctx, out, out_dtype);
+      },
+      TESERVE_CUDA_KERNEL([&] { return cuda::DequantizeBlock(ctx, q, copy, out_dtype); }));
 }
 
 absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context& ctx, const Tensor& scales) {

@@ -38,8 +38,10 @@
 //     2D rowwise [ceil(rows/128), ceil(cols/128)] and the columnwise copy uses the SAME
 //     tile scales, transposed: [ceil(cols/128), ceil(rows/128)]. Both 2D copies therefore
 //     dequantize to exactly transposed values.
-//   DequantizeBlock(q, copy)  FP32 [R, C] of the copy: decode(data) * block scale_inv
-//     (MXFP8: 2^(code-127) via E8M0ToFloat; code 0xFF gives NaN), one FP32 product.
+//   DequantizeBlock(q, copy, out_dtype)  [R, C] of the copy: decode(data) * block
+//     scale_inv (MXFP8: 2^(code-127) via E8M0ToFloat; code 0xFF gives NaN), one FP32
+//     product, stored as FP32 or rounded to BF16 (out_dtype; exactly Convert of the FP32
+//     result, in one pass: what an emulated GEMM multiplies on BF16 tensor cores).
 //   SwizzleMxfp8Scales(s)   s: E8M0 [M, K/32] (one copy's scale_inv; M = R).
 //     Returns E8M0 [roundup(M, 128), roundup(K/32, 4)] whose BYTES are in the tiled
 //     order of cuBLASLt's VEC32_UE8M0 scale mode (not row-major): the padded matrix is
@@ -128,7 +130,8 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
                                                      const BlockScalingQuantizeOptions& options);
 
 // q.mode must be kMxfp8_1D, kBlock1D or kBlock2D.
-absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy);
+absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy,
+                                       DType out_dtype = DType::kFloat32);
 
 absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context& ctx, const Tensor& scales);
 

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/cpu/cast_cpu.h"
 #include "kernels/cpu/nvfp4_cpu.h"
 #include "kernels/dispatch.h"
 #include "kernels/tensor_checks.h"
@@ -70,11 +71,18 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
                   TESERVE_CUDA_KERNEL([&] { return cuda::QuantizeNvfp4(ctx, x, options); }));
 }
 
-absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype) {
   RETURN_IF_ERROR(CheckQuantizedCopy(q, copy, ctx));
+  RETURN_IF_ERROR(CheckDequantizeOutput(out_dtype));
   ScopedKernelTimer timer(ctx, KernelOp::kDequantizeNvfp4);
-  return Dispatch("DequantizeNvfp4", ctx, [&] { return cpu::DequantizeNvfp4(ctx, q, copy); },
-                  TESERVE_CUDA_KERNEL([&] { return cuda::DequantizeNvfp4(ctx, q, copy); }));
+  return Dispatch(
+      "DequantizeNvfp4", ctx,
+      [&]() -> absl::StatusOr<Tensor> {
+        ASSIGN_OR_RETURN(Tensor out, cpu::DequantizeNvfp4(ctx, q, copy));
+        if (out_dtype == DType::kFloat32) return out;
+        return cpu::CastFromFloat32(ctx, out, out_dtype);
+      },
+      TESERVE_CUDA_KERNEL([&] { return cuda::DequantizeNvfp4(ctx, q, copy, out_dtype); }));
 }
 
 absl::StatusOr<Tensor> CastToFloat4E2M1(const Context& ctx, const Tensor& x) {

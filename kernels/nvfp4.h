@@ -94,8 +94,10 @@ inline float Nvfp4GlobalEncodeScale(float scaling_amax) {
 absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& x,
                                               const Nvfp4QuantizeOptions& options);
 
-// FP32 values of the requested copy, in that copy's layout.
-absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy);
+// Values of the requested copy, in that copy's layout: FP32, or rounded to BF16
+// (out_dtype; exactly Convert of the FP32 values, in one pass).
+absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy,
+                                       DType out_dtype = DType::kFloat32);
 
 // Unscaled conversions for packed FP4 of any shape and element count (an odd count
 // leaves the last high nibble 0): FloatToE2M1 per element, and E2M1ToFloat back.

@@ -56,6 +56,11 @@ absl::Status CheckFloat8(absl::string_view field, DType format) {
   return InvalidField(field, kFloat8Formats, DTypeName(format));
 }
 
+absl::Status CheckDequantizeOutput(DType out_dtype) {
+  if (out_dtype == DType::kFloat32 || out_dtype == DType::kBFloat16) return absl::OkStatus();
+  return InvalidField("out_dtype", "FLOAT32 or BFLOAT16", DTypeName(out_dtype));
+}
+
 absl::Status CheckCopiesRequested(absl::string_view field, bool rowwise, bool columnwise) {
   if (rowwise || columnwise) return absl::OkStatus();
   return InvalidField(field, "rowwise and/or columnwise", "neither");

@@ -43,6 +43,8 @@ absl::Status CheckFloat8(absl::string_view field, DType format);
 absl::Status CheckCopiesRequested(absl::string_view field, bool rowwise, bool columnwise);
 absl::Status CheckFinitePositive(absl::string_view field, float value);
 absl::Status CheckFiniteNonNegative(absl::string_view field, float value);
+// The dtype a block / NVFP4 dequantization writes: FLOAT32 or BFLOAT16 ("out_dtype").
+absl::Status CheckDequantizeOutput(DType out_dtype);
 
 // One copy of a QuantizedTensor of rank 2, with the field names its errors use.
 struct QuantizedCopy {

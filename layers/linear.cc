@@ -122,40 +122,34 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       return run(ga, gb, d);
     }
   }
-  if (!ctx.device.is_cpu() && a.IsNvfp4() && b.IsNvfp4() && d->dtype() != DType::kFloat16) {
-    // NVFP4 emulated on a GPU (no FP4 tensor cores before sm_100): an E2M1 code (2
-    // significant bits) times its E4M3 block scale (4) has at most 6 significant bits and
-    // lies within 2^-10 .. 2688, so BF16 holds it exactly; the per-tensor decode scales
-    // (kernels/nvfp4.h: inv_S = 1 / S, one S for both copies of a tensor) multiply the
-    // GEMM's result through alpha instead of every element. The same products as the FP32
-    // path, summed on the BF16 tensor cores in FP32 and scaled once at the end: results
-    // agree with the CPU reference's FP32 GEMM of the dequantized values within FP32
-    // rounding (tests/gpu/linear). A BF16 GEMM writes FP32 or BF16; an FP16 d takes the
-    // FP32 path below.
+  const bool nvfp4 = a.IsNvfp4() && b.IsNvfp4();
+  if (!ctx.device.is_cpu() && (nvfp4 || (a.IsMxfp8() && b.IsMxfp8())) && d->dtype() != DType::kFloat16) {
+    // MXFP8 and NVFP4 emulated on a GPU without their block-scaled kernels (sm_100):
+    // the operands are dequantized straight to BF16 (one pass) and multiply on the BF16
+    // tensor cores with FP32 accumulation, with no rounding of the values on the way:
+    //   - MXFP8: an E4M3 / E5M2 code times a power of two, which BF16 holds exactly (its
+    //     8 significant bits hold the code's 4 or 3, its exponent range is FP32's); only
+    //     values below BF16's smallest subnormal (2^-133, a block scale near E8M0's
+    //     minimum) are lost;
+    //   - NVFP4: an E2M1 code (2 significant bits) times its E4M3 block scale (4) has at
+    //     most 6 and lies within 2^-10 .. 2688; the per-tensor decode scales
+    //     (kernels/nvfp4.h: inv_S = 1 / S, one S for both copies of a tensor) multiply
+    //     the GEMM's result through alpha instead of every element.
+    // The same products as the FP32 path, summed in another order: one Linear agrees with
+    // the CPU reference's FP32 GEMM of the dequantized values within FP32 rounding
+    // (tests/gpu/linear). A BF16 GEMM writes FP32 or BF16; an FP16 d takes the FP32 path.
     QuantizedTensor qa = a.quantized, qb = b.quantized;
-    options.alpha = (1.0f / qa.global_encode_scale) * (1.0f / qb.global_encode_scale);
-    qa.global_encode_scale = 1.0f;
-    qb.global_encode_scale = 1.0f;
-    ASSIGN_OR_RETURN(Tensor ua, recipes::DequantizeCopy(ctx, qa, a_copy));
-    ASSIGN_OR_RETURN(Tensor ub, recipes::DequantizeCopy(ctx, qb, b_copy));
-    ASSIGN_OR_RETURN(ua, kernels::Convert(ctx, ua, DType::kBFloat16));
-    ASSIGN_OR_RETURN(ub, kernels::Convert(ctx, ub, DType::kBFloat16));
+    if (nvfp4) {
+      options.alpha = (1.0f / qa.global_encode_scale) * (1.0f / qb.global_encode_scale);
+      qa.global_encode_scale = 1.0f;
+      qb.global_encode_scale = 1.0f;
+    }
+    ASSIGN_OR_RETURN(Tensor ua, recipes::DequantizeCopy(ctx, qa, a_copy, DType::kBFloat16));
+    ASSIGN_OR_RETURN(Tensor ub, recipes::DequantizeCopy(ctx, qb, b_copy, DType::kBFloat16));
     return run(kernels::GemmOperand{ua, transpose_a}, kernels::GemmOperand{ub, transpose_b}, d);
   }
   ASSIGN_OR_RETURN(Tensor fa, a.Read(ctx, a_copy));
   ASSIGN_OR_RETURN(Tensor fb, b.Read(ctx, b_copy));
-  if (!ctx.device.is_cpu() && a.IsMxfp8() && b.IsMxfp8() && d->dtype() != DType::kFloat16) {
-    // MXFP8 emulated on a GPU without block-scaled MXFP8 kernels: every dequantized value
-    // is an E4M3 / E5M2 code times a power of two, which BF16 holds exactly (its 8
-    // significant bits hold the code's 4 or 3, its exponent range is FP32's), so the GEMM
-    // reads the operands as BF16 on the tensor cores with FP32 accumulation instead of
-    // as FP32: the same products, summed in another order. Only values below BF16's
-    // smallest subnormal (2^-133, a block scale near E8M0's minimum) are lost. A BF16
-    // GEMM writes FP32 or BF16; an FP16 d takes the FP32 path below.
-    ASSIGN_OR_RETURN(fa, kernels::Convert(ctx, fa, DType::kBFloat16));
-    ASSIGN_OR_RETURN(fb, kernels::Convert(ctx, fb, DType::kBFloat16));
-    return run(kernels::GemmOperand{fa, transpose_a}, kernels::GemmOperand{fb, transpose_b}, d);
-  }
   if (fa.dtype() != fb.dtype()) {
     // Mixed operands (a dequantized copy against a 16-bit value) multiply in FP32.
     ASSIGN_OR_RETURN(fa, kernels::Convert(ctx, fa, DType::kFloat32));

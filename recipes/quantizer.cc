@@ -558,17 +558,20 @@ absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, T
   return absl::InternalError("MakeQuantizer: recipe without a quantizer");
 }
 
-absl::StatusOr<Tensor> DequantizeCopy(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+absl::StatusOr<Tensor> DequantizeCopy(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype) {
   switch (q.mode) {
     case ScalingMode::kPerTensor:
+      if (out_dtype != DType::kFloat32) {
+        return InvalidField("out_dtype", "FLOAT32 for per-tensor scaling", DTypeName(out_dtype));
+      }
       return kernels::Dequantize(ctx, q, copy);
     case ScalingMode::kMxfp8_1D:
     case ScalingMode::kBlock1D:
     case ScalingMode::kBlock2D:
-      return kernels::DequantizeBlock(ctx, q, copy);
+      return kernels::DequantizeBlock(ctx, q, copy, out_dtype);
     case ScalingMode::kNvfp4_1D:
     case ScalingMode::kNvfp4_2D:
-      return kernels::DequantizeNvfp4(ctx, q, copy);
+      return kernels::DequantizeNvfp4(ctx, q, copy, out_dtype);
   }
   return absl::InternalError("DequantizeCopy: unknown scaling mode");
 }

@@ -300,8 +300,11 @@ absl::StatusOr<std::unique_ptr<Quantizer>> MakeQuantizer(const Recipe& recipe, T
 
 // Dequantizes any recipe's copy to FP32 in that copy's layout. An NVFP4 columnwise copy
 // made with the random Hadamard transform stays in the transformed basis (the wgrad
-// GEMM contracts two such copies, so the transform cancels).
-absl::StatusOr<Tensor> DequantizeCopy(const Context& ctx, const QuantizedTensor& q, kernels::Copy copy);
+// GEMM contracts two such copies, so the transform cancels). The block and NVFP4 modes
+// also write BF16 in the same pass (out_dtype; exactly Convert of the FP32 values), the
+// operand of an emulated GEMM; per-tensor FP8 takes FLOAT32 only.
+absl::StatusOr<Tensor> DequantizeCopy(const Context& ctx, const QuantizedTensor& q, kernels::Copy copy,
+                                      DType out_dtype = DType::kFloat32);
 
 }  // namespace recipes
 }  // namespace teserve

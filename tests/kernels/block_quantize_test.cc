@@ -10,6 +10,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -342,6 +343,32 @@ TEST(BlockQuantizeErrors, DequantizeChecksModeCopyAndScales) {
   as_block.mode = ScalingMode::kBlock1D;
   EXPECT_THAT(DequantizeBlock(Context::Cpu(), as_block, Copy::kRowwise),
               HasError(kInvalid, "q.rowwise_scale_inv.dtype: expected FLOAT32, got FLOAT8_E8M0"));
+  EXPECT_THAT(DequantizeBlock(Context::Cpu(), *q, Copy::kRowwise, DType::kFloat16),
+              HasError(kInvalid, "out_dtype: expected FLOAT32 or BFLOAT16, got FLOAT16"));
+}
+
+// The BF16 output is Convert of the FP32 one, bit for bit (NaN and Inf blocks included).
+TEST(DequantizeBlock, Bf16OutputIsTheRoundedFp32Output) {
+  std::vector<float> values;
+  for (int i = 0; i < 64 * 96; ++i) values.push_back(std::ldexp(static_cast<float>((i * 37) % 251) - 125.0f, (i % 40) - 20));
+  values[5] = std::numeric_limits<float>::quiet_NaN();
+  values[200] = std::numeric_limits<float>::infinity();
+  const Tensor x = Tensor::FromFloats(values, {64, 96}).value();
+  for (DType format : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    Mxfp8QuantizeOptions options;
+    options.format = format;
+    options.columnwise = true;
+    const QuantizedTensor q = QuantizeMxfp8(Context::Cpu(), x, options).value();
+    for (Copy copy : {Copy::kRowwise, Copy::kColumnwise}) {
+      const Tensor fp32 = DequantizeBlock(Context::Cpu(), q, copy).value();
+      const Tensor bf16 = DequantizeBlock(Context::Cpu(), q, copy, DType::kBFloat16).value();
+      ASSERT_EQ(bf16.dtype(), DType::kBFloat16);
+      ASSERT_EQ(bf16.shape(), fp32.shape());
+      for (int64_t i = 0; i < fp32.numel(); ++i) {
+        ASSERT_EQ(bf16.data<uint16_t>()[i], FloatToBf16(fp32.floats()[i])) << "element " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -220,6 +220,24 @@ void ExpectExactDequantize(const QuantizedTensor& q, Copy copy) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// The BF16 output is Convert of the FP32 one, bit for bit; other dtypes are refused.
+TEST(DequantizeNvfp4, Bf16OutputIsTheRoundedFp32Output) {
+  const Tensor x = BandedTensor(48, 64, 11u);
+  for (bool two_d : {false, true}) {
+    const QuantizedTensor q = Quantize(x, Options(true, true, two_d));
+    for (Copy copy : {Copy::kRowwise, Copy::kColumnwise}) {
+      const Tensor fp32 = Dequantized(q, copy);
+      const Tensor bf16 = DequantizeNvfp4(Context::Cpu(), q, copy, DType::kBFloat16).value();
+      ASSERT_EQ(bf16.dtype(), DType::kBFloat16);
+      for (int64_t i = 0; i < fp32.numel(); ++i) {
+        ASSERT_EQ(bf16.data<uint16_t>()[i], FloatToBf16(fp32.floats()[i])) << "element " << i;
+      }
+    }
+    EXPECT_THAT(DequantizeNvfp4(Context::Cpu(), q, Copy::kRowwise, DType::kFloat8E4M3),
+                HasError(absl::StatusCode::kInvalidArgument, "out_dtype: expected FLOAT32 or BFLOAT16"));
+  }
+}
+
 TEST(DequantizeNvfp4, IsDecodeTimesScaleTimesInverseSExactly) {
   const Tensor x = BandedTensor(48, 64, 9u);
   for (bool two_d : {false, true}) {

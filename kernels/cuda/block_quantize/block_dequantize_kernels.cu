@@ -28,19 +28,24 @@ struct DequantizeArgs {
   int block_cols_log2;
   const void* scale_inv;
   int64_t scale_cols;
-  float* out;
+  void* out;
 };
 
+__device__ __forceinline__ void StoreValue(float v, float* out) { *out = v; }
+__device__ __forceinline__ void StoreValue(float v, uint16_t* out) { *out = FloatToBf16(v); }
+
 // One block of threads per row (grid-stride over rows), threads across the columns.
-template <Fp8Format kFormat, bool kE8M0>
+// Out: float, or uint16_t holding BF16.
+template <Fp8Format kFormat, bool kE8M0, typename Out>
 __global__ void __launch_bounds__(kElementwiseThreads) BlockDequantizeKernel(const DequantizeArgs a) {
+  Out* out = static_cast<Out*>(a.out);
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const int64_t scale_row = (r >> a.block_rows_log2) * a.scale_cols;
     for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
       const int64_t s = scale_row + (c >> a.block_cols_log2);
       const float inv = kE8M0 ? E8M0ToFloat(static_cast<const uint8_t*>(a.scale_inv)[s])
                               : static_cast<const float*>(a.scale_inv)[s];
-      a.out[r * a.cols + c] = __fmul_rn(DecodeFp8<kFormat>(a.codes[r * a.cols + c]), inv);
+      StoreValue(__fmul_rn(DecodeFp8<kFormat>(a.codes[r * a.cols + c]), inv), &out[r * a.cols + c]);
     }
   }
 }
@@ -100,6 +105,24 @@ int Log2(int power_of_two) {
   return n;
 }
 
+template <typename Out>
+cudaError_t LaunchDequantize(const BlockDequantizeLaunchParams& p, const DequantizeArgs& args, int blocks,
+                             cudaStream_t stream) {
+  const bool e4m3 = p.format == Fp8Format::kE4M3;
+  if (p.e8m0_scales) {
+    if (e4m3) {
+      BlockDequantizeKernel<Fp8Format::kE4M3, true, Out><<<blocks, kElementwiseThreads, 0, stream>>>(args);
+    } else {
+      BlockDequantizeKernel<Fp8Format::kE5M2, true, Out><<<blocks, kElementwiseThreads, 0, stream>>>(args);
+    }
+  } else if (e4m3) {
+    BlockDequantizeKernel<Fp8Format::kE4M3, false, Out><<<blocks, kElementwiseThreads, 0, stream>>>(args);
+  } else {
+    BlockDequantizeKernel<Fp8Format::kE5M2, false, Out><<<blocks, kElementwiseThreads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchBlockDequantize(const BlockDequantizeLaunchParams& p, cudaStream_t stream) {
@@ -114,18 +137,8 @@ cudaError_t LaunchBlockDequantize(const BlockDequantizeLaunchParams& p, cudaStre
   args.scale_cols = p.scale_cols;
   args.out = p.out;
   const int blocks = static_cast<int>(p.rows < kMaxRowBlocks ? p.rows : kMaxRowBlocks);
-  const bool e4m3 = p.format == Fp8Format::kE4M3;
-  if (p.e8m0_scales) {
-    if (e4m3) {
-      BlockDequantizeKernel<Fp8Format::kE4M3, true><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-    } else {
-      BlockDequantizeKernel<Fp8Format::kE5M2, true><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-    }
-  } else if (e4m3) {
-    BlockDequantizeKernel<Fp8Format::kE4M3, false><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-  } else {
-    BlockDequantizeKernel<Fp8Format::kE5M2, false><<<blocks, kElementwiseThreads, 0, stream>>>(args);
-  }
+  if (p.bf16_out) return LaunchDequantize<uint16_t>(p, args, blocks, stream);
+  return LaunchDequantize<float>(p, args, blocks, stream);
   return cudaGetLastError();
 }
 

@@ -176,7 +176,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
   return Run(ctx, x, options.dbias, options.defer_amax, p, std::move(q));
 }
 
-absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype) {
   const bool rowwise = copy == Copy::kRowwise;
   const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
   const Tensor& scale_inv = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
@@ -191,7 +191,8 @@ absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor
   }
   const bool mxfp8 = q.mode == ScalingMode::kMxfp8_1D;
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(data.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, data.shape(), data.device(), ctx.stream));
+  // Every element is written.
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(out_dtype, data.shape(), data.device(), ctx.stream));
   BlockDequantizeLaunchParams p;
   p.codes = data.data<uint8_t>();
   p.format = format;
@@ -202,7 +203,8 @@ absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor
   p.scale_inv = scale_inv.raw_data();
   p.e8m0_scales = mxfp8;
   p.scale_cols = scale_inv.dim(1);
-  p.out = out.data<float>();
+  p.out = out.raw_data();
+  p.bf16_out = out_dtype == DType::kBFloat16;
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchBlockDequantize(p, StreamOf(ctx)));
   return out;
 }

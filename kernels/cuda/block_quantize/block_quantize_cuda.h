@@ -35,7 +35,7 @@ absl::StatusOr<QuantizedTensor> QuantizeBlockScaling(const Context& ctx, const T
                                                      Fp8Encoder encoder = Fp8Encoder::kHardware);
 
 // q's metadata must already be checked (kernels::DequantizeBlock does).
-absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy);
+absl::StatusOr<Tensor> DequantizeBlock(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype);
 
 absl::StatusOr<Tensor> SwizzleMxfp8Scales(const Context& ctx, const Tensor& scales);
 

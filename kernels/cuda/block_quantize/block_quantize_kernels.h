@@ -70,8 +70,8 @@ int64_t BlockQuantizeDbiasSlabs(const BlockQuantizeLaunchParams& params);
 // 32 for the columnwise copy) is the caller's check. rows == 0 zeroes dbias.
 cudaError_t LaunchBlockQuantize(const BlockQuantizeLaunchParams& params, cudaStream_t stream);
 
-// out [rows, cols] FP32 = decode(codes) * scale_inv of the element's block, one FP32
-// product. Blocks are block_rows x block_cols (MXFP8 1x32, 1D 1x128, 2D 128x128);
+// out [rows, cols] = decode(codes) * scale_inv of the element's block, one FP32
+// product, stored as FP32 or (bf16_out) rounded to BF16 as FloatToBf16 rounds. Blocks are block_rows x block_cols (MXFP8 1x32, 1D 1x128, 2D 128x128);
 // scale_inv is row-major [ceil(rows/block_rows), scale_cols], E8M0 bytes when
 // e8m0_scales, else FP32.
 struct BlockDequantizeLaunchParams {
@@ -84,7 +84,8 @@ struct BlockDequantizeLaunchParams {
   const void* scale_inv = nullptr;
   bool e8m0_scales = true;
   int64_t scale_cols = 0;
-  float* out = nullptr;
+  void* out = nullptr;  // FP32, or BF16 bits with bf16_out
+  bool bf16_out = false;
 };
 cudaError_t LaunchBlockDequantize(const BlockDequantizeLaunchParams& params,
                                   cudaStream_t stream);

@@ -143,7 +143,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
   return q;
 }
 
-absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy) {
+absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype) {
   const bool rowwise = copy == Copy::kRowwise;
   const Tensor& data = rowwise ? q.rowwise_data : q.columnwise_data;
   const Tensor& scales = rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv;
@@ -155,11 +155,12 @@ absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor
                         absl::StrCat(DTypeName(data.dtype()), " ", ShapeToString(data.shape())));
   }
   ASSIGN_OR_RETURN(const ScopedDevice device, EnterDevice(data.device().index));
-  ASSIGN_OR_RETURN(Tensor out, Tensor::ZerosOn(DType::kFloat32, data.shape(), data.device(), ctx.stream));
+  // Every element is written.
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(out_dtype, data.shape(), data.device(), ctx.stream));
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchNvfp4Dequantize(
       data.data<uint8_t>(), data.dim(0), data.dim(1), scales.data<uint8_t>(),
-      q.mode == ScalingMode::kNvfp4_2D, 1.0f / q.global_encode_scale, out.data<float>(),
-      StreamOf(ctx)));
+      q.mode == ScalingMode::kNvfp4_2D, 1.0f / q.global_encode_scale, out.raw_data(),
+      out_dtype == DType::kBFloat16, StreamOf(ctx)));
   return out;
 }
 

@@ -26,7 +26,7 @@ absl::StatusOr<QuantizedTensor> QuantizeNvfp4(const Context& ctx, const Tensor& 
                                               const Nvfp4QuantizeOptions& options);
 
 // q's metadata must already be checked (kernels::DequantizeNvfp4 does).
-absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy);
+absl::StatusOr<Tensor> DequantizeNvfp4(const Context& ctx, const QuantizedTensor& q, Copy copy, DType out_dtype);
 
 absl::StatusOr<Tensor> CastToFloat4E2M1(const Context& ctx, const Tensor& x);
 absl::StatusOr<Tensor> Float4E2M1ToFloat32(const Context& ctx, const Tensor& packed);

@@ -430,10 +430,15 @@ __global__ void __launch_bounds__(kThreads) Nvfp4QuantizeKernel(const QuantizeAr
   if (a.columnwise != nullptr) QuantizeColumnwise1D<kStochastic>(a, p, v);
 }
 
-// One thread per packed byte (two elements) of each row; grid-stride over rows.
+__device__ __forceinline__ void StoreValue(float v, float* out) { *out = v; }
+__device__ __forceinline__ void StoreValue(float v, uint16_t* out) { *out = FloatToBf16(v); }
+
+// One thread per packed byte (two elements) of each row; grid-stride over rows. Out:
+// float, or uint16_t holding BF16.
+template <typename Out>
 __global__ void __launch_bounds__(kElementwiseThreads)
     Nvfp4DequantizeKernel(const uint8_t* codes, int64_t rows, int64_t cols,
-                          const uint8_t* scales, int block_rows_log2, float inv_s, float* out) {
+                          const uint8_t* scales, int block_rows_log2, float inv_s, Out* out) {
   const int64_t bytes_per_row = cols / 2;
   const int64_t scale_cols = cols / kBlock;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -442,8 +447,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
       const uint8_t byte = codes[r * bytes_per_row + b];
       const int64_t c = 2 * b;
       const float sd = E4M3DecodeFast(scales[scale_row + c / kBlock]);
-      out[r * cols + c] = __fmul_rn(__fmul_rn(E2M1ToFloat(byte & 0xFu), sd), inv_s);
-      out[r * cols + c + 1] = __fmul_rn(__fmul_rn(E2M1ToFloat(byte >> 4), sd), inv_s);
+      StoreValue(__fmul_rn(__fmul_rn(E2M1ToFloat(byte & 0xFu), sd), inv_s), &out[r * cols + c]);
+      StoreValue(__fmul_rn(__fmul_rn(E2M1ToFloat(byte >> 4), sd), inv_s), &out[r * cols + c + 1]);
     }
   }
 }
@@ -603,12 +608,17 @@ cudaError_t LaunchNvfp4Quantize(const Nvfp4QuantizeLaunchParams& p, cudaStream_t
 
 cudaError_t LaunchNvfp4Dequantize(const uint8_t* codes, int64_t rows, int64_t cols,
                                   const uint8_t* scales, bool two_d, float global_scale_inv,
-                                  float* out, cudaStream_t stream) {
+                                  void* out, bool bf16_out, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   constexpr int64_t kMaxRowBlocks = 65535;
   const int blocks = static_cast<int>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks);
-  Nvfp4DequantizeKernel<<<blocks, kElementwiseThreads, 0, stream>>>(
-      codes, rows, cols, scales, two_d ? 4 : 0, global_scale_inv, out);
+  if (bf16_out) {
+    Nvfp4DequantizeKernel<<<blocks, kElementwiseThreads, 0, stream>>>(
+        codes, rows, cols, scales, two_d ? 4 : 0, global_scale_inv, static_cast<uint16_t*>(out));
+  } else {
+    Nvfp4DequantizeKernel<<<blocks, kElementwiseThreads, 0, stream>>>(
+        codes, rows, cols, scales, two_d ? 4 : 0, global_scale_inv, static_cast<float*>(out));
+  }
   return cudaGetLastError();
 }
 

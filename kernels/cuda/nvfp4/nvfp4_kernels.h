@@ -57,11 +57,12 @@ struct Nvfp4QuantizeLaunchParams {
 // Pass 2: block scales and codes of both copies from one read of x.
 cudaError_t LaunchNvfp4Quantize(const Nvfp4QuantizeLaunchParams& params, cudaStream_t stream);
 
-// out [rows, cols] = (E2M1(code) * E4M3(block scale)) * global_scale_inv; blocks are
-// 1x16 (scales [rows, cols/16]) or 16x16 (two_d, scales [rows/16, cols/16]).
+// out [rows, cols] = (E2M1(code) * E4M3(block scale)) * global_scale_inv, FP32 or (bf16_out)
+// BF16 bits rounded as FloatToBf16 rounds; blocks are 1x16 (scales [rows, cols/16]) or
+// 16x16 (two_d, scales [rows/16, cols/16]).
 cudaError_t LaunchNvfp4Dequantize(const uint8_t* codes, int64_t rows, int64_t cols,
                                   const uint8_t* scales, bool two_d, float global_scale_inv,
-                                  float* out, cudaStream_t stream);
+                                  void* out, bool bf16_out, cudaStream_t stream);
 
 // Unscaled E2M1 conversions of numel elements (packed; an odd count leaves the last
 // high nibble 0).

@@ -33,6 +33,7 @@
 #include "core/quantized_tensor.h"
 #include "core/tensor.h"
 #include "kernels/block_quantize.h"
+#include "kernels/cast.h"
 #include "kernels/cpu/block_quantize_cpu.h"
 #include "kernels/cuda/block_quantize/block_quantize_cuda.h"
 #include "kernels/cuda/block_quantize/block_quantize_kernels.h"
@@ -97,6 +98,12 @@ void ExpectSameDequantized(const QuantizedTensor& gpu, const QuantizedTensor& cp
     ASSERT_TRUE(gpu_out.ok()) << gpu_out.status();
     EXPECT_EQ(gpu_out->device(), Device::Cuda(0));
     ExpectSameFloats(*gpu_out, *cpu_out, "dequantized " + name);
+    // The one-pass BF16 output (an emulated GEMM's operand) is Convert of the FP32 values.
+    auto gpu_bf16 = kernels::DequantizeBlock(GpuContext(), gpu, copy, DType::kBFloat16);
+    ASSERT_TRUE(gpu_bf16.ok()) << gpu_bf16.status();
+    EXPECT_EQ(gpu_bf16->dtype(), DType::kBFloat16);
+    ExpectSameBytes(*gpu_bf16, kernels::Convert(Context::Cpu(), *cpu_out, DType::kBFloat16).value(),
+                    "dequantized BF16 " + name);
   }
 }
 
