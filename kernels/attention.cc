@@ -530,19 +530,31 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   RETURN_IF_ERROR(CheckTensorOfShape("softmax_lse", softmax_lse, DType::kFloat32, WithoutLastDim(q.shape()), ctx));
   RETURN_IF_ERROR(CheckTensorOfShape("dout", dout, q.dtype(), out_shape, ctx));
   ScopedKernelTimer timer(ctx, KernelOp::kAttentionBackward);
-  if (!Is16Bit(q)) return BackwardFp32(ctx, config, q, k, v, side, out, softmax_lse, dout);
+  const AttentionPath unfused = ctx.device.is_cpu() ? AttentionPath::kCpuReference : AttentionPath::kCudaUnfused;
+  if (!Is16Bit(q)) {
+    ASSIGN_OR_RETURN(AttentionBackwardOutputs result, BackwardFp32(ctx, config, q, k, v, side, out, softmax_lse, dout));
+    result.path = unfused;
+    return result;
+  }
+  std::string why = "not fused: the CPU backend runs the reference";
 #if TESERVE_WITH_CUDA
-  if (!ctx.device.is_cpu() && RowWithoutKeys(config, dims).empty()) {
+  if (!ctx.device.is_cpu()) why = RowWithoutKeys(config, dims);
+  if (!ctx.device.is_cpu() && why.empty()) {
     AttentionConfig fused_config = config;
     if (NondeterministicAttentionAllowed()) fused_config.deterministic = false;
     ASSIGN_OR_RETURN(const AttentionSideTensors fused_side, FusedSide(ctx, config, q, v, side));
     absl::StatusOr<AttentionBackwardOutputs> fused =
         cuda::FusedAttentionBackward(ctx, fused_config, q, k, v, fused_side, LongestSequences(dims), out,
                                      softmax_lse, dout);
-    if (fused.ok() && fused->dbias.defined()) {
-      ASSIGN_OR_RETURN(fused->dbias, Convert(ctx, fused->dbias, DType::kFloat32));
+    if (fused.ok()) {
+      if (fused->dbias.defined()) {
+        ASSIGN_OR_RETURN(fused->dbias, Convert(ctx, fused->dbias, DType::kFloat32));
+      }
+      fused->path = AttentionPath::kCudnnFused;
+      return fused;
     }
-    if (fused.ok() || !absl::IsUnimplemented(fused.status())) return fused;
+    if (!absl::IsUnimplemented(fused.status())) return fused.status();
+    why = std::string(fused.status().message());
   }
 #endif
   ASSIGN_OR_RETURN(const std::vector<Tensor> wide, Widen(ctx, {&q, &k, &v, &out, &dout}));
@@ -551,6 +563,8 @@ absl::StatusOr<AttentionBackwardOutputs> AttentionBackward(const Context& ctx, c
   ASSIGN_OR_RETURN(result.dq, Convert(ctx, result.dq, q.dtype()));
   ASSIGN_OR_RETURN(result.dk, Convert(ctx, result.dk, k.dtype()));
   ASSIGN_OR_RETURN(result.dv, Convert(ctx, result.dv, v.dtype()));
+  result.path = unfused;
+  result.unfused_reason = std::move(why);
   return result;
 }
 

@@ -211,6 +211,8 @@ struct AttentionBackwardOutputs {
   Tensor dv;               // v's shape
   Tensor dsoftmax_offset;  // [H], learnable only
   Tensor dbias;            // bias's shape, pre/post_scale_bias only
+  AttentionPath path = AttentionPath::kCpuReference;  // which implementation ran
+  std::string unfused_reason;  // 16-bit inputs that did not run fused: why
 };
 
 // The names error messages give the side tensors (a layer passes its side-input names).

@@ -362,6 +362,11 @@ absl::StatusOr<std::vector<Tensor>> DotProductAttention::Backward(const Context&
   ASSIGN_OR_RETURN(kernels::AttentionBackwardOutputs grads,
                    kernels::AttentionBackward(ctx, saved.config, saved.q, saved.k, saved.v, saved.side, saved.out,
                                               saved.softmax_lse, dout));
+  if (grads.path == kernels::AttentionPath::kCudaUnfused && last_path_ == "cudnn_fused") {
+    // A fused forward whose backward cuDNN refused (a dbias shape, say): GetSession says so.
+    last_reason_ = absl::StrCat("cuDNN fused SDPA on the last forward; its backward ran the unfused FP32 CUDA kernels",
+                                grads.unfused_reason.empty() ? "" : ": ", grads.unfused_reason);
+  }
   if (options_.softmax_type == SoftmaxType::kLearnable) {
     RETURN_IF_ERROR(FillDeferredGrad(ctx, softmax_offset_));
     RETURN_IF_ERROR(kernels::AddInto(ctx, grads.dsoftmax_offset, &softmax_offset_.grad));

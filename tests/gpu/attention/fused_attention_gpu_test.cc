@@ -21,6 +21,7 @@
 // padding rows' 0 and -inf) always agree.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -261,6 +262,13 @@ TEST_P(FusedAttentionGpuTest, MatchesTheReferenceOnTheSame16BitValues) {
                        kernels::AttentionBackward(gpu, config, dq16, dk16, dv16, gpu_side, got.out,
                                                   got.softmax_lse, ddout16));
   EXPECT_EQ(grads.dq.dtype(), c.dtype);
+  // Every backward here runs fused, except that cuDNN may refuse a dbias shape (then the
+  // unfused kernels answer, from the fused forward's outputs, and must still match).
+  if (p.bias != kernels::AttnBiasType::kPostScaleBias || (p.bias_shape[0] == 1 && p.bias_shape[1] != 1)) {
+    EXPECT_EQ(grads.path, AttentionPath::kCudnnFused) << grads.unfused_reason;
+  }
+  std::printf("%s backward: %s %s\n", c.name.c_str(),
+              grads.path == AttentionPath::kCudnnFused ? "cudnn_fused" : "unfused", grads.unfused_reason.c_str());
   // dq, dk, dv sum over keys / queries with P and dP rounded to 16 bits: twice the
   // forward's tolerance.
   EXPECT_TRUE(Close(WideHost(gpu, grads.dq), want_grads.dq, 2 * rtol, 0.0, "dq"));
