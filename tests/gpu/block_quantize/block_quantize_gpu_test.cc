@@ -98,11 +98,13 @@ void ExpectSameDequantized(const QuantizedTensor& gpu, const QuantizedTensor& cp
     ASSERT_TRUE(gpu_out.ok()) << gpu_out.status();
     EXPECT_EQ(gpu_out->device(), Device::Cuda(0));
     ExpectSameFloats(*gpu_out, *cpu_out, "dequantized " + name);
-    // The one-pass BF16 output (an emulated GEMM's operand) is Convert of the FP32 values.
+    // The one-pass BF16 output (an emulated GEMM's operand) is Convert of the FP32 values
+    // the device wrote (bit for bit, NaN payloads included; those may differ from the
+    // CPU's, which ExpectSameFloats allows).
     auto gpu_bf16 = kernels::DequantizeBlock(GpuContext(), gpu, copy, DType::kBFloat16);
     ASSERT_TRUE(gpu_bf16.ok()) << gpu_bf16.status();
     EXPECT_EQ(gpu_bf16->dtype(), DType::kBFloat16);
-    ExpectSameBytes(*gpu_bf16, kernels::Convert(Context::Cpu(), *cpu_out, DType::kBFloat16).value(),
+    ExpectSameBytes(*gpu_bf16, kernels::Convert(Context::Cpu(), OnHost(*gpu_out), DType::kBFloat16).value(),
                     "dequantized BF16 " + name);
   }
 }

@@ -43,9 +43,11 @@ TEST(CudaKernelTiming, SampledGemmsAreTimedWithEventsAndReportedOnceComplete) {
   for (const Recorded& r : sink.recorded) {
     EXPECT_EQ(r.op, KernelOp::kGemm);
     EXPECT_EQ(r.device, Device::Cuda(0));
-    // A 2048^3 FP32 GEMM: well above the event resolution, far below a second.
+    // A 2048^3 FP32 GEMM: well above the event resolution, a few ms (over a second under
+    // compute-sanitizer, which slows kernels ~100x; an unpaired event reads as 0 or as
+    // the process's age).
     EXPECT_GT(r.seconds, 1e-6);
-    EXPECT_LT(r.seconds, 1.0);
+    EXPECT_LT(r.seconds, 30.0);
   }
 }
 
