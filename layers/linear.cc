@@ -4,6 +4,7 @@
 #include "core/status.h"
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor_checks.h"
 #include "layers/init.h"
@@ -70,14 +71,16 @@ struct SavedOperand {
 // bias); an FP32 d gets it from AddBias after the GEMM, since cuBLASLt has no FP8
 // kernel with an FP32 D and an FP32 BIAS epilogue. With `gelu_aux` as well (a 16-bit d of
 // 16-bit operands: Linear::set_fprop_gelu), the epilogue is kGeluAuxBias: *gelu_aux gets
-// the pre-activation op(a) op(b) + bias and d its gelu. With `dgelu_bias_grad` instead
-// (no bias; a 16-bit d of 16-bit operands: Linear::BackwardThroughGelu's dgrad), the
-// epilogue is kDGeluBGrad: d = (op(a) op(b)) * gelu'(*gelu_aux) and *dgelu_bias_grad
-// (d's dtype, [n]) the column sums of d.
+// the pre-activation op(a) op(b) + bias and d its gelu. With `bias_grad` instead (no
+// bias) and `gelu_aux` (a 16-bit d of 16-bit operands: Linear::BackwardThroughGelu's
+// dgrad), the epilogue is kDGeluBGrad: d = (op(a) op(b)) * gelu'(*gelu_aux) and
+// *bias_grad (d's dtype, [n]) the column sums of d. With `bias_grad` alone (the wgrad of
+// unquantized 16-bit operands, a = dy transposed), it is kBGradB: *bias_grad (d's dtype,
+// [m]) gets the sums of op(a) over k, dy's column sums, from the GEMM's own read of dy.
 absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, bool transpose_a,
                         const SavedOperand& b, Copy b_copy, bool transpose_b, kernels::GemmAccumulation accumulation,
                         float beta, Tensor* d, const Tensor* bias = nullptr, Tensor* gelu_aux = nullptr,
-                        Tensor* dgelu_bias_grad = nullptr) {
+                        Tensor* bias_grad = nullptr) {
   kernels::GemmOptions options;
   options.beta = beta;
   options.accumulation = accumulation;
@@ -93,13 +96,18 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       options.epilogue = kernels::GemmEpilogue::kGeluAuxBias;
       options.aux = gelu_aux;
     }
-  } else if (dgelu_bias_grad != nullptr && gelu_aux != nullptr && bias == nullptr &&
-             d->dtype() != DType::kFloat32) {
+  } else if (bias_grad != nullptr && gelu_aux != nullptr && bias == nullptr && d->dtype() != DType::kFloat32) {
     options.epilogue = kernels::GemmEpilogue::kDGeluBGrad;
     options.aux = gelu_aux;
-    options.bias_grad = dgelu_bias_grad;
-  } else if (gelu_aux != nullptr || dgelu_bias_grad != nullptr) {
-    return absl::InternalError("LinearGemm: the gelu epilogues need a 16-bit d (and a bias in the forward only)");
+    options.bias_grad = bias_grad;
+  } else if (bias_grad != nullptr && gelu_aux == nullptr && bias == nullptr && !a.is_quantized && !b.is_quantized &&
+             a.value.dtype() == b.value.dtype() && a.value.dtype() != DType::kFloat32 && d->numel() > 0) {
+    options.epilogue = kernels::GemmEpilogue::kBGradB;
+    options.bias_grad = bias_grad;
+  } else if (gelu_aux != nullptr || bias_grad != nullptr) {
+    return absl::InternalError(
+        "LinearGemm: the gelu epilogues need a 16-bit d (and a bias in the forward only); kBGradB unquantized "
+        "16-bit operands");
   }
   const bool add_bias_after = bias != nullptr && !bias_d.defined();
   auto run = [&](const kernels::GemmOperand& ga, const kernels::GemmOperand& gb, Tensor* out) -> absl::Status {
@@ -403,7 +411,17 @@ absl::StatusOr<std::vector<Tensor>> Linear::BackwardImpl(const Context& ctx, Sav
   } else if (gelu.given_bias_grad != nullptr) {
     ASSIGN_OR_RETURN(Tensor db, gelu.given_bias_grad->Reshape({1, options_.out_features}));
     ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
-  } else if (options_.bias && !quantize_dy) {
+  }
+  // Unquantized 16-bit operands and a weight gradient the wgrad GEMM writes fresh (an
+  // epilogue GEMM takes beta 0): the GEMM sums dy's columns in its epilogue (kBGradB,
+  // TE's BGRADB) as it reads dy, instead of a widening copy and a column sum.
+  const bool bias_in_wgrad = options_.bias && !options_.return_bias && gelu.given_bias_grad == nullptr &&
+                             !quantize_dy && !saved.x.is_quantized && dy.dtype() != DType::kFloat32 &&
+                             saved.x.value.dtype() == dy.dtype() && dy.dim(0) > 0 && weight_.grad_is_zero;
+  Tensor wgrad_dbias;  // FP32 [out], from the wgrad GEMM
+  if (bias_in_wgrad) {
+    ASSIGN_OR_RETURN(wgrad_dbias, Tensor::Empty(DType::kFloat32, {options_.out_features}, ctx.device, ctx.stream));
+  } else if (options_.bias && !options_.return_bias && gelu.given_bias_grad == nullptr && !quantize_dy) {
     ASSIGN_OR_RETURN(Tensor dy32, kernels::Convert(ctx, dy, DType::kFloat32));
     RETURN_IF_ERROR(FillDeferredGrad(ctx, bias_));
     bias_.grad_is_zero = false;
@@ -454,7 +472,12 @@ absl::StatusOr<std::vector<Tensor>> Linear::BackwardImpl(const Context& ctx, Sav
   weight_.grad_fill_deferred = false;
   RETURN_IF_ERROR(LinearGemm(ctx, dy_operand, Copy::kColumnwise, !dy_operand.is_quantized, saved.x,
                              Copy::kColumnwise, saved.x.is_quantized, kernels::GemmAccumulation::kSplit, wgrad_beta,
-                             &weight_.grad));
+                             &weight_.grad, nullptr, nullptr, bias_in_wgrad ? &wgrad_dbias : nullptr));
+  if (bias_in_wgrad) {
+    RETURN_IF_ERROR(FillDeferredGrad(ctx, bias_));
+    bias_.grad_is_zero = false;
+    RETURN_IF_ERROR(kernels::AddInto(ctx, wgrad_dbias, &bias_.grad));
+  }
 
   ASSIGN_OR_RETURN(Tensor dx_in, kernels::Convert(ctx, dx, saved.input_dtype));
   ASSIGN_OR_RETURN(Tensor dx_full, dx_in.Reshape(saved.input_shape));

@@ -274,6 +274,23 @@ TEST_P(GemmGpuGradEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
   const std::vector<float> want_db = testing::Floats(db_cpu);
   EXPECT_TRUE(AllClose(testing::Floats(db_gpu), std::vector<double>(want_db.begin(), want_db.end()), tol,
                        db_magnitude));
+
+  // Linear's wgrad of 16-bit operands: FP32 dW (the gradient) and an FP32 bias gradient.
+  if (t == kF32) return;
+  Tensor dw32_cpu = Tensor::Zeros(kF32, {m, n}).value();
+  Tensor dw32_gpu = Tensor::Zeros(kF32, {m, n}, Device::Cuda(0)).value();
+  Tensor db32_cpu = Tensor::Zeros(kF32, {m}).value();
+  Tensor db32_gpu = Tensor::Zeros(kF32, {m}, Device::Cuda(0)).value();
+  wc.bias_grad = &db32_cpu;
+  wg.bias_grad = &db32_gpu;
+  ASSERT_OK(Gemm(Context::Cpu(), w.a, w.b, &dw32_cpu, wc));
+  ASSERT_OK(Gemm(testing::GpuContext(), w.a_gpu, w.b_gpu, &dw32_gpu, wg));
+  const std::vector<float> want_dw32 = testing::Floats(dw32_cpu);
+  EXPECT_TRUE(AllClose(testing::Floats(dw32_gpu), std::vector<double>(want_dw32.begin(), want_dw32.end()), kF32,
+                       TermMagnitude(w.a, w.b, dw32_cpu, 1.0f)));
+  const std::vector<float> want_db32 = testing::Floats(db32_cpu);
+  EXPECT_TRUE(AllClose(testing::Floats(db32_gpu), std::vector<double>(want_db32.begin(), want_db32.end()), kF32,
+                       db_magnitude));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemmGpuGradEpilogue, ::testing::Values(kBF16, kF16, kF32),
