@@ -288,8 +288,10 @@ absl::Status CheckEpilogue(const GemmOperand& a, const Tensor& d, const GemmOpti
   } else if (options.bias_grad != nullptr) {
     return InvalidField("options.bias_grad", "nullptr for this epilogue", "a tensor");
   }
-  if (options.epilogue != GemmEpilogue::kNone && options.beta != 0.0f) {
-    return InvalidField("options.beta", "0 with an epilogue", options.beta);
+  // kBGradB writes bias_grad apart from D, so D may accumulate (the wgrad onto a
+  // gradient): D = op(A) op(B) + beta D, bias_grad as always.
+  if (options.epilogue != GemmEpilogue::kNone && options.epilogue != GemmEpilogue::kBGradB && options.beta != 0.0f) {
+    return InvalidField("options.beta", "0 with an epilogue other than kBGradB", options.beta);
   }
   if ((options.epilogue != GemmEpilogue::kNone || options.d_amax != nullptr) && (m == 0 || n == 0 || k == 0)) {
     return InvalidField("options.epilogue", "no epilogue and no d_amax for an empty product",

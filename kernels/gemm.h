@@ -112,7 +112,7 @@ struct GemmOperand {
 
 struct GemmOptions {
   float alpha = 1.0f;
-  float beta = 0.0f;  // beta != 0 accumulates into D (not an FP8 D)
+  float beta = 0.0f;  // beta != 0 accumulates into D (not an FP8 D; epilogue kNone or kBGradB)
   GemmAccumulation accumulation = GemmAccumulation::kSplit;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   const Tensor* bias = nullptr;  // kBias, kGeluAuxBias

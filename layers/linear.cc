@@ -412,12 +412,13 @@ absl::StatusOr<std::vector<Tensor>> Linear::BackwardImpl(const Context& ctx, Sav
     ASSIGN_OR_RETURN(Tensor db, gelu.given_bias_grad->Reshape({1, options_.out_features}));
     ASSIGN_OR_RETURN(dbias, kernels::Convert(ctx, db, DType::kFloat32));
   }
-  // Unquantized 16-bit operands and a weight gradient the wgrad GEMM writes fresh (an
-  // epilogue GEMM takes beta 0): the GEMM sums dy's columns in its epilogue (kBGradB,
-  // TE's BGRADB) as it reads dy, instead of a widening copy and a column sum.
+  // Unquantized 16-bit operands: the wgrad GEMM sums dy's columns in its epilogue
+  // (kBGradB, TE's BGRADB) as it reads dy, instead of a widening copy and a column sum;
+  // whether it writes dW fresh or accumulates (beta 1), so the bias gradient's bits do not
+  // depend on whether the weight gradient was known to be zero.
   const bool bias_in_wgrad = options_.bias && !options_.return_bias && gelu.given_bias_grad == nullptr &&
                              !quantize_dy && !saved.x.is_quantized && dy.dtype() != DType::kFloat32 &&
-                             saved.x.value.dtype() == dy.dtype() && dy.dim(0) > 0 && weight_.grad_is_zero;
+                             saved.x.value.dtype() == dy.dtype() && dy.dim(0) > 0;
   Tensor wgrad_dbias;  // FP32 [out], from the wgrad GEMM
   if (bias_in_wgrad) {
     ASSIGN_OR_RETURN(wgrad_dbias, Tensor::Empty(DType::kFloat32, {options_.out_features}, ctx.device, ctx.stream));

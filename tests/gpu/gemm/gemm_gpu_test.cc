@@ -291,6 +291,18 @@ TEST_P(GemmGpuGradEpilogue, DGeluBGradAndBGradBMatchTheCpu) {
   const std::vector<float> want_db32 = testing::Floats(db32_cpu);
   EXPECT_TRUE(AllClose(testing::Floats(db32_gpu), std::vector<double>(want_db32.begin(), want_db32.end()), kF32,
                        db_magnitude));
+
+  // Accumulating (beta 1, a gradient that already holds a sum): dW doubles, the bias
+  // gradient is the same sums, bit for bit.
+  const Tensor db32_first = testing::OnHost(db32_gpu);
+  wc.beta = wg.beta = 1.0f;
+  ASSERT_OK(Gemm(Context::Cpu(), w.a, w.b, &dw32_cpu, wc));
+  ASSERT_OK(Gemm(testing::GpuContext(), w.a_gpu, w.b_gpu, &dw32_gpu, wg));
+  std::vector<double> twice = TermMagnitude(w.a, w.b, dw32_cpu, 1.0f);
+  for (double& v : twice) v *= 2.0;
+  const std::vector<float> want_dw2 = testing::Floats(dw32_cpu);
+  EXPECT_TRUE(AllClose(testing::Floats(dw32_gpu), std::vector<double>(want_dw2.begin(), want_dw2.end()), kF32, twice));
+  EXPECT_TRUE(BitwiseEqual(testing::OnHost(db32_gpu), db32_first)) << "the bias gradient depends on beta";
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemmGpuGradEpilogue, ::testing::Values(kBF16, kF16, kF32),
