@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/transformer_stack.h"
 
 namespace teserve {
 namespace {
@@ -34,10 +35,7 @@ using ::testing::HasSubstr;
 // GPU session's time goes mostly to launching each layer's kernels and reading back its
 // amaxes, so there the model is narrow and hundreds of layers deep (a check point
 // between each) and the test deepens it until a Forward and a Backward take kGpuCallTime.
-struct Workload {
-  int64_t seq, batch, hidden, ffn_hidden, heads, layers;
-  int64_t tokens() const { return seq * batch; }
-};
+using Workload = testing::StackWorkload;
 
 Workload WorkloadFor(const std::string& device) {
   if (device == "cpu") return {256, 2, 64, 256, 4, 4};
@@ -69,17 +67,7 @@ v1::Tensor Activations(const Workload& w, uint64_t seed) {
 v1::CreateSessionRequest Spec(const Workload& w) {
   v1::CreateSessionRequest request;
   v1::ModelSpec* model = request.mutable_model();
-  model->set_seed(3);
-  for (int i = 0; i < w.layers; ++i) {
-    v1::LayerSpec* layer = model->add_layers();
-    layer->set_name(absl::StrCat("block", i));
-    v1::TransformerLayerSpec* t = layer->mutable_transformer_layer();
-    t->set_hidden_size(w.hidden);
-    t->set_ffn_hidden_size(w.ffn_hidden);
-    t->set_num_attention_heads(w.heads);
-    t->set_hidden_dropout(0.1f);     // random-stream counters are part of the state
-    t->set_attention_dropout(0.1f);
-  }
+  testing::AddTransformerStack(w, /*seed=*/3, /*dropout=*/0.1f, model);  // random-stream counters are state
   v1::LayerSpec* head = model->add_layers();
   head->set_name("head");
   head->mutable_linear()->set_in_features(w.hidden);

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/http_get.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/transformer_stack.h"
 
 namespace teserve {
 namespace {
@@ -29,9 +30,7 @@ namespace {
 // A ForwardBackward of this model takes a good fraction of a second: on the CPU, eight
 // TransformerLayers over 256 x 2 tokens; on a GPU, a narrow model hundreds of layers deep
 // (a GPU call's time is mostly its launches).
-struct Workload {
-  int64_t seq, batch, hidden, ffn_hidden, heads, layers;
-};
+using Workload = testing::StackWorkload;
 
 Workload WorkloadFor(const std::string& device) {
   if (device == "cpu") return {256, 2, 64, 256, 4, 8};
@@ -48,16 +47,7 @@ v1::Tensor Activations(const Workload& w, uint64_t seed) {
 
 v1::CreateSessionRequest Spec(const Workload& w) {
   v1::CreateSessionRequest request;
-  v1::ModelSpec* model = request.mutable_model();
-  model->set_seed(5);
-  for (int i = 0; i < w.layers; ++i) {
-    v1::LayerSpec* layer = model->add_layers();
-    layer->set_name(absl::StrCat("block", i));
-    v1::TransformerLayerSpec* t = layer->mutable_transformer_layer();
-    t->set_hidden_size(w.hidden);
-    t->set_ffn_hidden_size(w.ffn_hidden);
-    t->set_num_attention_heads(w.heads);
-  }
+  testing::AddTransformerStack(w, /*seed=*/5, /*dropout=*/0.1f, request.mutable_model());
   request.mutable_optimizer()->mutable_sgd()->set_lr(1e-3f);
   return request;
 }

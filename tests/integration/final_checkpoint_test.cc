@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/checkpoint_training.h"
 #include "tests/integration/server_process.h"
+#include "tests/integration/transformer_stack.h"
 
 namespace teserve {
 namespace {
@@ -251,10 +252,7 @@ TEST(FinalCheckpoint, SigtermUnderLoadSavesEveryConfiguredSessionAndExitsZeroWit
 // goes mostly to launching each layer's kernels and reading back its amaxes, so there the
 // model is narrow (a small final checkpoint) and hundreds of layers deep, and the test
 // deepens it until a ForwardBackward outlasts the time calls get after SIGTERM.
-struct SlowWorkload {
-  int64_t seq, batch, hidden, ffn_hidden, heads, layers;
-  int64_t tokens() const { return seq * batch; }
-};
+using SlowWorkload = testing::StackWorkload;
 
 SlowWorkload SlowWorkloadFor(const std::string& device) {
   if (device == "cpu") return {512, 2, 64, 256, 4, 16};
@@ -265,16 +263,7 @@ constexpr int64_t kMaxGpuLayers = 4096;
 
 v1::CreateSessionRequest SlowSession(const SlowWorkload& w) {
   v1::CreateSessionRequest request;
-  v1::ModelSpec* model = request.mutable_model();
-  model->set_seed(5);
-  for (int i = 0; i < w.layers; ++i) {
-    v1::LayerSpec* layer = model->add_layers();
-    layer->set_name(absl::StrCat("block", i));
-    v1::TransformerLayerSpec* t = layer->mutable_transformer_layer();
-    t->set_hidden_size(w.hidden);
-    t->set_ffn_hidden_size(w.ffn_hidden);
-    t->set_num_attention_heads(w.heads);
-  }
+  testing::AddTransformerStack(w, /*seed=*/5, /*dropout=*/0.1f, request.mutable_model());
   request.mutable_recipe()->mutable_delayed()->set_amax_history_len(4);
   request.mutable_optimizer()->mutable_adamw()->set_lr(1e-3f);
   request.set_checkpoint_every_steps(1000);
