@@ -92,30 +92,28 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
   r_fwd.flops = forward_flops;
   results->push_back(r_fwd);
 
-  Timing t_fb = TimeLaunches(
-      [&]() -> cudaError_t {
-        auto out = kernels::AttentionForward(ctx, config, q, k, v, side);
-        Check(out.status(), "forward");
-        Check(kernels::AttentionBackward(ctx, config, q, k, v, side, out->out, out->softmax_lse, dout).status(),
-              "backward");
-        return cudaSuccess;
-      },
-      flags);
+  // Forward + backward of one configuration on these tensors (the default ones: q, k, v,
+  // dout in BF16).
+  auto time_fwd_bwd = [&](const kernels::AttentionConfig& cfg, const kernels::AttentionSideTensors& s,
+                          const Tensor& tq, const Tensor& tk, const Tensor& tv, const Tensor& tdout) {
+    return TimeLaunches(
+        [&]() -> cudaError_t {
+          auto out = kernels::AttentionForward(ctx, cfg, tq, tk, tv, s);
+          Check(out.status(), "forward");
+          Check(kernels::AttentionBackward(ctx, cfg, tq, tk, tv, s, out->out, out->softmax_lse, tdout).status(),
+                "backward");
+          return cudaSuccess;
+        },
+        flags);
+  };
+  const Timing t_fb = time_fwd_bwd(config, side, q, k, v, dout);
   Result r_fb{"attention_bf16_causal_fwd_bwd", seq, head_dim, "bf16", t_fb, 2 * qkvo_bytes, config_text};
   r_fb.flops = forward_flops + forward_flops * 5 / 2;
   results->push_back(r_fb);
 
   kernels::AttentionConfig fast = config;
   fast.deterministic = false;
-  Timing t_nd = TimeLaunches(
-      [&]() -> cudaError_t {
-        auto out = kernels::AttentionForward(ctx, fast, q, k, v, side);
-        Check(out.status(), "forward");
-        Check(kernels::AttentionBackward(ctx, fast, q, k, v, side, out->out, out->softmax_lse, dout).status(),
-              "backward");
-        return cudaSuccess;
-      },
-      flags);
+  const Timing t_nd = time_fwd_bwd(fast, side, q, k, v, dout);
   Result r_nd{"attention_bf16_causal_fwd_bwd_nondeterministic", seq, head_dim, "bf16", t_nd, 2 * qkvo_bytes,
               config_text + ", deterministic = false (cuDNN's atomic dq)"};
   r_nd.flops = r_fb.flops;
@@ -134,22 +132,10 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
   }
   padded_side.cu_seqlens_q = OrDie(kernels::CopyTo(ctx, cu, ctx.device), "cu_seqlens to the GPU");
   padded_side.cu_seqlens_kv = padded_side.cu_seqlens_q;
-  auto time_padded = [&](const Tensor& pq, const Tensor& pk, const Tensor& pv, const Tensor& pdout) {
-    return TimeLaunches(
-        [&]() -> cudaError_t {
-          auto out = kernels::AttentionForward(ctx, padded, pq, pk, pv, padded_side);
-          Check(out.status(), "padded forward");
-          Check(kernels::AttentionBackward(ctx, padded, pq, pk, pv, padded_side, out->out, out->softmax_lse, pdout)
-                    .status(),
-                "padded backward");
-          return cudaSuccess;
-        },
-        flags);
-  };
   const kernels::AttentionForwardOutputs padded_fwd =
       OrDie(kernels::AttentionForward(ctx, padded, q, k, v, padded_side), "padded forward");
-  Result r_pad{"attention_bf16_padding_causal_fwd_bwd", seq, head_dim, "bf16", time_padded(q, k, v, dout),
-               2 * qkvo_bytes,
+  const Timing t_pad = time_fwd_bwd(padded, padded_side, q, k, v, dout);
+  Result r_pad{"attention_bf16_padding_causal_fwd_bwd", seq, head_dim, "bf16", t_pad, 2 * qkvo_bytes,
                absl::StrCat("kernels::Attention ", PathName(padded_fwd.path), " ", padded_fwd.unfused_reason,
                             ", bshd BF16 padding_causal, lengths S, 3S/4, S/2, S/4")};
   r_pad.flops = padded_flops + padded_flops * 5 / 2;
@@ -165,15 +151,7 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
       "slopes to the GPU");
   const kernels::AttentionForwardOutputs alibi_fwd =
       OrDie(kernels::AttentionForward(ctx, alibi, q, k, v, alibi_side), "alibi forward");
-  Timing t_alibi = TimeLaunches(
-      [&]() -> cudaError_t {
-        auto out = kernels::AttentionForward(ctx, alibi, q, k, v, alibi_side);
-        Check(out.status(), "alibi forward");
-        Check(kernels::AttentionBackward(ctx, alibi, q, k, v, alibi_side, out->out, out->softmax_lse, dout).status(),
-              "alibi backward");
-        return cudaSuccess;
-      },
-      flags);
+  const Timing t_alibi = time_fwd_bwd(alibi, alibi_side, q, k, v, dout);
   Result r_alibi{"attention_bf16_causal_alibi_fwd_bwd", seq, head_dim, "bf16", t_alibi, 2 * qkvo_bytes,
                  absl::StrCat("kernels::Attention ", PathName(alibi_fwd.path), " ", alibi_fwd.unfused_reason,
                               ", bshd BF16 causal, ALiBi with the default slopes")};
@@ -183,7 +161,7 @@ void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>*
   auto wide = [&](const Tensor& t) { return OrDie(kernels::Convert(ctx, t, DType::kFloat32), "fp32"); };
   const Tensor q32 = wide(q), k32 = wide(k), v32 = wide(v), dout32 = wide(dout);
   Result r_unfused{"attention_fp32_padding_causal_fwd_bwd_unfused", seq, head_dim, "fp32",
-                   time_padded(q32, k32, v32, dout32), 4 * qkvo_bytes,
+                   time_fwd_bwd(padded, padded_side, q32, k32, v32, dout32), 4 * qkvo_bytes,
                    "kernels::Attention cuda_unfused, bshd FP32 padding_causal, lengths S, 3S/4, S/2, S/4"};
   r_unfused.flops = r_pad.flops;
   results->push_back(r_unfused);
