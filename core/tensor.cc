@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +39,11 @@ Allocator*& AllocatorSlot(DeviceType type) {
   return type == DeviceType::kCpu ? cpu : cuda;
 }
 
+std::atomic<Allocator*>& PinnedHostSlot() {
+  static std::atomic<Allocator*> pinned{nullptr};
+  return pinned;
+}
+
 }  // namespace
 
 std::string Device::ToString() const {
@@ -56,6 +62,8 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text) {
 }
 
 void RegisterAllocator(DeviceType type, Allocator* allocator) { AllocatorSlot(type) = allocator; }
+
+void RegisterPinnedHostAllocator(Allocator* allocator) { PinnedHostSlot().store(allocator); }
 
 absl::StatusOr<int64_t> CheckedNumElements(absl::Span<const int64_t> shape, absl::string_view field) {
   int64_t n = 1;
@@ -80,13 +88,27 @@ std::string ShapeToString(absl::Span<const int64_t> shape) {
 }
 
 absl::StatusOr<Tensor> Tensor::Allocate(DType dtype, Shape shape, Device device, void* stream, bool zero) {
-  ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
-  ASSIGN_OR_RETURN(int64_t nbytes, DTypeStorageBytes(dtype, numel));
   Allocator* allocator = AllocatorSlot(device.type);
   if (allocator == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("no allocator for device ", device.ToString(), " (built without CUDA?)"));
   }
+  return AllocateWith(allocator, dtype, std::move(shape), device, stream, zero);
+}
+
+absl::StatusOr<Tensor> Tensor::EmptyPinnedHost(DType dtype, Shape shape) {
+  Allocator* pinned = PinnedHostSlot().load();
+  if (pinned != nullptr) {
+    absl::StatusOr<Tensor> t = AllocateWith(pinned, dtype, shape, Device::Cpu(), nullptr, /*zero=*/false);
+    if (t.ok() || !absl::IsResourceExhausted(t.status())) return t;
+  }
+  return Empty(dtype, std::move(shape), Device::Cpu(), nullptr);
+}
+
+absl::StatusOr<Tensor> Tensor::AllocateWith(Allocator* allocator, DType dtype, Shape shape, Device device,
+                                            void* stream, bool zero) {
+  ASSIGN_OR_RETURN(int64_t numel, CheckedNumElements(shape));
+  ASSIGN_OR_RETURN(int64_t nbytes, DTypeStorageBytes(dtype, numel));
   ASSIGN_OR_RETURN(void* ptr, allocator->Allocate(nbytes, device.index, stream, zero));
   Tensor t;
   const int index = device.index;

@@ -57,6 +57,12 @@ class Allocator {
   virtual absl::Status Copy(void* dst, const void* src, int64_t bytes, int device_index, void* stream) = 0;
 };
 void RegisterAllocator(DeviceType type, Allocator* allocator);
+// Page-locked host memory (the CUDA backend registers a caching one): host tensors a
+// device copies from or into at full bus speed, without the driver's staging through
+// its own pinned buffers. Its Allocate / Deallocate see device_index 0 and no stream;
+// every host <-> device copy completes before it returns (kernels/elementwise.h), so a
+// freed block may be handed out again at once.
+void RegisterPinnedHostAllocator(Allocator* allocator);
 
 using Shape = std::vector<int64_t>;
 
@@ -78,6 +84,9 @@ class Tensor {
   // them on the stream without waiting. On the CPU both are plain allocations.
   static absl::StatusOr<Tensor> Empty(DType dtype, Shape shape, Device device, void* stream);
   static absl::StatusOr<Tensor> ZerosOn(DType dtype, Shape shape, Device device, void* stream);
+  // A CPU tensor in page-locked memory when a pinned allocator is registered and has the
+  // room, else in ordinary host memory (the contents are undefined either way).
+  static absl::StatusOr<Tensor> EmptyPinnedHost(DType dtype, Shape shape);
   // Non-owning view of caller memory, which must outlive every copy of the tensor.
   static Tensor Borrow(void* data, DType dtype, Shape shape, Device device = Device::Cpu());
   // FP32 CPU tensor holding `values`; their count must match the shape.
@@ -113,6 +122,8 @@ class Tensor {
 
  private:
   static absl::StatusOr<Tensor> Allocate(DType dtype, Shape shape, Device device, void* stream, bool zero);
+  static absl::StatusOr<Tensor> AllocateWith(Allocator* allocator, DType dtype, Shape shape, Device device,
+                                             void* stream, bool zero);
   void CheckOnHost(const char* accessor) const;
 
   std::shared_ptr<void> buffer_;  // keeps owned memory alive; null when borrowed

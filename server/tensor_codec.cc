@@ -1,12 +1,13 @@
 #include "server/tensor_codec.h"
 
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/context.h"
+#include "core/float_codec.h"
 #include "core/status.h"
-#include "kernels/cast.h"
 
 namespace teserve {
 namespace server {
@@ -59,7 +60,7 @@ v1::DType DTypeToWire(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
-absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_view field) {
+absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_view field, HostMemory memory) {
   const std::string dtype_field = absl::StrCat(field, ".dtype");
   const int wire_dtype = wire.dtype();
   if (wire_dtype != v1::FLOAT32 && wire_dtype != v1::BFLOAT16 && wire_dtype != v1::FLOAT16) {
@@ -85,22 +86,32 @@ absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_vi
                         got);
   }
 
-  // Copy into a buffer we own: protobuf's string storage has no alignment promise and
-  // must not be kept alive by a session.
-  ASSIGN_OR_RETURN(Tensor raw, Tensor::Zeros(dtype, shape));
-  if (got > 0) std::memcpy(raw.raw_data(), wire.data().data(), static_cast<size_t>(got));
-  if (dtype == DType::kFloat32) return raw;
-  absl::StatusOr<Tensor> fp32 = kernels::ToFloat32(Context::Cpu(), raw);
-  if (!fp32.ok()) return Annotate(fp32.status(), field);
-  return fp32;
+  // Into a buffer we own, widened on the way: protobuf's string storage has no alignment
+  // promise and must not be kept alive by a session.
+  ASSIGN_OR_RETURN(Tensor out, memory == HostMemory::kPinned
+                                   ? Tensor::EmptyPinnedHost(DType::kFloat32, shape)
+                                   : Tensor::Empty(DType::kFloat32, shape, Device::Cpu(), nullptr));
+  const char* bytes = wire.data().data();
+  float* dst = out.data<float>();
+  if (dtype == DType::kFloat32) {
+    if (got > 0) std::memcpy(dst, bytes, static_cast<size_t>(got));
+    return out;
+  }
+  const bool bf16 = dtype == DType::kBFloat16;
+  for (int64_t i = 0; i < numel; ++i) {
+    uint16_t code;
+    std::memcpy(&code, bytes + 2 * i, sizeof(code));
+    dst[i] = bf16 ? Bf16ToFloat(code) : Fp16ToFloat(code);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<Tensor>> DecodeFloatTensors(
-    const google::protobuf::RepeatedPtrField<v1::Tensor>& wire, absl::string_view field) {
+    const google::protobuf::RepeatedPtrField<v1::Tensor>& wire, absl::string_view field, HostMemory memory) {
   std::vector<Tensor> out;
   out.reserve(wire.size());
   for (int i = 0; i < wire.size(); ++i) {
-    ASSIGN_OR_RETURN(Tensor t, DecodeFloatTensor(wire.Get(i), absl::StrCat(field, "[", i, "]")));
+    ASSIGN_OR_RETURN(Tensor t, DecodeFloatTensor(wire.Get(i), absl::StrCat(field, "[", i, "]"), memory));
     out.push_back(std::move(t));
   }
   return out;

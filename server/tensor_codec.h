@@ -31,14 +31,21 @@ namespace server {
 absl::StatusOr<DType> DTypeFromWire(int wire, absl::string_view field);
 v1::DType DTypeToWire(DType dtype);
 
+// Where a decoded tensor's bytes live: ordinary host memory, or page-locked memory for
+// a tensor on its way to a GPU (Tensor::EmptyPinnedHost: the copy to the device then runs
+// at full bus speed from the bytes the decoder wrote, with no staging copy).
+enum class HostMemory { kPageable, kPinned };
+
 // Decodes one tensor whose dtype is FLOAT32, BFLOAT16 or FLOAT16 into a new FP32 CPU
-// tensor (the result owns its bytes; `wire` may be freed afterwards). `field` prefixes
-// error messages ("inputs[0]").
-absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_view field);
+// tensor (the result owns its bytes; `wire` may be freed afterwards): one pass from the
+// wire bytes into the result. `field` prefixes error messages ("inputs[0]").
+absl::StatusOr<Tensor> DecodeFloatTensor(const v1::Tensor& wire, absl::string_view field,
+                                         HostMemory memory = HostMemory::kPageable);
 
 // DecodeFloatTensor over a repeated field; element i is named "<field>[i]".
 absl::StatusOr<std::vector<Tensor>> DecodeFloatTensors(
-    const google::protobuf::RepeatedPtrField<v1::Tensor>& wire, absl::string_view field);
+    const google::protobuf::RepeatedPtrField<v1::Tensor>& wire, absl::string_view field,
+    HostMemory memory = HostMemory::kPageable);
 
 // One tensor of any accepted element type: FLOAT32 / BFLOAT16 / FLOAT16 decode to FP32,
 // INT32 / INT64 / BOOL stay as they are; other dtypes are rejected naming `field`.

@@ -499,7 +499,7 @@ grpc::ServerUnaryReactor* TrainerService::Forward(grpc::CallbackServerContext* c
   // compute thread (Lane::kCompute); their handlers capture the call's pointers by value.
   return Serve(context, "Forward", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
-    ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
+    ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs", RequestMemory()));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     // Cost bounds, on shapes the decoder has just validated, before any computation.
     RETURN_IF_ERROR(CheckRequestCost(session->model_spec(), request->inputs(), request->side_inputs(),
@@ -527,7 +527,7 @@ grpc::ServerUnaryReactor* TrainerService::Backward(grpc::CallbackServerContext* 
   return Serve(context, "Backward", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
     ASSIGN_OR_RETURN(std::vector<Tensor> grads,
-                     DecodeFloatTensors(request->grad_outputs(), "grad_outputs"));
+                     DecodeFloatTensors(request->grad_outputs(), "grad_outputs", RequestMemory()));
     std::vector<train::NamedTensor> side_grads;
     const CallInterruption interruption(*context, "Backward", stop_calls_at_ns_);
     ASSIGN_OR_RETURN(std::vector<Tensor> grad_inputs,
@@ -547,7 +547,7 @@ grpc::ServerUnaryReactor* TrainerService::ForwardBackward(grpc::CallbackServerCo
                                                           v1::ForwardBackwardResponse* response) {
   return Serve(context, "ForwardBackward", *request, *response, [=]() -> absl::Status {
     ASSIGN_OR_RETURN(auto session, Find(*context, request->session_id()));
-    ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs"));
+    ASSIGN_OR_RETURN(std::vector<Tensor> inputs, DecodeFloatTensors(request->inputs(), "inputs", RequestMemory()));
     ASSIGN_OR_RETURN(layers::SideInputs side, DecodeSideInputs(request->side_inputs()));
     ASSIGN_OR_RETURN(train::LossOptions loss, train::LossFromProto(request->loss()));
     if (!request->has_target()) return InvalidField("target", "a tensor", "none");

@@ -32,6 +32,7 @@
 #include "server/limits.h"
 #include "server/metrics.h"
 #include "server/session_registry.h"
+#include "server/tensor_codec.h"
 #include "teserve/v1/service.grpc.pb.h"
 
 namespace teserve {
@@ -205,6 +206,10 @@ class TrainerService final : public v1::Trainer::CallbackService {
   void FinishCall(grpc::ServerUnaryReactor* reactor, absl::string_view method, absl::Status status,
                   const google::protobuf::Message& request, const google::protobuf::Message& response,
                   absl::Time start);
+
+  // Where request tensors are decoded: page-locked host memory on a GPU server (their copy
+  // to the device runs at full bus speed), ordinary memory otherwise.
+  HostMemory RequestMemory() const { return config_.gpu_selected ? HostMemory::kPinned : HostMemory::kPageable; }
 
   // The caller's tenant: "" without authentication, else the tenant of its bearer token
   // (UNAUTHENTICATED otherwise).

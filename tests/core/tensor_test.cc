@@ -222,4 +222,17 @@ TEST(ParseDevice, RejectsOtherSpellings) {
 }
 
 }  // namespace
+// Without a registered pinned allocator (no CUDA backend in this process),
+// EmptyPinnedHost is an ordinary host tensor of the asked dtype and shape.
+TEST(EmptyPinnedHost, FallsBackToHostMemoryWithoutAPinnedAllocator) {
+  absl::StatusOr<Tensor> t = Tensor::EmptyPinnedHost(DType::kFloat32, {3, 5});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->device().is_cpu());
+  EXPECT_EQ(t->shape(), (Shape{3, 5}));
+  EXPECT_EQ(t->dtype(), DType::kFloat32);
+  for (int i = 0; i < 15; ++i) t->mutable_floats()[i] = static_cast<float>(i);
+  EXPECT_EQ(t->floats()[14], 14.0f);
+  EXPECT_FALSE(Tensor::EmptyPinnedHost(DType::kFloat32, {-1}).ok());
+}
+
 }  // namespace teserve

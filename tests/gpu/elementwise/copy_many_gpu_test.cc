@@ -4,6 +4,10 @@
 // small odd chunks that split tensors across chunks, and come back byte for byte.
 #include <vector>
 
+#if TESERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "gtest/gtest.h"
 #include "core/context.h"
 #include "core/tensor.h"
@@ -31,6 +35,35 @@ void ExpectSameBytes(const std::vector<Tensor>& got, const std::vector<Tensor>& 
     EXPECT_TRUE(got[i].device().is_cpu()) << i;
     EXPECT_TRUE(BitwiseEqual(got[i], want[i])) << "tensor " << i << " " << DTypeName(want[i].dtype()) << " "
                                                << ShapeToString(want[i].shape());
+  }
+}
+
+// Tensor::EmptyPinnedHost once the CUDA backend is up: page-locked host memory (what the
+// server decodes GPU requests into and copies results back into), byte-exact through a
+// device round trip; a freed block is handed out again for the next tensor of its size
+// class instead of a new cudaHostAlloc.
+TEST(PinnedHostGpu, TensorsArePageLockedRoundTripAndReuseFreedBlocks) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  testing::ScopedStream stream;
+  ASSERT_TRUE(stream.ok());
+  const Context gpu = GpuOn(stream);
+  // A first device copy enters the CUDA backend, which registers the pinned allocator
+  // (a server has entered it by the time a session's first request is decoded).
+  ASSERT_TRUE(kernels::CopyTo(gpu, Tensor::Zeros(DType::kFloat32, {1}).value(), gpu.device).ok());
+  const void* first = nullptr;
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_OK_AND_ASSIGN(Tensor host, Tensor::EmptyPinnedHost(DType::kFloat32, {300, 77}));
+    EXPECT_TRUE(host.device().is_cpu());
+    cudaPointerAttributes attributes{};
+    ASSERT_EQ(cudaPointerGetAttributes(&attributes, host.raw_data()), cudaSuccess);
+    EXPECT_EQ(attributes.type, cudaMemoryTypeHost) << "not page-locked";
+    for (int64_t i = 0; i < host.numel(); ++i) host.mutable_floats()[i] = static_cast<float>(i * 3 + round);
+    ASSERT_OK_AND_ASSIGN(const Tensor device, kernels::CopyTo(gpu, host, gpu.device));
+    ASSERT_OK_AND_ASSIGN(Tensor back, Tensor::EmptyPinnedHost(DType::kFloat32, {300, 77}));
+    ASSERT_TRUE(kernels::CopyInto(gpu, device, &back).ok());
+    EXPECT_TRUE(BitwiseEqual(back, host));
+    if (round == 0) first = host.raw_data();
+    if (round == 1) EXPECT_EQ(host.raw_data(), first) << "the freed block was not reused";
   }
 }
 
