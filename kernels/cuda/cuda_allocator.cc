@@ -23,16 +23,12 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <iterator>
-#include <map>
 #include <mutex>
-#include <unordered_map>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/host_block_cache.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/cuda/cuda_check.h"
@@ -126,85 +122,18 @@ class CudaAllocator : public Allocator {
   cudaMemPool_t pools_[kMaxDevices] = {};
 };
 
-// Page-locked host memory for the RPC edge (core/tensor.h's pinned host allocator):
-// cudaHostAlloc is slow (it maps the pages for the device) and cudaFreeHost waits for the
-// device, so freed blocks are kept by size class (powers of two from 64 KiB) for the next
-// request, up to kCachedBytes; larger requests than kLargestBlock stay pageable (the
-// caller falls back on RESOURCE_EXHAUSTED). Blocks are reused at once: every host <->
-// device copy completes before it returns.
-class PinnedHostAllocator : public Allocator {
- public:
-  absl::StatusOr<void*> Allocate(int64_t bytes, int, void*, bool zero) override {
-    const int64_t size = SizeClass(bytes);
-    if (size > kLargestBlock) {
-      return absl::ResourceExhaustedError(absl::StrCat(bytes, " bytes is past the pinned block limit"));
-    }
-    void* ptr = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(size);
-      if (it != free_.end()) {
-        ptr = it->second.back();
-        it->second.pop_back();
-        cached_ -= size;
-        if (it->second.empty()) free_.erase(it);
-      }
-    }
-    if (ptr == nullptr && cudaHostAlloc(&ptr, static_cast<size_t>(size), cudaHostAllocDefault) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " bytes of pinned host memory"));
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    sizes_[ptr] = size;
-    if (zero) std::memset(ptr, 0, static_cast<size_t>(size));
-    return ptr;
+// Page-locked host memory for the RPC edge: core/host_block_cache.h's policy over
+// cudaHostAlloc / cudaFreeHost.
+void* CudaHostAllocate(int64_t bytes) {
+  void* ptr = nullptr;
+  if (cudaHostAlloc(&ptr, static_cast<size_t>(bytes), cudaHostAllocDefault) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; the caller falls back to ordinary memory
+    return nullptr;
   }
+  return ptr;
+}
 
-  void Deallocate(void* ptr, int, void*) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(ptr);
-    if (it == sizes_.end()) return;
-    const int64_t size = it->second;
-    sizes_.erase(it);
-    if (size > kCachedBytes) {
-      cudaFreeHost(ptr);
-      return;
-    }
-    // Make room by freeing the largest cached blocks: the block just freed is the size the
-    // server is handling now (a cache full of one huge request's blocks would otherwise
-    // make every later request allocate and free page-locked memory).
-    while (cached_ + size > kCachedBytes && !free_.empty()) {
-      auto largest = std::prev(free_.end());
-      cudaFreeHost(largest->second.back());
-      largest->second.pop_back();
-      cached_ -= largest->first;
-      if (largest->second.empty()) free_.erase(largest);
-    }
-    free_[size].push_back(ptr);
-    cached_ += size;
-  }
-
-  absl::Status Copy(void* dst, const void* src, int64_t bytes, int, void*) override {
-    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
-    return absl::OkStatus();
-  }
-
- private:
-  static constexpr int64_t kSmallestBlock = int64_t{64} << 10;
-  static constexpr int64_t kLargestBlock = int64_t{1} << 30;
-  static constexpr int64_t kCachedBytes = int64_t{512} << 20;
-
-  static int64_t SizeClass(int64_t bytes) {
-    int64_t size = kSmallestBlock;
-    while (size < bytes && size <= kLargestBlock) size *= 2;
-    return size;
-  }
-
-  std::mutex mu_;
-  std::map<int64_t, std::vector<void*>> free_;
-  std::unordered_map<void*, int64_t> sizes_;
-  int64_t cached_ = 0;
-};
+void CudaHostRelease(void* ptr) { cudaFreeHost(ptr); }
 
 }  // namespace
 
@@ -213,7 +142,7 @@ void RegisterCudaAllocator() {
   std::call_once(once, [] {
     static CudaAllocator* allocator = new CudaAllocator();
     RegisterAllocator(DeviceType::kCuda, allocator);
-    RegisterPinnedHostAllocator(new PinnedHostAllocator());
+    RegisterPinnedHostAllocator(new HostBlockCache(&CudaHostAllocate, &CudaHostRelease));
     RegisterCudaTimer();
   });
 }
