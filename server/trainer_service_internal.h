@@ -1,6 +1,7 @@
-// What server/trainer_service.cc and server/trainer_service_checkpoints.cc share: the
-// checkpoint naming rules, the log line, and how a session is reported (SessionInfo,
-// metrics). Only those two files include it.
+// What server/trainer_service.cc, trainer_service_training.cc and
+// trainer_service_checkpoints.cc share: the checkpoint naming rules, the log line, how a
+// session is reported (SessionInfo, metrics) and how tensors go into a reply, and Serve.
+// Only those files include it.
 #ifndef TESERVE_SERVER_TRAINER_SERVICE_INTERNAL_H_
 #define TESERVE_SERVER_TRAINER_SERVICE_INTERNAL_H_
 
@@ -9,6 +10,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +52,10 @@ void FillSessionInfo(const std::string& id, const train::Session& session, v1::S
 // The metrics read a session only through snapshots (train/session_snapshot.h); the
 // health-sampling switch they ask for is set on the session here.
 void PublishToMetrics(Metrics& metrics, const std::string& id, train::Session& session, bool quantized);
+// The tensors into a reply's repeated field (server/tensor_codec.h's EncodeTensor each).
+absl::Status EncodeTensors(const std::vector<Tensor>& tensors, google::protobuf::RepeatedPtrField<v1::Tensor>* wire);
+absl::Status EncodeNamed(const std::vector<train::NamedTensor>& tensors,
+                         google::protobuf::RepeatedPtrField<v1::NamedTensor>* wire);
 
 }  // namespace service_internal
 
