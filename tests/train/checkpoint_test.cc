@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, ResumeTest,
 // The counters are what make the resumed dropout masks and NVFP4 draws repeat: with
 // them reset, the next losses differ.
 TEST(Resume, RandomStreamCountersMatter) {
-  for (const std::string recipe : std::vector<std::string>{"none", "nvfp4"}) {
+  for (const char* recipe : {"none", "nvfp4"}) {
     auto a = Make(Recipe(recipe));
     for (int step = 0; step < 2; ++step) TrainStep(*a, step);
     SessionState state = a->CaptureState().value();
@@ -309,7 +309,9 @@ TEST(Restore, ValuesTheRecipeDoesNotKeepAreRefused) {
   }
   ASSERT_TRUE(n->RestoreState(state).ok());
   for (const NamedTensor& t : n->CaptureState().value().state) {
-    if (t.name == "quantizer.head.grad_output.rng_draws") EXPECT_EQ(t.tensor.data<int64_t>()[0], 3);
+    if (t.name == "quantizer.head.grad_output.rng_draws") {
+      EXPECT_EQ(t.tensor.data<int64_t>()[0], 3);
+    }
   }
 }
 
