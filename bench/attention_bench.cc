@@ -55,10 +55,8 @@ const char* PathName(kernels::AttentionPath path) {
 }
 
 void Run(int64_t seq, int64_t head_dim, const Flags& flags, std::vector<Result>* results) {
-  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream->get();
+  const GpuStream gpu;
+  const Context& ctx = gpu.context();
   const Shape shape = {kBatch, seq, kHeads, head_dim};
   auto random_bf16 = [&](uint64_t seed) {
     Tensor host = OrDie(Tensor::Zeros(DType::kFloat32, shape), "host");

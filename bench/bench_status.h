@@ -1,14 +1,19 @@
 // Status helpers of the benchmarks that drive teserve's layers and checked kernels: a
-// failure prints what failed and exits (a benchmark has nothing to recover).
+// failure prints what failed and exits (a benchmark has nothing to recover); and the
+// Context those benchmarks run in.
 #ifndef TESERVE_BENCH_BENCH_STATUS_H_
 #define TESERVE_BENCH_BENCH_STATUS_H_
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "kernels/device_info.h"
 
 namespace teserve {
 namespace bench {
@@ -28,6 +33,20 @@ inline void Check(const absl::Status& s, const char* what) {
     std::exit(1);
   }
 }
+
+// A stream of its own on cuda:0 and the Context on it: what a GPU session's work runs in.
+class GpuStream {
+ public:
+  GpuStream() : stream_(OrDie(kernels::DeviceStream::Create(0), "stream")) {
+    ctx_.device = Device::Cuda(0);
+    ctx_.stream = stream_->get();
+  }
+  const Context& context() const { return ctx_; }
+
+ private:
+  std::unique_ptr<kernels::DeviceStream> stream_;
+  Context ctx_;
+};
 
 }  // namespace bench
 }  // namespace teserve

@@ -164,10 +164,8 @@ std::unique_ptr<layers::Module> MakeLayer(Layer layer, const recipes::Recipe& re
 
 void RunOne(const std::string& op, const v1::RecipeSpec& spec, DType dtype, int64_t tokens, int64_t features,
             const Flags& flags, std::vector<Result>* results, Layer layer = Layer::kLinear) {
-  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream->get();
+  const GpuStream gpu;
+  const Context& ctx = gpu.context();
   const recipes::Recipe recipe = OrDie(recipes::RecipeFromProto(spec), "recipe");
   std::unique_ptr<layers::Module> linear = MakeLayer(layer, recipe, dtype, features);
   // As a session places its parameters: values and gradients on the GPU, a 16-bit

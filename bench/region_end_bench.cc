@@ -47,10 +47,8 @@ double RoundMicros(const Context& ctx, std::vector<std::unique_ptr<recipes::Quan
 
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
-  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream->get();
+  const GpuStream gpu;
+  const Context& ctx = gpu.context();
   const Tensor host = OrDie(Tensor::Zeros(DType::kFloat32, {16, 64}), "host");
   const Tensor x = OrDie(kernels::CopyTo(ctx, host, ctx.device), "to the GPU");
   recipes::Recipe recipe;

@@ -43,10 +43,8 @@ double MedianMs(const Flags& flags, Body body) {
 
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
-  const std::unique_ptr<kernels::DeviceStream> stream = OrDie(kernels::DeviceStream::Create(0), "stream");
-  Context ctx;
-  ctx.device = Device::Cuda(0);
-  ctx.stream = stream->get();
+  const GpuStream gpu;
+  const Context& ctx = gpu.context();
   std::printf("| tensor | step | pageable ms | pinned ms | pageable / pinned |\n|---|---|---|---|---|\n");
   for (const auto& [rows, cols] : flags.shapes) {
     const std::vector<float> values(static_cast<size_t>(rows * cols), 0.5f);

@@ -54,13 +54,19 @@ Tensor ToGpu(const Tensor& t) { return kernels::CopyTo(Gpu(), t, Device::Cuda(0)
 Tensor ToHost(const Tensor& t) { return kernels::CopyTo(Gpu(), t, Device::Cpu()).value(); }
 Tensor CpuConvert(const Tensor& host, DType dtype) { return kernels::Convert(Context::Cpu(), host, dtype).value(); }
 
-std::unique_ptr<Linear> PlacedLinear(DType dtype, const std::string& recipe = "none") {
+// A kIn -> kOut Linear's options (bias on, weights N(0, 0.05) from `seed`).
+LinearOptions TestOptions(DType dtype, uint64_t seed) {
   LinearOptions o;
   o.in_features = kIn;
   o.out_features = kOut;
   o.params_dtype = dtype;
   o.init_std = 0.05f;
-  o.seed = 3;
+  o.seed = seed;
+  return o;
+}
+
+std::unique_ptr<Linear> PlacedLinear(DType dtype, const std::string& recipe = "none") {
+  const LinearOptions o = TestOptions(dtype, 3);
   auto linear = Linear::Create("fc", o, recipes::RecipeFromProto(testing_util::RecipeSpecNamed(recipe)).value());
   EXPECT_TRUE(linear.ok()) << linear.status();
   EXPECT_TRUE(PlaceParameters(Gpu(), (*linear)->Parameters()).ok());
@@ -182,12 +188,7 @@ class LinearGpuEmulated : public ::testing::TestWithParam<std::tuple<std::string
 TEST_P(LinearGpuEmulated, MatchesTheCpuLinearOnTheSameCodes) {
   TESERVE_SKIP_WITHOUT_GPU();
   const auto& [recipe, dtype] = GetParam();
-  LinearOptions o;
-  o.in_features = kIn;
-  o.out_features = kOut;
-  o.params_dtype = dtype;
-  o.init_std = 0.05f;
-  o.seed = 4;
+  const LinearOptions o = TestOptions(dtype, 4);
   const recipes::Recipe r = recipes::RecipeFromProto(testing_util::RecipeSpecNamed(recipe)).value();
   auto cpu = Linear::Create("fc", o, r).value();
   auto gpu = Linear::Create("fc", o, r).value();
