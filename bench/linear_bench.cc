@@ -240,6 +240,9 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   run("linear_fp8_delayed_fwd_bwd", delayed, DType::kFloat32, rows, cols, flags, results);
   run("linear_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results);
   run("linear_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results);
+  v1::RecipeSpec current;
+  current.mutable_current();
+  run("linear_fp8_current_bf16_fwd_bwd", current, DType::kBFloat16, rows, cols, flags, results);
   v1::RecipeSpec mxfp8;
   mxfp8.mutable_mxfp8();
   run("linear_mxfp8_bf16_fwd_bwd", mxfp8, DType::kBFloat16, rows, cols, flags, results);

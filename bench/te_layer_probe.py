@@ -1,7 +1,8 @@
 """Transformer Engine's te.Linear, te.LayerNormLinear and te.LayerNormMLP, forward +
 backward, timed as linear_bench times ours (<op>_pipelined: steps back to back).
 
-BF16 parameters, FP8 delayed scaling (HYBRID, history 16, max; --recipe none: no FP8
+BF16 parameters, FP8 delayed scaling (HYBRID, history 16, max; --recipe current: FP8
+current scaling, HYBRID; --recipe none: no FP8
 autocast, BF16 GEMMs), LayerNorm, bias, gelu;
 tokens x features as linear_bench's --shapes (16384 x 8192 by default), the MLP's ffn
 width --ffn (4 x features by default, as linear_bench's LAYER_BENCH_FFN). Each layer is
@@ -23,7 +24,7 @@ def main():
     p.add_argument("--ffn", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--layers", default="Linear,LayerNormLinear,LayerNormMLP")
-    p.add_argument("--recipe", choices=["delayed", "none"], default="delayed")
+    p.add_argument("--recipe", choices=["delayed", "current", "none"], default="delayed")
     a = p.parse_args()
     import transformer_engine
     import transformer_engine.pytorch as te
@@ -32,7 +33,11 @@ def main():
     ffn = a.ffn or 4 * a.features
     print(json.dumps({"probe": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "te": getattr(transformer_engine, "__version__", "?")}), flush=True)
-    rec = te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+    if a.recipe == "current":
+        rec = te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID)
+    else:
+        rec = te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16,
+                                       amax_compute_algo="max")
     make = {
         "Linear": lambda: te.Linear(a.features, a.features, params_dtype=torch.bfloat16, device="cuda"),
         "LayerNormLinear": lambda: te.LayerNormLinear(a.features, a.features, params_dtype=torch.bfloat16,
@@ -48,7 +53,7 @@ def main():
         def step():
             layer.zero_grad(set_to_none=True)
             x.grad = None
-            with te.autocast(enabled=a.recipe == "delayed", recipe=rec):
+            with te.autocast(enabled=a.recipe != "none", recipe=rec):
                 y = layer(x)
             y.backward(dy)
 

@@ -5,6 +5,8 @@
 // Context's device; nothing here copies between devices.
 #include "kernels/cast.h"
 
+#include <cmath>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -28,6 +30,12 @@ bool IsCastType(DType dtype) { return IsHighPrecisionFloat(dtype) || IsFloat8(dt
 absl::Status CheckQuantizeOptions(const PerTensorQuantizeOptions& options) {
   RETURN_IF_ERROR(CheckFloat8("options.format", options.format));
   RETURN_IF_ERROR(CheckFinitePositive("options.scale", options.scale));
+  if (options.current.has_value()) {
+    const float epsilon = options.current->amax_epsilon;
+    if (!(epsilon >= 0.0f) || !std::isfinite(epsilon)) {
+      return InvalidField("options.current.amax_epsilon", "a finite value >= 0", epsilon);
+    }
+  }
   return CheckCopiesRequested("options", options.rowwise, options.columnwise);
 }
 

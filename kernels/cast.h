@@ -7,6 +7,11 @@
 //                             FP32 value, so a BF16 x quantizes as its FP32 copy would). amax = Amax(x) (fused in the same
 //                             pass), q = satfinite_rne(x * scale) in o.format (E4M3 or
 //                             E5M2), the product taken in FP32; scale_inv = 1 / scale.
+//                             scale is o.scale, or with o.current set x's own current
+//                             scale, CurrentScale(amax, max finite of o.format, o.current)
+//                             (kernels/scaling_math.h): CUDA computes it on the device
+//                             from an amax pass before the cast, so the host never waits
+//                             for the amax (the scale used is the scale_inv tensors').
 //                             Rowwise copy [rows, cols] and/or columnwise copy
 //                             [cols, rows] (the transpose), as requested.
 //                             Optional fused dbias (o.dbias set): *o.dbias, a defined
@@ -28,6 +33,8 @@
 #ifndef TESERVE_KERNELS_CAST_H_
 #define TESERVE_KERNELS_CAST_H_
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "core/context.h"
 #include "core/quantized_tensor.h"
@@ -38,9 +45,17 @@ namespace kernels {
 
 enum class Copy { kRowwise, kColumnwise };
 
+// Current scaling's rule (TE's Float8CurrentScaling): the scale comes from the tensor's
+// own amax.
+struct CurrentScaleRule {
+  float amax_epsilon = 0.0f;  // the amax is floored to it (finite, >= 0)
+  bool power_2_scale = false;  // round the scale down to a power of two
+};
+
 struct PerTensorQuantizeOptions {
   DType format = DType::kFloat8E4M3;
-  float scale = 1.0f;
+  float scale = 1.0f;  // ignored when `current` is set
+  std::optional<CurrentScaleRule> current;
   bool rowwise = true;
   bool columnwise = false;
   // When set: FP32 [cols] column sums of x (FP64 accumulation on the CPU), see above.

@@ -1,5 +1,6 @@
-// The per-quantizer delayed-scaling update of kernels/delayed_scaling.h as scalar code
-// shared by the CPU reference and the CUDA kernel. Header-only, no abseil.
+// The per-tensor scale rules as scalar code shared by the CPU reference and the CUDA
+// kernels (the delayed-scaling update of kernels/delayed_scaling.h, current scaling's scale
+// from a tensor's own amax), so both compute the same bits. Header-only, no abseil.
 #ifndef TESERVE_KERNELS_SCALING_MATH_H_
 #define TESERVE_KERNELS_SCALING_MATH_H_
 
@@ -31,6 +32,22 @@ TESERVE_HD float DelayedScale(float amax, float fp8_max, float margin_factor, fl
   const float scale = (fp8_max / amax) / margin_factor;
 #endif
   return (FloatBits(scale) & 0x7FFFFFFFu) == 0x7F800000u ? FLT_MAX : scale;
+}
+
+// Current scaling: fp8_max / max(amax, amax_epsilon); 1 when that floor is not finite and
+// > 0 (NaN, Inf, or 0 with no epsilon); an infinite result becomes FLT_MAX; power_2 rounds
+// the scale down to a power of two (mantissa bits cleared).
+TESERVE_HD float CurrentScale(float amax, float fp8_max, float amax_epsilon, bool power_2) {
+  const float floored = IsNan(amax) ? amax : (amax < amax_epsilon ? amax_epsilon : amax);
+  if (!(floored > 0.0f) || (FloatBits(floored) & 0x7FFFFFFFu) >= 0x7F800000u) return 1.0f;
+#if defined(__CUDA_ARCH__)
+  float scale = __fdiv_rn(fp8_max, floored);
+#else
+  float scale = fp8_max / floored;
+#endif
+  if ((FloatBits(scale) & 0x7FFFFFFFu) == 0x7F800000u) scale = FLT_MAX;
+  if (power_2) scale = BitsToFloat(FloatBits(scale) & 0xFF800000u);
+  return scale;
 }
 
 }  // namespace scaling_math

@@ -87,9 +87,10 @@ LayerNormMLP::FpropQuantization LayerNormMLP::Record(TensorRole role) const {
     how.quantized = true;
     how.per_tensor = q.quantizer->mode() == ScalingMode::kPerTensor;
     how.format = q.quantizer->format();
-    // Delayed: the scale in use until the region ends; current: the latest. Unlike a
-    // Snapshot this leaves this region's amaxes on the device (no wait mid-forward).
+    // Delayed: the scale in use until the region ends (unlike a Snapshot this leaves this
+    // region's amaxes on the device: no wait mid-forward); current: its rule.
     how.scale = q.quantizer->ScaleInUse();
+    how.current = q.quantizer->current_rule();
   }
   return how;
 }
@@ -106,6 +107,7 @@ absl::StatusOr<QuantizedTensor> LayerNormMLP::Requantize(const Context& ctx, con
     kernels::PerTensorQuantizeOptions options;
     options.format = how.format;
     options.scale = how.scale;
+    options.current = how.current;
     options.rowwise = true;
     options.columnwise = false;
     return kernels::QuantizePerTensor(ctx, source, options);

@@ -109,9 +109,12 @@ class LayerNormMLP : public Module {
   // How the forward quantized one fc1 fprop operand, so the recomputation can repeat it.
   struct FpropQuantization {
     bool quantized = false;
-    bool per_tensor = false;  // delayed / current: requantize with `scale`
+    bool per_tensor = false;  // delayed / current: requantize with `scale` or `current`
     DType format = DType::kFloat8E4M3;
     float scale = 1.0f;
+    // Current scaling: the scale came from the operand's own amax, so the recomputed
+    // operand (the same values) gets it again by the same rule.
+    std::optional<kernels::CurrentScaleRule> current;
     // fc1's input only: the norm kernel made the cast (NormThenLinear), from its FP32
     // values, in this scaling mode; the recomputation makes it the same way.
     std::optional<ScalingMode> fused_mode;

@@ -87,17 +87,27 @@ class CurrentScalingQuantizer : public Quantizer {
         config_(config) {}
 
  protected:
+  // The scale comes from x's own amax inside the cast (on a device: an amax pass and the
+  // scale computed there, so the host does not wait); the amax is left on the device like
+  // delayed scaling's, and the host's copy of the scale follows from it when it is read.
   absl::StatusOr<QuantizedTensor> DoQuantize(const Context& ctx, const Tensor& x, bool rowwise, bool columnwise,
                                              Tensor* dbias) override {
-    ASSIGN_OR_RETURN(float amax, kernels::Amax(ctx, x));
     kernels::PerTensorQuantizeOptions options;
     options.format = format();
-    options.scale = CurrentScale(amax, DTypeMaxFinite(format()), config_.amax_epsilon, config_.power_2_scale);
+    options.current = current_rule();
+    options.defer_amax = DefersAmax();
     options.rowwise = rowwise;
     options.columnwise = columnwise;
     options.dbias = dbias;
-    last_scale_ = options.scale;
     return kernels::QuantizePerTensor(ctx, x, options);
+  }
+  bool DefersAmax() const override { return !health_stats(); }
+  // Every quantization's amax, in order: the latest sets the scale reported.
+  void RecordAmax(float amax) override {
+    last_scale_ = CurrentScale(amax, DTypeMaxFinite(format()), config_.amax_epsilon, config_.power_2_scale);
+  }
+  std::optional<kernels::CurrentScaleRule> current_rule() const override {
+    return kernels::CurrentScaleRule{config_.amax_epsilon, config_.power_2_scale};
   }
   void FillSnapshot(QuantizerSnapshot* s) const override {
     s->scale = last_scale_;

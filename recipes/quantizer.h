@@ -37,6 +37,9 @@
 // has been enqueued, so by then its region has usually finished on the GPU and the wait
 // costs nothing. A session ends all of a region's quantizers together (RegionEnd below):
 // one read for all of their amaxes, not one per quantizer.
+// Current scaling runs the same way: the cast takes its scale from the tensor's amax on
+// the device (kernels/cast.h, PerTensorQuantizeOptions::current) and leaves that amax
+// there; the scale the host reports follows from it when the region's read resolves.
 // On the CPU the amax is computed in place and EndRegion updates at once.
 #ifndef TESERVE_RECIPES_QUANTIZER_H_
 #define TESERVE_RECIPES_QUANTIZER_H_
@@ -156,9 +159,13 @@ class Quantizer {
   void ImportState(const QuantizerState& state);
   // Snapshot().scale without reading the open region's amaxes (they change the next
   // scale, not this one): the scale the open region's quantizations use (delayed: from
-  // the history; current: the latest; 1 for the block recipes). What a replay of the
+  // the history; current: the latest whose amax was read, so a replay of a current cast
+  // passes current_rule() instead; 1 for the block recipes). What a replay of the
   // latest quantization needs, with format() and mode().
   float ScaleInUse();
+  // Current scaling's rule (the scale comes from each tensor's own amax); nullopt for the
+  // other recipes. A replay of a current-scaling cast passes it instead of a scale.
+  virtual std::optional<kernels::CurrentScaleRule> current_rule() const { return std::nullopt; }
   // Whether an ended region's update waits for its amaxes (delayed scaling on a device).
   bool region_pending() const { return ended_regions_ > 0; }
 
@@ -187,7 +194,8 @@ class Quantizer {
   // For QuantizeImmutable: true when a cast of the same tensor now equals any earlier
   // one that reported the same *key (the recipe's whole casting state, e.g. the scale).
   virtual bool ReuseKey(float* key) const { return false; }
-  // Delayed scaling records observed amaxes in its history.
+  // Each amax recorded (quantized or observed), in order: delayed scaling keeps it in its
+  // history, current scaling derives the scale it reports from it.
   virtual void RecordAmax(float amax) {}
   // The recipe's part of EndRegion (delayed scaling's history roll).
   virtual void DoEndRegion() {}

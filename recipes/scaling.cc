@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
+
+#include "kernels/scaling_math.h"
 
 namespace teserve {
 namespace recipes {
@@ -29,16 +29,9 @@ float DelayedScale(float amax, float fp8_max, float margin, float previous_scale
 }
 
 float CurrentScale(float amax, float fp8_max, float amax_epsilon, bool power_2_scale) {
-  const float floored = std::isnan(amax) ? amax : std::max(amax, amax_epsilon);
-  if (!IsUsableAmax(floored)) return 1.0f;
-  float scale = ClampInfiniteScale(fp8_max / floored);
-  if (power_2_scale) {
-    uint32_t bits;
-    std::memcpy(&bits, &scale, sizeof(bits));
-    bits &= 0xFF800000u;  // keep sign and exponent: round down to a power of two
-    std::memcpy(&scale, &bits, sizeof(bits));
-  }
-  return scale;
+  // One implementation for the host and the device (the CUDA cast computes it from the
+  // amax it leaves on the device).
+  return kernels::scaling_math::CurrentScale(amax, fp8_max, amax_epsilon, power_2_scale);
 }
 
 ScalingState::ScalingState(const DelayedScalingConfig& config, float fp8_max)

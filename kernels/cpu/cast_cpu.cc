@@ -17,6 +17,7 @@
 #include "core/float_codec.h"
 #include "core/status.h"
 #include "kernels/cpu/block_math.h"
+#include "kernels/scaling_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -85,7 +86,12 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context&, const Tensor& 
   q.format = format;
   q.mode = ScalingMode::kPerTensor;
   q.amax = AmaxOf(x.floats());
-  const float scale_inv = 1.0f / options.scale;
+  const float scale =
+      options.current.has_value()
+          ? scaling_math::CurrentScale(q.amax, DTypeMaxFinite(format), options.current->amax_epsilon,
+                                       options.current->power_2_scale)
+          : options.scale;
+  const float scale_inv = 1.0f / scale;
   uint8_t* rowwise = nullptr;
   uint8_t* columnwise = nullptr;
   if (options.rowwise) {
@@ -102,10 +108,10 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context&, const Tensor& 
   double* sums_or_null = options.dbias != nullptr ? sums.data() : nullptr;
   const float* src = x.data<float>();
   if (format == DType::kFloat8E4M3) {
-    QuantizeScaled<FloatToE4M3>(src, q.rows(), q.cols(), options.scale, rowwise, columnwise,
+    QuantizeScaled<FloatToE4M3>(src, q.rows(), q.cols(), scale, rowwise, columnwise,
                                 sums_or_null);
   } else {
-    QuantizeScaled<FloatToE5M2>(src, q.rows(), q.cols(), options.scale, rowwise, columnwise,
+    QuantizeScaled<FloatToE5M2>(src, q.rows(), q.cols(), scale, rowwise, columnwise,
                                 sums_or_null);
   }
   if (options.dbias != nullptr) RoundSums(sums, options.dbias->data<float>());

@@ -374,6 +374,51 @@ TEST(CastErrors, QuantizeRejectsRank3Input) {
               HasError(kInvalid, "x.shape: expected rank 2, got [2, 2, 2]"));
 }
 
+// Current scaling's rule: the cast takes fp8_max / max(amax, epsilon) from x itself, the
+// same bits as quantizing with that scale given.
+TEST(QuantizePerTensor, CurrentRuleQuantizesWithTheTensorsOwnScale) {
+  struct Case {
+    std::vector<float> values;
+    float epsilon;
+    bool power_2;
+    float expected_scale;
+  };
+  const std::vector<Case> cases = {
+      {{1.0f, -3.5f, 2.0f}, 0.0f, false, 448.0f / 3.5f},
+      {{1.0f, -3.0f, 2.0f}, 0.0f, true, 128.0f},          // 149.33 rounded down to a power of 2
+      {{1e-6f, 0.0f}, 1e-3f, false, 448.0f / 1e-3f},      // floored to epsilon
+      {{0.0f, 0.0f}, 0.0f, false, 1.0f},                  // amax 0: scale 1
+      {{1.0f, kNaN}, 0.0f, false, 1.0f},                  // NaN: scale 1
+      {{1.0f, -kInf}, 0.0f, false, 1.0f},                 // Inf: scale 1
+      {{1e-44f}, 0.0f, false, std::numeric_limits<float>::max()},  // 448 / denormal overflows
+  };
+  for (const Case& c : cases) {
+    PerTensorQuantizeOptions options = Options(DType::kFloat8E4M3, 1.0f, true, true);
+    options.current = CurrentScaleRule{c.epsilon, c.power_2};
+    absl::StatusOr<QuantizedTensor> q = QuantizePerTensor(Context::Cpu(), Floats(c.values), options);
+    ASSERT_TRUE(q.ok()) << q.status();
+    const float scale_inv = q->rowwise_scale_inv.floats()[0];
+    EXPECT_EQ(Bits(scale_inv), Bits(1.0f / c.expected_scale)) << c.values[0] << " eps " << c.epsilon;
+    EXPECT_EQ(Bits(q->columnwise_scale_inv.floats()[0]), Bits(scale_inv));
+    absl::StatusOr<QuantizedTensor> given =
+        QuantizePerTensor(Context::Cpu(), Floats(c.values), Options(DType::kFloat8E4M3, c.expected_scale, true, true));
+    ASSERT_TRUE(given.ok()) << given.status();
+    EXPECT_EQ(Codes(q->rowwise_data), Codes(given->rowwise_data));
+    EXPECT_EQ(Codes(q->columnwise_data), Codes(given->columnwise_data));
+    EXPECT_EQ(Bits(q->amax), Bits(given->amax));
+  }
+}
+
+TEST(CastErrors, QuantizeRejectsBadCurrentEpsilon) {
+  for (float epsilon : {-1.0f, kInf, kNaN}) {
+    PerTensorQuantizeOptions options = Options(DType::kFloat8E4M3, 1.0f);
+    options.current = CurrentScaleRule{epsilon, false};
+    EXPECT_THAT(QuantizePerTensor(Context::Cpu(), Floats({1.0f}), options),
+                HasError(kInvalid, "options.current.amax_epsilon: expected a finite value >= 0"))
+        << epsilon;
+  }
+}
+
 TEST(CastErrors, QuantizeRejectsNonFp8Format) {
   EXPECT_THAT(QuantizePerTensor(Context::Cpu(), Floats({1.0f}), Options(DType::kBFloat16, 1.0f)),
               HasError(kInvalid, "options.format: expected FLOAT8_E4M3 or FLOAT8_E5M2, got BFLOAT16"));

@@ -1,4 +1,4 @@
-// The lazy region end of delayed scaling (recipes/quantizer.h): EndRegion only starts
+// The lazy region end of delayed (and current) scaling (recipes/quantizer.h): EndRegion only starts
 // reading the region's amaxes, and the history roll and scale update run when the state
 // is next needed. Every test runs two quantizers side by side on the same calls: an eager
 // one (the CPU computes amaxes in place, so its EndRegion updates at once) and a lazy one
@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "recipes/quantizer.h"
 #include "recipes/recipe.h"
+#include "recipes/scaling.h"
 
 namespace teserve {
 namespace recipes {
@@ -137,7 +138,13 @@ struct Pair {
     const QuantizerSnapshot a = in_place->Snapshot(), b = eager->Snapshot(), c = lazy->Snapshot();
     ExpectSameSnapshot(b, c, where + " (eager, lazy)");
     QuantizerSnapshot c_amax = c;
-    if (mixed_regions) c_amax.amax = a.amax;
+    if (mixed_regions) {
+      c_amax.amax = a.amax;
+      if (a.recipe == "current") {  // its scale is the latest amax's
+        c_amax.scale = a.scale;
+        c_amax.scale_inv = a.scale_inv;
+      }
+    }
     ExpectSameSnapshot(a, c_amax, where + " (in place, lazy)");
   }
   // The exported state, after checking the three agree.
@@ -145,7 +152,10 @@ struct Pair {
     const QuantizerState a = in_place->ExportState(), b = eager->ExportState(), c = lazy->ExportState();
     ExpectSameState(b, c, where + " (eager, lazy)");
     QuantizerState c_amax = c;
-    if (mixed_regions) c_amax.amax = a.amax;
+    if (mixed_regions) {
+      c_amax.amax = a.amax;
+      if (in_place->current_rule().has_value()) c_amax.scale = a.scale;
+    }
     ExpectSameState(a, c_amax, where + " (in place, lazy)");
     return b;
   }
@@ -363,23 +373,41 @@ TEST(LazyRegionEnd, DestroyedWithARegionPending) {
 }
 
 // Recipes that read their amax at once (or have none per tensor) never defer.
-TEST(LazyRegionEnd, OtherRecipesEndAtOnce) {
-  Recipe current;
-  current.config = CurrentScalingConfig();
-  Pair p(current, TensorRole::kInput);
+Recipe Current(float amax_epsilon = 0.0f, bool power_2_scale = false) {
+  CurrentScalingConfig c;
+  c.amax_epsilon = amax_epsilon;
+  c.power_2_scale = power_2_scale;
+  Recipe r;
+  r.config = c;
+  return r;
+}
+
+// Current scaling takes its scale from the tensor inside the cast and leaves the amax on
+// the device as well; the scale it reports follows from the amax once that is read.
+TEST(LazyRegionEnd, CurrentScalingReportsItsScaleOnceTheAmaxIsRead) {
+  Pair p(Current(), TensorRole::kInput);
   p.Quantize(Values(4, 4, 1, 2.0f), "quantize");
   p.EndRegion();
-  EXPECT_FALSE(p.lazy->region_pending());
+  EXPECT_TRUE(p.lazy->region_pending());
   p.ExpectSame("current");
+  EXPECT_FALSE(p.lazy->region_pending());
+  const QuantizerSnapshot s = p.lazy->Snapshot();
+  EXPECT_EQ(Bits(s.scale), Bits(CurrentScale(s.amax, 448.0f, 0.0f, false)));
+  // Mid-region: the snapshot reads the open region's amax.
+  p.Quantize(Values(4, 4, 2, 1024.0f), "quantize again");
+  p.ExpectSame("open region");
 }
 
 // A random mix of every call the session makes, against the eager quantizer.
 TEST(LazyRegionEnd, RandomCallSequencesMatchEager) {
-  for (uint32_t seed = 0; seed < 6; ++seed) {
+  for (uint32_t seed = 0; seed < 9; ++seed) {
     SCOPED_TRACE(absl::StrCat("seed ", seed));
     std::mt19937 rng(seed);
-    const Recipe recipe = Delayed(1 + seed % 5, seed % 3 == 2 ? AmaxComputeAlgo::kMostRecent : AmaxComputeAlgo::kMax,
-                                  static_cast<float>(seed % 2));
+    // Seeds 6 and up: current scaling (its scale follows the latest amax).
+    const Recipe recipe =
+        seed >= 6 ? Current(seed % 2 == 0 ? 0.0f : 1e-3f, seed == 7)
+                  : Delayed(1 + seed % 5, seed % 3 == 2 ? AmaxComputeAlgo::kMostRecent : AmaxComputeAlgo::kMax,
+                            static_cast<float>(seed % 2));
     Pair p(recipe, seed % 2 == 0 ? TensorRole::kInput : TensorRole::kGradOutput);
     p.mixed_regions = true;
     std::vector<QuantizerState> marks{p.Export("start")};

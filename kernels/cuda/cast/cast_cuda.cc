@@ -16,6 +16,7 @@
 #include "kernels/cuda/device_entry.h"
 #include "kernels/cuda/cuda_tensor_checks.h"
 #include "kernels/cuda/scoped_device.h"
+#include "kernels/scaling_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -84,6 +85,23 @@ absl::StatusOr<QuantizedTensor> QuantizePerTensor(const Context& ctx, const Tens
     params.dbias_workspace = dbias_workspace.data<float>();
   }
   const cudaStream_t stream = StreamOf(ctx);
+  Tensor scale_pair;  // current scaling: {scale, scale_inv}, freed in stream order
+  if (options.current.has_value()) {
+    const float fp8_max = DTypeMaxFinite(options.format);
+    const CurrentScaleRule& rule = *options.current;
+    if (x.numel() == 0) {  // the amax of nothing is 0: known without the device
+      params.scale = scaling_math::CurrentScale(0.0f, fp8_max, rule.amax_epsilon, rule.power_2_scale);
+      params.scale_inv = 1.0f / params.scale;
+    } else {
+      // An amax pass, then the scale on the device: the cast reads it from there.
+      ASSIGN_OR_RETURN(Tensor x_amax, Tensor::Empty(DType::kInt32, {1}, x.device(), ctx.stream));
+      ASSIGN_OR_RETURN(scale_pair, Tensor::Empty(DType::kFloat32, {2}, x.device(), ctx.stream));
+      TESERVE_CUDA_RETURN_IF_ERROR(LaunchAmax(x.raw_data(), type, x.numel(), x_amax.data<uint32_t>(), stream));
+      TESERVE_CUDA_RETURN_IF_ERROR(LaunchCurrentScale(x_amax.data<uint32_t>(), fp8_max, rule.amax_epsilon,
+                                                      rule.power_2_scale, scale_pair.data<float>(), stream));
+      params.scale_pair = scale_pair.data<float>();
+    }
+  }
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchQuantizePerTensor(params, stream));
   if (options.defer_amax) {
     q.amax_bits = std::move(amax_bits);  // freed on the stream, after whoever reads it

@@ -36,6 +36,7 @@
 #include "kernels/cuda/cast/cast_transpose_tile_kernels.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/source.cuh"
+#include "kernels/scaling_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -128,10 +129,14 @@ __device__ __forceinline__ void WriteTileColumnSums64(const float sum[kElementsP
 template <SourceType kType, Fp8Format kFormat, bool kVectorizedAccess, bool kDbias>
 __global__ void __launch_bounds__(kThreadsPerTile)
     QuantizeTileKernel(const typename Source<kType>::Element* x, int64_t rows, int64_t cols,
-                       float scale, float scale_inv, uint8_t* rowwise, uint8_t* columnwise,
-                       float* rowwise_scale_inv, float* columnwise_scale_inv,
+                       float scale, float scale_inv, const float* scale_pair, uint8_t* rowwise,
+                       uint8_t* columnwise, float* rowwise_scale_inv, float* columnwise_scale_inv,
                        uint32_t* amax_bits, float* dbias_partial) {
   __shared__ uint8_t tile[kTile][kTile + kTileRowPadBytes];
+  if (scale_pair != nullptr) {
+    scale = scale_pair[0];
+    scale_inv = scale_pair[1];
+  }
   const int64_t tiles_across = (cols + kTile - 1) / kTile;
   const int64_t tile_row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * kTile;
   const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * kTile;
@@ -213,6 +218,13 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
+__global__ void CurrentScaleKernel(const uint32_t* amax_bits, float fp8_max, float amax_epsilon, bool power_2,
+                                   float* scale_pair) {
+  const float scale = scaling_math::CurrentScale(BitsToFloat(*amax_bits), fp8_max, amax_epsilon, power_2);
+  scale_pair[0] = scale;
+  scale_pair[1] = __fdiv_rn(1.0f, scale);
+}
+
 // dbias[c] = sum over the row tiles t of partial[t * cols + c]. A block covers 32
 // columns; its 8 warps each add every 8th row tile (t = warp, warp + 8, ...) in FP64,
 // then warp 0 adds the 8 sums in warp order: a fixed order, so dbias is deterministic.
@@ -284,11 +296,11 @@ cudaError_t LaunchCastTyped(const QuantizeLaunchParams& p, cudaStream_t stream) 
   const unsigned blocks = static_cast<unsigned>(tiles);
   if (vectorized) {
     QuantizeTileKernel<kType, kFormat, kVectorized, kDbias><<<blocks, kThreadsPerTile, 0, stream>>>(
-        x, p.rows, p.cols, p.scale, p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv,
+        x, p.rows, p.cols, p.scale, p.scale_inv, p.scale_pair, p.rowwise, p.columnwise, p.rowwise_scale_inv,
         p.columnwise_scale_inv, p.amax_bits, p.dbias_workspace);
   } else {
     QuantizeTileKernel<kType, kFormat, kScalar, kDbias><<<blocks, kThreadsPerTile, 0, stream>>>(
-        x, p.rows, p.cols, p.scale, p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv,
+        x, p.rows, p.cols, p.scale, p.scale_inv, p.scale_pair, p.rowwise, p.columnwise, p.rowwise_scale_inv,
         p.columnwise_scale_inv, p.amax_bits, p.dbias_workspace);
   }
   return cudaGetLastError();
@@ -307,6 +319,12 @@ cudaError_t LaunchQuantizeTyped(const QuantizeLaunchParams& p, cudaStream_t stre
 }
 
 }  // namespace
+
+cudaError_t LaunchCurrentScale(const uint32_t* amax_bits, float fp8_max, float amax_epsilon, bool power_2,
+                               float* scale_pair, cudaStream_t stream) {
+  CurrentScaleKernel<<<1, 1, 0, stream>>>(amax_bits, fp8_max, amax_epsilon, power_2, scale_pair);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchAmax(const void* x, SourceType type, int64_t numel, uint32_t* amax_bits,
                        cudaStream_t stream) {

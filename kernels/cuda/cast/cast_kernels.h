@@ -23,6 +23,12 @@ enum class Fp8Format { kE4M3, kE5M2 };
 cudaError_t LaunchAmax(const void* x, SourceType type, int64_t numel, uint32_t* amax_bits,
                        cudaStream_t stream);
 
+// Current scaling's scale on the device: scale_pair[0] = CurrentScale(amax, fp8_max,
+// amax_epsilon, power_2) of the FP32 amax in amax_bits (kernels/scaling_math.h), and
+// scale_pair[1] = 1 / scale_pair[0], the bits the host would compute. One thread.
+cudaError_t LaunchCurrentScale(const uint32_t* amax_bits, float fp8_max, float amax_epsilon, bool power_2,
+                               float* scale_pair, cudaStream_t stream);
+
 // Which cast-transpose kernel LaunchQuantizePerTensor runs (benchmarks compare them):
 // kAuto takes the 128 x 128 tile kernel whenever rows and cols are multiples of 8 and the
 // pointers aligned, else the 64 x 64 one; kTiled64 always takes the 64 x 64 tile kernel.
@@ -35,6 +41,9 @@ struct QuantizeLaunchParams {
   int64_t cols = 0;
   float scale = 1.0f;               // q = satfinite_rne(x * scale), product in FP32
   float scale_inv = 1.0f;           // 1 / scale as the host computed it; written as is
+  // When set, the kernels read {scale, scale_inv} from here (device memory written earlier
+  // on the stream, LaunchCurrentScale) instead of the two values above.
+  const float* scale_pair = nullptr;
   Fp8Format format = Fp8Format::kE4M3;
   uint8_t* rowwise = nullptr;       // [rows, cols] or null
   uint8_t* columnwise = nullptr;    // [cols, rows] or null

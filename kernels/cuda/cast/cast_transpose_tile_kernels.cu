@@ -330,9 +330,14 @@ struct HaloChunks {
 template <SourceType kType, Fp8Format kFormat, bool kDbias, bool kHalo>
 __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows,
                                                   int64_t cols, float scale, float scale_inv,
-                                                  uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
-                                                  float* rowwise_scale_inv, float* columnwise_scale_inv,
-                                                  uint32_t* amax_bits, float* __restrict__ dbias_partial) {
+                                                  const float* scale_pair, uint8_t* __restrict__ rowwise,
+                                                  uint8_t* __restrict__ columnwise, float* rowwise_scale_inv,
+                                                  float* columnwise_scale_inv, uint32_t* amax_bits,
+                                                  float* __restrict__ dbias_partial) {
+  if (scale_pair != nullptr) {
+    scale = scale_pair[0];
+    scale_inv = scale_pair[1];
+  }
   const int64_t tiles_across = (cols + kFastTileCols - 1) / kFastTileCols;
   const int64_t tile_row0 = (static_cast<int64_t>(blockIdx.x) / tiles_across) * kFastTileRows;
   const int64_t tile_col0 = (static_cast<int64_t>(blockIdx.x) % tiles_across) * kFastTileCols;
@@ -453,10 +458,10 @@ __device__ __forceinline__ void CastTransposeTile(const typename Fragment<kType>
 template <SourceType kType, Fp8Format kFormat, bool kDbias>
 __global__ void __launch_bounds__(kFastThreads)
     FastCastTransposeKernel(const typename Fragment<kType>::Element* __restrict__ x, int64_t rows, int64_t cols,
-                            float scale, float scale_inv, uint8_t* __restrict__ rowwise,
+                            float scale, float scale_inv, const float* scale_pair, uint8_t* __restrict__ rowwise,
                             uint8_t* __restrict__ columnwise, float* rowwise_scale_inv, float* columnwise_scale_inv,
                             uint32_t* amax_bits, float* __restrict__ dbias_partial) {
-  CastTransposeTile<kType, kFormat, kDbias, false>(x, rows, cols, scale, scale_inv, rowwise, columnwise,
+  CastTransposeTile<kType, kFormat, kDbias, false>(x, rows, cols, scale, scale_inv, scale_pair, rowwise, columnwise,
                                                    rowwise_scale_inv, columnwise_scale_inv, amax_bits, dbias_partial);
 }
 
@@ -465,11 +470,12 @@ __global__ void __launch_bounds__(kFastThreads)
 template <Fp8Format kFormat>
 __global__ void __launch_bounds__(kFastThreads, 4)
     FastCastTransposeHaloKernel(const uint16_t* __restrict__ x, int64_t rows, int64_t cols, float scale,
-                                float scale_inv, uint8_t* __restrict__ rowwise, uint8_t* __restrict__ columnwise,
-                                float* rowwise_scale_inv, float* columnwise_scale_inv, uint32_t* amax_bits) {
-  CastTransposeTile<SourceType::kBFloat16, kFormat, false, true>(x, rows, cols, scale, scale_inv, rowwise,
-                                                                 columnwise, rowwise_scale_inv, columnwise_scale_inv,
-                                                                 amax_bits, nullptr);
+                                float scale_inv, const float* scale_pair, uint8_t* __restrict__ rowwise,
+                                uint8_t* __restrict__ columnwise, float* rowwise_scale_inv,
+                                float* columnwise_scale_inv, uint32_t* amax_bits) {
+  CastTransposeTile<SourceType::kBFloat16, kFormat, false, true>(x, rows, cols, scale, scale_inv, scale_pair,
+                                                                 rowwise, columnwise, rowwise_scale_inv,
+                                                                 columnwise_scale_inv, amax_bits, nullptr);
 }
 
 bool IsAligned(const void* p, uintptr_t bytes) {
@@ -489,14 +495,14 @@ cudaError_t LaunchTyped(const QuantizeLaunchParams& p, cudaStream_t stream) {
   if constexpr (kType == SourceType::kBFloat16 && !kDbias) {
     if (p.columnwise != nullptr && p.rows % 32 != 0) {
       FastCastTransposeHaloKernel<kFormat><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
-          static_cast<const uint16_t*>(p.x), p.rows, p.cols, p.scale, p.scale_inv, p.rowwise, p.columnwise,
-          p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits);
+          static_cast<const uint16_t*>(p.x), p.rows, p.cols, p.scale, p.scale_inv, p.scale_pair, p.rowwise,
+          p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits);
       return cudaGetLastError();
     }
   }
   FastCastTransposeKernel<kType, kFormat, kDbias><<<static_cast<unsigned>(tiles), kFastThreads, 0, stream>>>(
       static_cast<const typename Fragment<kType>::Element*>(p.x), p.rows, p.cols, p.scale,
-      p.scale_inv, p.rowwise, p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits,
+      p.scale_inv, p.scale_pair, p.rowwise, p.columnwise, p.rowwise_scale_inv, p.columnwise_scale_inv, p.amax_bits,
       p.dbias_workspace);
   return cudaGetLastError();
 }

@@ -256,6 +256,41 @@ TEST_P(CastGpuTest, DbiasMatchesCpuWithinFp32ReductionTolerance) {
   ExpectBitwiseEqual(again, got, "dbias of a second call");
 }
 
+// Current scaling's rule on the device (an amax pass, the scale computed there, the cast
+// reading it): codes, scale_inv and amax equal the CPU's bit for bit, whichever cast
+// kernel the shape takes, with the amax left on the device and with a fused dbias.
+TEST_P(CastGpuTest, CurrentRuleMatchesCpuBitExact) {
+  for (const kernels::CurrentScaleRule rule :
+       {kernels::CurrentScaleRule{0.0f, false}, kernels::CurrentScaleRule{0.0f, true},
+        kernels::CurrentScaleRule{1e-2f, false}}) {
+    const std::string where = absl::StrCat("epsilon ", rule.amax_epsilon, " power_2 ", rule.power_2_scale);
+    PerTensorQuantizeOptions options = options_;
+    options.scale = 1.0f;
+    options.current = rule;
+    ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu, kernels::cpu::QuantizePerTensor(Context::Cpu(), host_x_, options));
+    ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu, kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, options));
+    EXPECT_EQ(Bits(gpu.amax), Bits(cpu.amax)) << where;
+    ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, where + " rowwise_data");
+    ExpectBitwiseEqual(gpu.rowwise_scale_inv, cpu.rowwise_scale_inv, where + " rowwise_scale_inv");
+    ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data, where + " columnwise_data");
+    ExpectBitwiseEqual(gpu.columnwise_scale_inv, cpu.columnwise_scale_inv, where + " columnwise_scale_inv");
+
+    // Deferred amax and a fused dbias: the same codes; the amax bits on the device.
+    PerTensorQuantizeOptions deferred = options;
+    deferred.defer_amax = true;
+    ASSERT_OK_AND_ASSIGN(Tensor dbias, Tensor::Empty(DType::kFloat32, {host_x_.dim(1)}, gpu_, nullptr));
+    deferred.dbias = &dbias;
+    ASSERT_OK_AND_ASSIGN(const QuantizedTensor lazy, kernels::cuda::QuantizePerTensor(GpuContext(), device_x_, deferred));
+    ASSERT_TRUE(lazy.amax_bits.defined()) << where;
+    const Tensor bits = OnHost(lazy.amax_bits);
+    float amax;
+    std::memcpy(&amax, bits.raw_data(), sizeof(amax));
+    if (!std::isnan(cpu.amax)) EXPECT_EQ(Bits(amax), Bits(cpu.amax)) << where;
+    ExpectBitwiseEqual(lazy.rowwise_data, cpu.rowwise_data, where + " deferred rowwise_data");
+    ExpectBitwiseEqual(lazy.columnwise_scale_inv, cpu.columnwise_scale_inv, where + " deferred scale_inv");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CastGpuTest,
     ::testing::Values(CastCase{DType::kFloat8E4M3, 1, 1}, CastCase{DType::kFloat8E4M3, 1, 259},
@@ -508,6 +543,37 @@ TEST(CastGpu, EveryLaunchOnAStreamResetsTheAmax) {
       EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
     }
   }
+}
+
+// The rule's special amaxes on the device: zero, NaN and Inf give scale 1, a tiny amax a
+// scale of FLT_MAX, an epsilon floors the amax; empty tensors take the host's scale.
+TEST(CastGpu, CurrentRuleSpecialAmaxesMatchCpu) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> inputs = {
+      {0.0f, -0.0f, 0.0f, 0.0f}, {1.0f, nan, 2.0f, 3.0f}, {1.0f, -inf, 2.0f, 3.0f},
+      {1e-44f, 0.0f, -1e-45f, 0.0f}, {1e-6f, -2e-6f, 0.0f, 1e-7f}};
+  for (const std::vector<float>& values : inputs) {
+    for (const float epsilon : {0.0f, 1e-3f}) {
+      const std::string where = absl::StrCat(values[0], ", ", values[1], " epsilon ", epsilon);
+      ASSERT_OK_AND_ASSIGN(const Tensor host, Tensor::FromFloats(values, {2, 2}));
+      ASSERT_OK_AND_ASSIGN(const Tensor device, CopyToDevice(Context{}, host, Device::Cuda(0)));
+      PerTensorQuantizeOptions options;
+      options.current = kernels::CurrentScaleRule{epsilon, false};
+      options.columnwise = true;
+      ASSERT_OK_AND_ASSIGN(const QuantizedTensor cpu, kernels::cpu::QuantizePerTensor(Context::Cpu(), host, options));
+      ASSERT_OK_AND_ASSIGN(const QuantizedTensor gpu, kernels::cuda::QuantizePerTensor(GpuContext(), device, options));
+      ExpectBitwiseEqual(gpu.rowwise_data, cpu.rowwise_data, where + " rowwise_data");
+      ExpectBitwiseEqual(gpu.rowwise_scale_inv, cpu.rowwise_scale_inv, where + " rowwise_scale_inv");
+      ExpectBitwiseEqual(gpu.columnwise_data, cpu.columnwise_data, where + " columnwise_data");
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(const Tensor empty, Tensor::Empty(DType::kFloat32, {0, 8}, Device::Cuda(0), nullptr));
+  PerTensorQuantizeOptions options;
+  options.current = kernels::CurrentScaleRule{};
+  ASSERT_OK_AND_ASSIGN(const QuantizedTensor q, kernels::cuda::QuantizePerTensor(GpuContext(), empty, options));
+  EXPECT_EQ(OnHost(q.rowwise_scale_inv).floats()[0], 1.0f);
 }
 
 TEST(CastGpu, EmptyTensorGivesZeroAmaxAndEmptyCopies) {
