@@ -56,6 +56,15 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+Recipe Current(float amax_epsilon, bool power_2_scale) {
+  CurrentScalingConfig c;
+  c.amax_epsilon = amax_epsilon;
+  c.power_2_scale = power_2_scale;
+  Recipe r;
+  r.config = c;
+  return r;
+}
+
 Recipe Delayed(int history_len, AmaxComputeAlgo algo = AmaxComputeAlgo::kMax, float margin = 0.0f) {
   DelayedScalingConfig c;
   c.amax_history_len = history_len;
@@ -161,6 +170,9 @@ TEST(LazyRegionGpu, MatchesEagerAndTheCpuAcrossRegions) {
       {"len16", Delayed(16)},
       {"most_recent", Delayed(5, AmaxComputeAlgo::kMostRecent)},
       {"margin1", Delayed(4, AmaxComputeAlgo::kMax, 1.0f)},
+      // Current scaling: the scale computed on the device, reported once the amax is read.
+      {"current", Current(0.0f, false)},
+      {"current_eps_pow2", Current(1e-3f, true)},
   };
   for (const auto& [name, recipe] : configs) {
     SCOPED_TRACE(name);
