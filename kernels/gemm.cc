@@ -104,6 +104,9 @@ constexpr int64_t kBlockScaledOuterMultiple = 8;
 // Padding of the contiguous dimension of GEMM-layout block scales (as
 // kernels/block_quantize.h's kBlockScalesGemmAlignment).
 constexpr int64_t kBlockScalesGemmAlignment = 4;
+// The swizzled MXFP8 scales' padding (kernels/block_quantize.h's kMxfp8SwizzleTile*).
+constexpr int64_t kMxfp8SwizzleRows = 128;
+constexpr int64_t kMxfp8SwizzleCols = 4;
 
 bool IsGemmHighPrecision(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
@@ -114,8 +117,20 @@ const char* ScaleModeName(GemmScaleMode mode) {
     case GemmScaleMode::kPerTensor: return "kPerTensor";
     case GemmScaleMode::kBlock1D: return "kBlock1D";
     case GemmScaleMode::kBlock2D: return "kBlock2D";
+    case GemmScaleMode::kMxfp8: return "kMxfp8";
   }
   return "unknown";
+}
+
+// Operands pair within one family: per-tensor, FP8 block scaling (1D / 2D) or MXFP8.
+int ScaleFamily(GemmScaleMode mode) {
+  switch (mode) {
+    case GemmScaleMode::kPerTensor: return 0;
+    case GemmScaleMode::kBlock1D:
+    case GemmScaleMode::kBlock2D: return 1;
+    case GemmScaleMode::kMxfp8: return 2;
+  }
+  return 0;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -136,6 +151,11 @@ Shape ExpectedScaleShape(const GemmOperand& operand) {
     case GemmScaleMode::kBlock2D:
       if (gemm_layout) return {CeilDiv(rows, kGemmBlockSize), RoundUp(col_blocks, kBlockScalesGemmAlignment)};
       return {CeilDiv(rows, kGemmBlockSize), col_blocks};
+    case GemmScaleMode::kMxfp8: {
+      const int64_t mx_blocks = operand.data.dim(1) / kGemmMxfp8BlockSize;
+      if (gemm_layout) return {RoundUp(rows, kMxfp8SwizzleRows), RoundUp(mx_blocks, kMxfp8SwizzleCols)};
+      return {rows, mx_blocks};
+    }
   }
   return {1};
 }
@@ -167,8 +187,13 @@ absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, co
   if (!block && operand.scale_layout != GemmScaleLayout::kQuantizer) {
     return InvalidField(absl::StrCat(name, ".scale_layout"), "kQuantizer for a per-tensor scale_inv", "kGemm");
   }
-  RETURN_IF_ERROR(CheckTensorOfShape(scale, operand.scale_inv, DType::kFloat32,
-                                     ExpectedScaleShape(operand), ctx));
+  if (operand.scale_mode == GemmScaleMode::kMxfp8 && operand.data.dim(1) % kGemmMxfp8BlockSize != 0) {
+    return InvalidField(absl::StrCat(data, ".shape[1]"),
+                        absl::StrCat("a multiple of ", kGemmMxfp8BlockSize, " (whole 1x32 MXFP8 blocks along k)"),
+                        operand.data.dim(1));
+  }
+  const DType scale_dtype = operand.scale_mode == GemmScaleMode::kMxfp8 ? DType::kFloat8E8M0 : DType::kFloat32;
+  RETURN_IF_ERROR(CheckTensorOfShape(scale, operand.scale_inv, scale_dtype, ExpectedScaleShape(operand), ctx));
   if (operand.data.dim(1) % kFloat8LeadingMultiple != 0) {
     return InvalidField(absl::StrCat(data, ".shape[1]"),
                         absl::StrCat("a multiple of ", kFloat8LeadingMultiple,
@@ -186,13 +211,11 @@ absl::Status CheckOperandPair(const GemmOperand& a, const GemmOperand& b) {
                         DTypeName(tb));
   }
   if (!IsFloat8(ta)) return absl::OkStatus();
-  const bool a_block = a.scale_mode != GemmScaleMode::kPerTensor;
-  const bool b_block = b.scale_mode != GemmScaleMode::kPerTensor;
-  if (a_block != b_block) {
-    return InvalidField("b.scale_mode",
-                        a_block ? "kBlock1D or kBlock2D to pair with a block-scaled a (no per-tensor mix)"
-                                : "kPerTensor to pair with a per-tensor a (no block-scaled mix)",
-                        ScaleModeName(b.scale_mode));
+  if (ScaleFamily(a.scale_mode) != ScaleFamily(b.scale_mode)) {
+    const char* expected[] = {"kPerTensor to pair with a per-tensor a (no block-scaled mix)",
+                              "kBlock1D or kBlock2D to pair with a block-scaled a (no per-tensor or MXFP8 mix)",
+                              "kMxfp8 to pair with an MXFP8 a"};
+    return InvalidField("b.scale_mode", expected[ScaleFamily(a.scale_mode)], ScaleModeName(b.scale_mode));
   }
   if (a.scale_mode == GemmScaleMode::kBlock2D && b.scale_mode == GemmScaleMode::kBlock2D) {
     return InvalidField("b.scale_mode", "kBlock1D when a is kBlock2D (2D x 2D block scaling has no kernel)",
@@ -316,10 +339,11 @@ absl::Status CheckBlockScaling(const GemmOperand& a, const Tensor& d, const Gemm
                                      " for block-scaled operands (the rows of b and of d)"),
                         n);
   }
-  if (a.scale_mode == GemmScaleMode::kBlock1D && m % kBlockScaledOuterMultiple != 0) {
+  if ((a.scale_mode == GemmScaleMode::kBlock1D || a.scale_mode == GemmScaleMode::kMxfp8) &&
+      m % kBlockScaledOuterMultiple != 0) {
     return InvalidField("d.shape[0]",
-                        absl::StrCat("m a multiple of ", kBlockScaledOuterMultiple,
-                                     " when a is kBlock1D (the rows of a and d; a 2D a takes any m)"),
+                        absl::StrCat("m a multiple of ", kBlockScaledOuterMultiple, " when a is ",
+                                     ScaleModeName(a.scale_mode), " (the rows of a and d; a 2D a takes any m)"),
                         m);
   }
   if (options.accumulation != GemmAccumulation::kSplit) {
@@ -344,6 +368,11 @@ absl::Status CheckBlockScaling(const GemmOperand& a, const Tensor& d, const Gemm
 absl::Status BlockScaledGemmSupport(const Context& ctx) {
   return Dispatch("BlockScaledGemm", ctx, [&] { return absl::OkStatus(); },
                   TESERVE_CUDA_KERNEL([&] { return cuda::BlockScaledGemmSupport(ctx.device.index); }));
+}
+
+absl::Status MicroScaledGemmSupport(const Context& ctx) {
+  return Dispatch("MicroScaledGemm", ctx, [&] { return absl::OkStatus(); },
+                  TESERVE_CUDA_KERNEL([&] { return cuda::MicroScaledGemmSupport(ctx.device.index); }));
 }
 
 absl::Status CheckGemmArguments(const Context& ctx, const GemmOperand& a, const GemmOperand& b, const Tensor* d,

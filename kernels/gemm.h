@@ -86,6 +86,21 @@ namespace kernels {
 //   - accumulation kSplit: block-scaled kernels always promote partial sums to FP32
 //     after each 128-deep k block (there is no fast-accumulation variant; cuBLASLt
 //     refuses FAST_ACCUM with these scale modes), so kFast is rejected.
+//
+// MXFP8 (TE's MXFP8BlockScaling), GemmOperand::scale_mode kMxfp8: one E8M0 scale per 1x32
+// block of a stored row (along k), decoding as code[r][c] * 2^(e(r, c / 32) - 127), one
+// FP32 product (kernels::DequantizeBlock's value; E8M0 0xFF is NaN). scale_inv is
+// DType::kFloat8E8M0, given either
+//   kQuantizer: as QuantizeMxfp8 produced that copy, [R, C / 32] (converted on CUDA with
+//               SwizzleMxfp8Scales into stream-ordered scratch on every call), or
+//   kGemm:      already swizzled (kernels/block_quantize.h), [roundup(R, 128),
+//               roundup(C / 32, 4)].
+// On CUDA this is cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 mode, whose kernels
+// exist only on Blackwell (compute capability 10.0+) with cuBLASLt >= 12.8
+// (MicroScaledGemmSupport; Hopper has none: there MXFP8 runs emulated, layers/linear.cc).
+// Both backends accept: both operands kMxfp8, TN as above, C % 32 == 0 (k in whole
+// blocks), n % 8 == 0 and m % 8 == 0, D FLOAT32 or BFLOAT16, epilogue kNone or kBias,
+// beta allowed, no d_amax, accumulation kSplit.
 enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 
 // Fast accumulation lets FP8 tensor cores keep partial sums in reduced precision over
@@ -95,12 +110,13 @@ enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 enum class GemmAccumulation { kSplit, kFast };
 
 // How an FP8 operand's scale_inv applies (see above). kPerTensor: FP32 [1].
-enum class GemmScaleMode { kPerTensor, kBlock1D, kBlock2D };
+enum class GemmScaleMode { kPerTensor, kBlock1D, kBlock2D, kMxfp8 };
 // Which layout a block scale_inv is given in (ignored for kPerTensor, which must leave
 // it kQuantizer).
 enum class GemmScaleLayout { kQuantizer, kGemm };
 
 inline constexpr int64_t kGemmBlockSize = 128;  // FP8 block scaling: 1x128 / 128x128
+inline constexpr int64_t kGemmMxfp8BlockSize = 32;  // MXFP8: 1x32
 
 struct GemmOperand {
   Tensor data;       // rank 2, row-major as stored
@@ -152,6 +168,29 @@ inline absl::Status BlockScaledGemmSupportFor(int cc_major, int cc_minor, int64_
   if (cublaslt_version < kBlockScaledGemmMinCublasLt) {
     return absl::UnimplementedError(absl::StrCat("FP8 block-scaled GEMMs need cuBLASLt >= 12.9 (version ",
                                                  kBlockScaledGemmMinCublasLt, "); the loaded one is version ",
+                                                 cublaslt_version));
+  }
+  return absl::OkStatus();
+}
+
+// Whether MXFP8 GEMMs (kMxfp8 operands) can run on ctx's device: OK on the CPU (the
+// reference) and on a CUDA device of compute capability 10.0+ with a cuBLASLt of at least
+// 12.8 at build and at run time, unless TESERVE_NATIVE_MXFP8_GEMM=0 turns the native path
+// off (it has no Blackwell run behind it in this repository's results yet); UNIMPLEMENTED
+// saying which fact is missing otherwise (Linear then dequantizes, as on Hopper).
+absl::Status MicroScaledGemmSupport(const Context& ctx);
+
+inline constexpr int64_t kMicroScaledGemmMinCublasLt = 120800;
+inline absl::Status MicroScaledGemmSupportFor(int cc_major, int cc_minor, int64_t cublaslt_version) {
+  if (cc_major < 10) {
+    return absl::UnimplementedError(absl::StrCat(
+        "MXFP8 GEMMs (cuBLASLt VEC32_UE8M0 scale mode) run only on compute capability 10.0+ (Blackwell); "
+        "this device is sm_",
+        cc_major, cc_minor));
+  }
+  if (cublaslt_version < kMicroScaledGemmMinCublasLt) {
+    return absl::UnimplementedError(absl::StrCat("MXFP8 GEMMs need cuBLASLt >= 12.8 (version ",
+                                                 kMicroScaledGemmMinCublasLt, "); the loaded one is version ",
                                                  cublaslt_version));
   }
   return absl::OkStatus();

@@ -46,6 +46,7 @@ struct SavedOperand {
     kernels::GemmOperand operand{c.data, transpose, c.scale_inv};
     if (quantized.mode == ScalingMode::kBlock1D) operand.scale_mode = kernels::GemmScaleMode::kBlock1D;
     if (quantized.mode == ScalingMode::kBlock2D) operand.scale_mode = kernels::GemmScaleMode::kBlock2D;
+    if (quantized.mode == ScalingMode::kMxfp8_1D) operand.scale_mode = kernels::GemmScaleMode::kMxfp8;
     return operand;
   }
 };
@@ -58,7 +59,10 @@ struct SavedOperand {
 //     the shapes and mode pair (kernels/gemm.h: k % 16, n % 8, m % 8 for a 1D a, not
 //     2D x 2D) and the device runs block-scaled GEMMs (BlockScaledGemmSupport: the CPU
 //     reference, Hopper with cuBLASLt >= 12.9). These run split accumulation, the fprop
-//     included: block-scaled kernels have no fast mode.
+//     included: block-scaled kernels have no fast mode;
+//   - both are MXFP8 on a GPU with MXFP8 GEMMs (MicroScaledGemmSupport: Blackwell with
+//     cuBLASLt >= 12.8; the E8M0 scales are swizzled per GEMM) and the GEMM accepts the
+//     shapes (k % 32, n % 8, m % 8; FP32 / BF16 d), also split.
 // Natively on a GPU, and on the CPU reference as the decoded values, which equal the
 // dequantized copies bit for bit (so CPU sessions compute exactly what the dequantized
 // path below does). Otherwise the operands are read in high precision (calibration,
@@ -130,9 +134,20 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       return run(ga, gb, d);
     }
   }
+  if (!ctx.device.is_cpu() && a.IsMxfp8() && b.IsMxfp8() && kernels::MicroScaledGemmSupport(ctx).ok()) {
+    const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
+    const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
+    kernels::GemmOptions mx_options = options;
+    mx_options.accumulation = kernels::GemmAccumulation::kSplit;
+    if (kernels::CheckGemmArguments(ctx, ga, gb, d, mx_options).ok()) {
+      options.accumulation = kernels::GemmAccumulation::kSplit;
+      return run(ga, gb, d);
+    }
+  }
   const bool nvfp4 = a.IsNvfp4() && b.IsNvfp4();
   if (!ctx.device.is_cpu() && (nvfp4 || (a.IsMxfp8() && b.IsMxfp8())) && d->dtype() != DType::kFloat16) {
-    // MXFP8 and NVFP4 emulated on a GPU without their block-scaled kernels (sm_100):
+    // MXFP8 and NVFP4 emulated on a GPU without their block-scaled GEMMs (Hopper; NVFP4
+    // everywhere, MXFP8 where the above does not apply):
     // the operands are dequantized straight to BF16 (one pass) and multiply on the BF16
     // tensor cores with FP32 accumulation, with no rounding of the values on the way:
     //   - MXFP8: an E4M3 / E5M2 code times a power of two, which BF16 holds exactly (its

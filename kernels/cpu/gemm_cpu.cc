@@ -20,9 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/float_codec.h"
 #include "core/status.h"
 #include "kernels/activation_math.h"
 #include "kernels/cpu/cast_cpu.h"
+#include "kernels/quantize_math.h"
 
 namespace teserve {
 namespace kernels {
@@ -61,10 +63,15 @@ absl::Status WriteBiasGrad(const Context& ctx, const Tensor& sums, Tensor* bias_
 // The scale_inv of element (r, c) of a block-scaled operand, in either layout
 // (kernels/gemm.h; the checks have fixed the shapes).
 float BlockScale(const GemmOperand& operand, int64_t r, int64_t c) {
-  const float* s = operand.scale_inv.data<float>();
   const int64_t ld = operand.scale_inv.dim(1);
   const int64_t cb = c / kGemmBlockSize;
   const bool gemm_layout = operand.scale_layout == GemmScaleLayout::kGemm;
+  if (operand.scale_mode == GemmScaleMode::kMxfp8) {
+    const uint8_t* e = operand.scale_inv.data<uint8_t>();
+    const int64_t kb = c / kGemmMxfp8BlockSize;
+    return E8M0ToFloat(gemm_layout ? e[Mxfp8SwizzledOffset(r, kb, ld)] : e[r * ld + kb]);
+  }
+  const float* s = operand.scale_inv.data<float>();
   if (operand.scale_mode == GemmScaleMode::kBlock1D) {
     return gemm_layout ? s[cb * ld + r] : s[r * ld + cb];
   }

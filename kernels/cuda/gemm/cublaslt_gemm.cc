@@ -28,6 +28,12 @@
 #else
 #define TESERVE_CUBLASLT_BLOCK_SCALING 0
 #endif
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 (MXFP8) appeared in cuBLAS 12.8.
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+#define TESERVE_CUBLASLT_MXFP8 1
+#else
+#define TESERVE_CUBLASLT_MXFP8 0
+#endif
 
 // Turns a failed cuBLASLt call into a Status naming the statement, file and line.
 #define TESERVE_CUBLAS_RETURN_IF_ERROR(statement)                                          \
@@ -362,15 +368,36 @@ absl::Status QueryBlockScaledGemmSupport(int device) {
 #endif
 }
 
+absl::Status QueryMicroScaledGemmSupport(int device) {
+  const char* native = std::getenv("TESERVE_NATIVE_MXFP8_GEMM");
+  if (native != nullptr && std::string(native) == "0") {
+    return absl::UnimplementedError("native MXFP8 GEMMs are turned off (TESERVE_NATIVE_MXFP8_GEMM=0)");
+  }
+#if TESERVE_CUBLASLT_MXFP8
+  int major = 0;
+  int minor = 0;
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TESERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return MicroScaledGemmSupportFor(major, minor, static_cast<int64_t>(cublasLtGetVersion()));
+#else
+  return absl::UnimplementedError(
+      "MXFP8 GEMMs need cuBLASLt >= 12.8; teserve was built against cuBLAS headers without the VEC32_UE8M0 scale "
+      "mode");
+#endif
+}
+
 // cuBLASLt's name for a block scale mode (int32_t, as the descriptor attribute takes it).
 int32_t LtScaleMode(GemmScaleMode mode) {
-#if TESERVE_CUBLASLT_BLOCK_SCALING
   switch (mode) {
+#if TESERVE_CUBLASLT_BLOCK_SCALING
     case GemmScaleMode::kBlock1D: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     case GemmScaleMode::kBlock2D: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    case GemmScaleMode::kPerTensor: break;
-  }
 #endif
+#if TESERVE_CUBLASLT_MXFP8
+    case GemmScaleMode::kMxfp8: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+#endif
+    default: break;
+  }
   return 0;  // CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
 }
 
@@ -387,6 +414,17 @@ absl::StatusOr<const void*> GemmLayoutScales(const Context& ctx, const GemmOpera
     }
     return operand.scale_inv.raw_data();
   }
+  if (operand.scale_mode == GemmScaleMode::kMxfp8) {
+    // E8M0 [R, C / 32] into the 128x4-tiled VEC32_UE8M0 order (the kernel writes every
+    // byte, padding included).
+    const int64_t rows = operand.scale_inv.dim(0);
+    const int64_t cols = operand.scale_inv.dim(1);
+    ASSIGN_OR_RETURN(*keep, Tensor::Empty(DType::kFloat8E8M0, {(rows + 127) / 128 * 128, (cols + 3) / 4 * 4},
+                                          operand.scale_inv.device(), ctx.stream));
+    TESERVE_CUDA_RETURN_IF_ERROR(LaunchSwizzleMxfp8Scales(operand.scale_inv.data<uint8_t>(), rows, cols,
+                                                          keep->data<uint8_t>(), StreamOf(ctx)));
+    return static_cast<const void*>(keep->raw_data());
+  }
   const bool two_d = operand.scale_mode == GemmScaleMode::kBlock2D;
   const int64_t rows = operand.scale_inv.dim(0);
   const int64_t cols = operand.scale_inv.dim(1);
@@ -397,6 +435,20 @@ absl::StatusOr<const void*> GemmLayoutScales(const Context& ctx, const GemmOpera
   TESERVE_CUDA_RETURN_IF_ERROR(LaunchBlockScalesGemmLayout(operand.scale_inv.data<float>(), rows, cols,
                                                            /*transpose=*/!two_d, keep->data<float>(), StreamOf(ctx)));
   return static_cast<const void*>(keep->raw_data());
+}
+
+// query(device), asked once per (query, device). A failed CUDA query (not a "no") is not
+// kept: it may be transient.
+absl::Status CachedSupport(absl::Status (*query)(int), int device) {
+  static std::mutex mu;
+  static auto* answers = new std::map<std::pair<absl::Status (*)(int), int>, absl::Status>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(query, device);
+  auto it = answers->find(key);
+  if (it != answers->end()) return it->second;
+  absl::Status status = query(device);
+  if (status.ok() || absl::IsUnimplemented(status)) (*answers)[key] = status;
+  return status;
 }
 
 std::string Describe(const ProblemKey& key) {
@@ -416,7 +468,11 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   if (m == 0 || n == 0) return absl::OkStatus();
   const int device = d->device().index;
   const bool block = a.scale_mode != GemmScaleMode::kPerTensor;
-  if (block) RETURN_IF_ERROR(BlockScaledGemmSupport(device));
+  if (a.scale_mode == GemmScaleMode::kMxfp8) {
+    RETURN_IF_ERROR(MicroScaledGemmSupport(device));
+  } else if (block) {
+    RETURN_IF_ERROR(BlockScaledGemmSupport(device));
+  }
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device));
   const cudaStream_t stream = StreamOf(ctx);
   const bool fp8 = IsFloat8(a.data.dtype());
@@ -575,17 +631,9 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   return absl::OkStatus();
 }
 
-absl::Status BlockScaledGemmSupport(int device) {
-  static std::mutex mu;
-  static std::map<int, absl::Status>* answers = new std::map<int, absl::Status>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = answers->find(device);
-  if (it != answers->end()) return it->second;
-  absl::Status status = QueryBlockScaledGemmSupport(device);
-  // A failed CUDA query (not a "no") is not cached: it may be transient.
-  if (status.ok() || absl::IsUnimplemented(status)) (*answers)[device] = status;
-  return status;
-}
+absl::Status BlockScaledGemmSupport(int device) { return CachedSupport(QueryBlockScaledGemmSupport, device); }
+
+absl::Status MicroScaledGemmSupport(int device) { return CachedSupport(QueryMicroScaledGemmSupport, device); }
 
 void ReleaseGemmWorkspace(int device_index, void* stream) {
   LtState::Get().ReleaseWorkspace(device_index, static_cast<cudaStream_t>(stream));

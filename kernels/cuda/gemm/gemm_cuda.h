@@ -53,6 +53,11 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
 // (cublasLtGetVersion) and the device's compute capability, each queried once.
 absl::Status BlockScaledGemmSupport(int device);
 
+// kernels::MicroScaledGemmSupport for CUDA device `device` (MXFP8's VEC32_UE8M0 mode:
+// cuBLAS headers and library >= 12.8, compute capability 10.0+, not turned off by
+// TESERVE_NATIVE_MXFP8_GEMM=0), each queried once.
+absl::Status MicroScaledGemmSupport(int device);
+
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y);
 
 // Frees the cuBLASLt workspace of (device, stream), if one was made; the stream must be

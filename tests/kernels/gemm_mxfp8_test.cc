@@ -1,0 +1,171 @@
+// The CPU reference of the MXFP8 GEMM (kernels/gemm.h, GemmScaleMode kMxfp8): operands
+// from QuantizeMxfp8 decode to exactly DequantizeBlock's copies, so the product is bit
+// for bit the FP32 GEMM of the dequantized copies (what an emulated Linear multiplies),
+// in Linear's three layouts; swizzled (kGemm) scales give the same bits as the
+// quantizer's; BF16 output with the bias epilogue; every rejected combination names its
+// field; and the device rule (Blackwell, cuBLASLt >= 12.8).
+#include <vector>
+
+#include "core/dtype.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/block_quantize.h"
+#include "kernels/gemm.h"
+#include "tests/kernels/test_util.h"
+
+namespace teserve {
+namespace kernels {
+namespace {
+
+using ::teserve::testing_kernels::HasError;
+using ::teserve::testing_kernels::RandomTensor;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+constexpr absl::StatusCode kUnimplemented = absl::StatusCode::kUnimplemented;
+
+QuantizedTensor Quantize(const Tensor& x, DType format = DType::kFloat8E4M3) {
+  Mxfp8QuantizeOptions options;
+  options.format = format;
+  options.rowwise = true;
+  options.columnwise = true;
+  return QuantizeMxfp8(Context::Cpu(), x, options).value();
+}
+
+GemmOperand Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
+  const bool rowwise = copy == Copy::kRowwise;
+  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
+                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
+  o.scale_mode = GemmScaleMode::kMxfp8;
+  return o;
+}
+
+GemmOperand Swizzled(GemmOperand o) {
+  o.scale_inv = SwizzleMxfp8Scales(Context::Cpu(), o.scale_inv).value();
+  o.scale_layout = GemmScaleLayout::kGemm;
+  return o;
+}
+
+Tensor Dequantized(const QuantizedTensor& q, Copy copy) { return DequantizeBlock(Context::Cpu(), q, copy).value(); }
+
+Tensor Zeros(int64_t rows, int64_t cols, DType dtype = DType::kFloat32) {
+  return Tensor::Zeros(dtype, {rows, cols}).value();
+}
+
+struct Layout {
+  const char* name;
+  int64_t tokens, in, out;
+};
+
+class Mxfp8GemmCpu : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Mxfp8GemmCpu, EqualsTheFp32GemmOfTheDequantizedCopies) {
+  const Layout& l = GetParam();
+  const QuantizedTensor x = Quantize(RandomTensor({l.tokens, l.in}, -3.0f, 3.0f, 1));
+  const QuantizedTensor w = Quantize(RandomTensor({l.out, l.in}, -0.5f, 0.5f, 2));
+  const QuantizedTensor dy = Quantize(RandomTensor({l.tokens, l.out}, -1e-2f, 1e-2f, 3), DType::kFloat8E5M2);
+  const Context cpu = Context::Cpu();
+
+  Tensor y = Zeros(l.tokens, l.out), y_ref = Zeros(l.tokens, l.out);
+  ASSERT_OK(Gemm(cpu, Operand(x, Copy::kRowwise, false), Operand(w, Copy::kRowwise, true), &y));
+  ASSERT_OK(Gemm(cpu, Dequantized(x, Copy::kRowwise), false, Dequantized(w, Copy::kRowwise), true, 1.0f, 0.0f, &y_ref));
+  EXPECT_TRUE(BitwiseEqual(y, y_ref)) << "fprop";
+
+  Tensor dx = Zeros(l.tokens, l.in), dx_ref = Zeros(l.tokens, l.in);
+  ASSERT_OK(Gemm(cpu, Operand(dy, Copy::kRowwise, false), Operand(w, Copy::kColumnwise, true), &dx));
+  ASSERT_OK(Gemm(cpu, Dequantized(dy, Copy::kRowwise), false, Dequantized(w, Copy::kColumnwise), true, 1.0f, 0.0f,
+                 &dx_ref));
+  EXPECT_TRUE(BitwiseEqual(dx, dx_ref)) << "dgrad";
+
+  const Tensor start = RandomTensor({l.out, l.in}, -1.0f, 1.0f, 4);
+  Tensor dw = start.Clone().value(), dw_ref = start.Clone().value();
+  GemmOptions accumulate;
+  accumulate.beta = 1.0f;
+  ASSERT_OK(Gemm(cpu, Operand(dy, Copy::kColumnwise, false), Operand(x, Copy::kColumnwise, true), &dw, accumulate));
+  ASSERT_OK(Gemm(cpu, Dequantized(dy, Copy::kColumnwise), false, Dequantized(x, Copy::kColumnwise), true, 1.0f, 1.0f,
+                 &dw_ref));
+  EXPECT_TRUE(BitwiseEqual(dw, dw_ref)) << "wgrad";
+
+  Tensor y_swizzled = Zeros(l.tokens, l.out);
+  ASSERT_OK(Gemm(cpu, Swizzled(Operand(x, Copy::kRowwise, false)), Swizzled(Operand(w, Copy::kRowwise, true)),
+                 &y_swizzled));
+  EXPECT_TRUE(BitwiseEqual(y_swizzled, y)) << "fprop, swizzled scales";
+  Tensor dw_swizzled = start.Clone().value();
+  ASSERT_OK(Gemm(cpu, Swizzled(Operand(dy, Copy::kColumnwise, false)), Swizzled(Operand(x, Copy::kColumnwise, true)),
+                 &dw_swizzled, accumulate));
+  EXPECT_TRUE(BitwiseEqual(dw_swizzled, dw)) << "wgrad, swizzled scales";
+}
+
+// Outer dimensions and k off the 128 x 4 swizzle tiles (padding read as nothing).
+INSTANTIATE_TEST_SUITE_P(Shapes, Mxfp8GemmCpu,
+                         ::testing::Values(Layout{"aligned", 128, 256, 128}, Layout{"off_tiles", 96, 160, 224},
+                                           Layout{"one_block", 32, 32, 64}),
+                         [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+TEST(Mxfp8GemmCpuOutput, Bf16WithBiasEqualsTheFp32ProductRoundedOnce) {
+  const QuantizedTensor x = Quantize(RandomTensor({64, 96}, -2.0f, 2.0f, 5));
+  const QuantizedTensor w = Quantize(RandomTensor({96, 96}, -1.0f, 1.0f, 6));
+  const Tensor bias = RandomTensor({96}, -1.0f, 1.0f, 7);
+  Tensor y = Zeros(64, 96, DType::kBFloat16);
+  GemmOptions options;
+  options.epilogue = GemmEpilogue::kBias;
+  options.bias = &bias;
+  ASSERT_OK(Gemm(Context::Cpu(), Operand(x, Copy::kRowwise, false), Operand(w, Copy::kRowwise, true), &y, options));
+  Tensor y32 = Zeros(64, 96);
+  GemmOptions fp32_bias = options;
+  ASSERT_OK(Gemm(Context::Cpu(), Operand(x, Copy::kRowwise, false), Operand(w, Copy::kRowwise, true), &y32,
+                 fp32_bias));
+  EXPECT_TRUE(BitwiseEqual(y, CastFromFloat32(Context::Cpu(), y32, DType::kBFloat16).value()));
+}
+
+TEST(Mxfp8GemmCpuErrors, NamesTheField) {
+  const Context cpu = Context::Cpu();
+  const QuantizedTensor x = Quantize(RandomTensor({64, 64}, -1.0f, 1.0f, 8));
+  const QuantizedTensor w = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 9));
+  const GemmOperand a = Operand(x, Copy::kRowwise, false);
+  const GemmOperand b = Operand(w, Copy::kRowwise, true);
+  Tensor y = Zeros(64, 32);
+
+  GemmOperand per_tensor_b = b;
+  per_tensor_b.scale_mode = GemmScaleMode::kPerTensor;
+  per_tensor_b.scale_inv = Tensor::FromFloats({1.0f}, {1}).value();
+  EXPECT_THAT(Gemm(cpu, a, per_tensor_b, &y), HasError(kInvalid, "b.scale_mode: expected kMxfp8 to pair"));
+
+  GemmOperand fp32_scales = b;
+  fp32_scales.scale_inv = Tensor::Zeros(DType::kFloat32, b.scale_inv.shape()).value();
+  EXPECT_THAT(Gemm(cpu, a, fp32_scales, &y), HasError(kInvalid, "b.scale_inv"));
+
+  GemmOperand swizzle_claimed = b;  // row-major scales declared as swizzled: wrong shape
+  swizzle_claimed.scale_layout = GemmScaleLayout::kGemm;
+  EXPECT_THAT(Gemm(cpu, a, swizzle_claimed, &y), HasError(kInvalid, "b.scale_inv"));
+
+  GemmOperand k48{Tensor::Zeros(DType::kFloat8E4M3, {64, 48}).value(), false,
+                  Tensor::Zeros(DType::kFloat8E8M0, {64, 1}).value()};  // k % 32 != 0
+  k48.scale_mode = GemmScaleMode::kMxfp8;
+  GemmOperand b48{Tensor::Zeros(DType::kFloat8E4M3, {32, 48}).value(), true,
+                  Tensor::Zeros(DType::kFloat8E8M0, {32, 1}).value()};
+  b48.scale_mode = GemmScaleMode::kMxfp8;
+  EXPECT_THAT(Gemm(cpu, k48, b48, &y), HasError(kInvalid, "a.data.shape[1]: expected a multiple of 32"));
+
+  Tensor y16 = Zeros(64, 32, DType::kFloat16);
+  EXPECT_THAT(Gemm(cpu, a, b, &y16), HasError(kInvalid, "d.dtype: expected FLOAT32 or BFLOAT16"));
+  GemmOptions fast;
+  fast.accumulation = GemmAccumulation::kFast;
+  EXPECT_THAT(Gemm(cpu, a, b, &y, fast), HasError(kInvalid, "options.accumulation"));
+  Tensor y_rows = Zeros(60, 32);
+  GemmOperand a60{Tensor::Zeros(DType::kFloat8E4M3, {60, 64}).value(), false,
+                  Tensor::Zeros(DType::kFloat8E8M0, {60, 2}).value()};
+  a60.scale_mode = GemmScaleMode::kMxfp8;
+  EXPECT_THAT(Gemm(cpu, a60, b, &y_rows), HasError(kInvalid, "d.shape[0]: expected m a multiple of 8 when a is kMxfp8"));
+}
+
+TEST(Mxfp8GemmSupport, BlackwellWithCublasLt128OrNewer) {
+  EXPECT_TRUE(MicroScaledGemmSupport(Context::Cpu()).ok()) << "the CPU reference";
+  EXPECT_TRUE(MicroScaledGemmSupportFor(10, 0, 120800).ok());
+  EXPECT_TRUE(MicroScaledGemmSupportFor(12, 0, 130100).ok());
+  EXPECT_THAT(MicroScaledGemmSupportFor(10, 0, 120699), HasError(kUnimplemented, "need cuBLASLt >= 12.8"));
+  EXPECT_THAT(MicroScaledGemmSupportFor(9, 0, 130100), HasError(kUnimplemented, "this device is sm_90"));
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace teserve
