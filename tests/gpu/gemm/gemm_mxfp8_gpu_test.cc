@@ -1,0 +1,151 @@
+// The MXFP8 GEMM on cuBLASLt (VEC32_UE8M0 scale mode) against the CPU reference
+// (tests/kernels/gemm_mxfp8_test.cc shows that reference equals the FP32 GEMM of the
+// dequantized copies):
+//   - the device rule: UNIMPLEMENTED below compute capability 10.0 (Hopper, where Linear
+//     emulates MXFP8), OK on Blackwell with this toolkit's cuBLASLt;
+//   - on Blackwell, Linear's three layouts with FP32 and BF16 D, beta = 1, scales in the
+//     quantizer's layout (swizzled on the device) and already swizzled. These cases skip
+//     on other devices.
+// Tolerance as for the FP8 block GEMM (gemm_block_gpu_test.cc): the FP8 row of
+// tests/kernels/tolerances.h relative to sum_k |a_ik b_kj| of the decoded operands; the
+// products are exact on both sides and the sums differ by accumulation order only.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/block_quantize.h"
+#include "kernels/cast.h"
+#include "kernels/device_info.h"
+#include "kernels/gemm.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/quantize_gpu_test_util.h"
+#include "tests/kernels/test_util.h"
+#include "tests/kernels/tolerances.h"
+
+namespace teserve {
+namespace kernels {
+namespace {
+
+using ::teserve::testing_kernels::AllClose;
+using ::teserve::testing_kernels::HasError;
+using ::teserve::testing_kernels::RandomTensor;
+
+constexpr DType kF32 = DType::kFloat32, kBF16 = DType::kBFloat16;
+
+QuantizedTensor Quantize(const Tensor& x) {
+  Mxfp8QuantizeOptions options;
+  options.rowwise = true;
+  options.columnwise = true;
+  return QuantizeMxfp8(Context::Cpu(), x, options).value();
+}
+
+GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, GemmScaleLayout layout) {
+  const bool rowwise = copy == Copy::kRowwise;
+  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
+                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
+  o.scale_mode = GemmScaleMode::kMxfp8;
+  if (layout == GemmScaleLayout::kGemm) {
+    o.scale_inv = SwizzleMxfp8Scales(Context::Cpu(), o.scale_inv).value();
+    o.scale_layout = GemmScaleLayout::kGemm;
+  }
+  return o;
+}
+
+GemmOperand ToGpu(const GemmOperand& x) {
+  GemmOperand o = x;
+  o.data = testing::OnDevice(x.data);
+  o.scale_inv = testing::OnDevice(x.scale_inv);
+  return o;
+}
+
+TEST(Mxfp8GemmGpu, SupportFollowsTheDevice) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const DeviceInfo info = QueryDeviceInfo();
+  const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
+  const QuantizedTensor x = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 1));
+  const QuantizedTensor w = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 2));
+  Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {32, 32}).value());
+  const absl::Status run = Gemm(testing::GpuContext(), ToGpu(HostOperand(x, Copy::kRowwise, false, {})),
+                                ToGpu(HostOperand(w, Copy::kRowwise, true, {})), &d);
+  if (info.cc_major >= 10) {
+    EXPECT_TRUE(support.ok()) << support;
+    EXPECT_TRUE(run.ok()) << run;
+  } else {
+    EXPECT_THAT(support, HasError(absl::StatusCode::kUnimplemented, "run only on compute capability 10.0+"));
+    EXPECT_THAT(run, HasError(absl::StatusCode::kUnimplemented, "run only on compute capability 10.0+"));
+  }
+}
+
+struct Case {
+  const char* name;
+  int pass;  // 0 fprop x W^T, 1 dgrad dy W, 2 wgrad dy^T x
+  int64_t tokens, in, out;
+  DType d;
+  GemmScaleLayout layout;
+  float beta;
+};
+
+class Mxfp8GemmGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Mxfp8GemmGpu, MatchesTheCpuReference) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
+  if (!support.ok()) GTEST_SKIP() << support;
+  const Case& c = GetParam();
+  const QuantizedTensor x = Quantize(RandomTensor({c.tokens, c.in}, -4.0f, 4.0f, 3));
+  const QuantizedTensor w = Quantize(RandomTensor({c.out, c.in}, -0.2f, 0.2f, 4));
+  const QuantizedTensor dy = Quantize(RandomTensor({c.tokens, c.out}, -1.0f, 1.0f, 5));
+  const QuantizedTensor* qa[] = {&x, &dy, &dy};
+  const QuantizedTensor* qb[] = {&w, &w, &x};
+  const Copy ca = c.pass == 2 ? Copy::kColumnwise : Copy::kRowwise;
+  const Copy cb = c.pass == 0 ? Copy::kRowwise : Copy::kColumnwise;
+  const int64_t m = c.pass == 2 ? c.out : c.tokens;
+  const int64_t n = c.pass == 0 ? c.out : c.in;
+  const GemmOperand a = HostOperand(*qa[c.pass], ca, false, c.layout);
+  const GemmOperand b = HostOperand(*qb[c.pass], cb, true, c.layout);
+  GemmOptions options;
+  options.alpha = 0.75f;
+  options.beta = c.beta;
+  const Tensor start = CastFromFloat32(Context::Cpu(), RandomTensor({m, n}, -1.0f, 1.0f, 6), c.d).value();
+  Tensor d_cpu = start.Clone().value();
+  ASSERT_OK(Gemm(Context::Cpu(), a, b, &d_cpu, options));
+  Tensor d_gpu = testing::OnDevice(start);
+  ASSERT_OK(Gemm(testing::GpuContext(), ToGpu(a), ToGpu(b), &d_gpu, options));
+
+  // sum_k |op(A)_ik op(B)_kj| of the decoded operands, plus |beta * start| and 1e-3.
+  auto abs_copy = [](const QuantizedTensor& q, Copy copy) {
+    Tensor v = DequantizeBlock(Context::Cpu(), q, copy).value();
+    for (float& e : v.mutable_floats()) e = std::fabs(e);
+    return v;
+  };
+  Tensor terms = Tensor::Zeros(kF32, {m, n}).value();
+  ASSERT_OK(Gemm(Context::Cpu(), abs_copy(*qa[c.pass], ca), false, abs_copy(*qb[c.pass], cb), true, 1.0f, 0.0f,
+                 &terms));
+  const std::vector<float> start_values = testing::Floats(start);
+  std::vector<double> magnitude;
+  for (size_t i = 0; i < start_values.size(); ++i) {
+    magnitude.push_back(options.alpha * terms.floats()[i] + std::fabs(c.beta * start_values[i]) + 1e-3);
+  }
+  const std::vector<float> want = testing::Floats(d_cpu);
+  EXPECT_TRUE(AllClose(testing::Floats(d_gpu), std::vector<double>(want.begin(), want.end()), DType::kFloat8E4M3,
+                       magnitude));
+}
+
+constexpr GemmScaleLayout kQuantizerLayout = GemmScaleLayout::kQuantizer, kGemmLayout = GemmScaleLayout::kGemm;
+
+INSTANTIATE_TEST_SUITE_P(
+    Linear, Mxfp8GemmGpu,
+    ::testing::Values(Case{"fprop_f32", 0, 256, 384, 224, kF32, kQuantizerLayout, 0.0f},
+                      Case{"fprop_bf16", 0, 96, 160, 224, kBF16, kQuantizerLayout, 0.0f},
+                      Case{"dgrad_bf16", 1, 128, 224, 96, kBF16, kQuantizerLayout, 0.0f},
+                      Case{"wgrad_f32_accumulate", 2, 288, 96, 160, kF32, kQuantizerLayout, 1.0f},
+                      Case{"fprop_swizzled", 0, 256, 384, 224, kBF16, kGemmLayout, 0.0f},
+                      Case{"wgrad_swizzled", 2, 288, 96, 160, kF32, kGemmLayout, 1.0f}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace kernels
+}  // namespace teserve
