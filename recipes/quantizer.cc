@@ -102,6 +102,12 @@ class CurrentScalingQuantizer : public Quantizer {
     return kernels::QuantizePerTensor(ctx, x, options);
   }
   bool DefersAmax() const override { return !health_stats(); }
+  // The cast depends on x alone (its scale comes from x), so an unchanged tensor's cast is
+  // the same cast.
+  bool ReuseKey(float* key) const override {
+    *key = 0.0f;
+    return true;
+  }
   // Every quantization's amax, in order: the latest sets the scale reported.
   void RecordAmax(float amax) override {
     last_scale_ = CurrentScale(amax, DTypeMaxFinite(format()), config_.amax_epsilon, config_.power_2_scale);

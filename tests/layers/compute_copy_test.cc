@@ -323,6 +323,32 @@ TEST(WeightCast, OncePerUpdateAndScale) {
   EXPECT_TRUE(BitwiseEqual(y3, y4));  // the same values in a new buffer
 }
 
+// Under current scaling the weight's cast depends on the weight alone (its scale is its
+// own amax's): every forward on the same compute copy reuses it, whatever the input did.
+TEST(WeightCast, CurrentScalingCastsAWeightOncePerUpdate) {
+  auto linear = MakeLinear(DType::kBFloat16, "current");
+  ASSERT_TRUE(RefreshComputeCopy(kCpu, Weight(*linear)).ok());
+  CallCounter counter;
+  Context ctx = Context::Cpu();
+  ctx.kernel_timing = &counter;
+  auto step = [&](uint32_t seed) -> Tensor {
+    auto out = linear->Forward(ctx, {Random({8, 64}, seed)}, ForwardOptions());
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? out->outputs[0] : Tensor();
+  };
+  auto casts = [&] { return counter.calls(kernels::KernelOp::kQuantizePerTensor); };
+  const Tensor y1 = step(71);
+  EXPECT_EQ(casts(), 2);  // x and W
+  step(72);
+  EXPECT_EQ(casts(), 3);  // a new x; W's cast reused
+  const Tensor y3 = step(71);
+  EXPECT_EQ(casts(), 4);
+  EXPECT_TRUE(BitwiseEqual(y1, y3));
+  ASSERT_TRUE(RefreshComputeCopy(ctx, Weight(*linear)).ok());
+  EXPECT_TRUE(BitwiseEqual(step(71), y1));  // a new buffer of the same values: cast again
+  EXPECT_EQ(casts(), 6);
+}
+
 // A gradient marked zero that is not is caught on the CPU before the GEMM overwrites it.
 TEST(FreshWgradCheck, AWrongFlagIsAnInternalError) {
   auto linear = MakeLinear(DType::kBFloat16);
