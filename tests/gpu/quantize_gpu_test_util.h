@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/float_codec.h"
 #include "core/tensor.h"
+#include "kernels/gemm.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cast_cpu.h"
 #include "kernels/cuda/cast/cast_cuda.h"
@@ -95,6 +96,15 @@ inline Tensor OnDevice(const Tensor& host) {
   auto device = kernels::cuda::CopyToDevice(Context{}, host, Device::Cuda(0));
   EXPECT_TRUE(device.ok()) << device.status();
   return device.ok() ? *device : Tensor();
+}
+
+// A GEMM operand with its data and scale_inv (when defined) copied to the device, the
+// rest (transpose, scale mode and layout) as given.
+inline kernels::GemmOperand OnDevice(const kernels::GemmOperand& host) {
+  kernels::GemmOperand o = host;
+  o.data = OnDevice(host.data);
+  if (host.scale_inv.defined()) o.scale_inv = OnDevice(host.scale_inv);
+  return o;
 }
 
 // FP32 values of a tensor of any high-precision dtype (device tensors copied back).

@@ -76,13 +76,6 @@ GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, Gem
   return o;
 }
 
-GemmOperand ToGpu(const GemmOperand& x) {
-  GemmOperand o = x;
-  o.data = testing::OnDevice(x.data);
-  o.scale_inv = testing::OnDevice(x.scale_inv);
-  return o;
-}
-
 // sum_k |op(A)_ik op(B)_kj| of the decoded operands (CPU, FP32), plus 1e-3.
 std::vector<double> TermMagnitude(const QuantizedTensor& qa, Copy ca, const QuantizedTensor& qb, Copy cb,
                                   const Tensor& d, float alpha) {
@@ -151,7 +144,7 @@ TEST_P(BlockGemmGpu, MatchesTheCpuReference) {
   Tensor d_cpu = start.Clone().value();
   ASSERT_OK(Gemm(Context::Cpu(), a, b, &d_cpu, options));
   Tensor d_gpu = testing::OnDevice(start);
-  ASSERT_OK(Gemm(testing::GpuContext(), ToGpu(a), ToGpu(b), &d_gpu, options));
+  ASSERT_OK(Gemm(testing::GpuContext(), testing::OnDevice(a), testing::OnDevice(b), &d_gpu, options));
 
   std::vector<double> magnitude = TermMagnitude(qa, ca, qb, cb, d_cpu, options.alpha);
   const std::vector<float> start_values = testing::Floats(start);
@@ -206,7 +199,7 @@ TEST(BlockGemmGpuEpilogue, Bf16BiasMatchesTheCpu) {
     Tensor d_cpu = Tensor::Zeros(out, {m, n}).value();
     Tensor d_gpu = Tensor::Zeros(out, {m, n}, Device::Cuda(0)).value();
     ASSERT_OK(Gemm(Context::Cpu(), a, b, &d_cpu, cpu_options));
-    ASSERT_OK(Gemm(testing::GpuContext(), ToGpu(a), ToGpu(b), &d_gpu, gpu_options));
+    ASSERT_OK(Gemm(testing::GpuContext(), testing::OnDevice(a), testing::OnDevice(b), &d_gpu, gpu_options));
     std::vector<double> magnitude = TermMagnitude(x, Copy::kRowwise, w, Copy::kRowwise, d_cpu, 1.0f);
     for (double& v : magnitude) v += 1.0;  // |bias| <= 1
     const std::vector<float> want = testing::Floats(d_cpu);
@@ -223,8 +216,8 @@ TEST(BlockGemmGpu, SupportFollowsTheDeviceAndLibrary) {
   const QuantizedTensor w = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 22), true);
   Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {16, 16}).value());
   const absl::Status run =
-      Gemm(testing::GpuContext(), ToGpu(HostOperand(x, Copy::kRowwise, false, kQuantizerLayout)),
-           ToGpu(HostOperand(w, Copy::kRowwise, true, kQuantizerLayout)), &d);
+      Gemm(testing::GpuContext(), testing::OnDevice(HostOperand(x, Copy::kRowwise, false, kQuantizerLayout)),
+           testing::OnDevice(HostOperand(w, Copy::kRowwise, true, kQuantizerLayout)), &d);
   if (info.cc_major == 9) {
     // H100 / H200 with this toolkit's cuBLASLt (13.x): native.
     EXPECT_TRUE(support.ok()) << support;
@@ -241,18 +234,18 @@ TEST(BlockGemmGpuErrors, NamedFieldsAsOnTheCpu) {
   const QuantizedTensor w2 = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 32), true);
   const QuantizedTensor x1 = Quantize(RandomTensor({16, 128}, -1.0f, 1.0f, 33), false);
   Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {16, 16}).value());
-  EXPECT_THAT(Gemm(testing::GpuContext(), ToGpu(HostOperand(x2, Copy::kRowwise, false, kQuantizerLayout)),
-                   ToGpu(HostOperand(w2, Copy::kRowwise, true, kQuantizerLayout)), &d),
+  EXPECT_THAT(Gemm(testing::GpuContext(), testing::OnDevice(HostOperand(x2, Copy::kRowwise, false, kQuantizerLayout)),
+                   testing::OnDevice(HostOperand(w2, Copy::kRowwise, true, kQuantizerLayout)), &d),
               HasError(absl::StatusCode::kInvalidArgument, "b.scale_mode: expected kBlock1D when a is kBlock2D"));
   GemmOptions fast;
   fast.accumulation = GemmAccumulation::kFast;
-  EXPECT_THAT(Gemm(testing::GpuContext(), ToGpu(HostOperand(x1, Copy::kRowwise, false, kQuantizerLayout)),
-                   ToGpu(HostOperand(w2, Copy::kRowwise, true, kQuantizerLayout)), &d, fast),
+  EXPECT_THAT(Gemm(testing::GpuContext(), testing::OnDevice(HostOperand(x1, Copy::kRowwise, false, kQuantizerLayout)),
+                   testing::OnDevice(HostOperand(w2, Copy::kRowwise, true, kQuantizerLayout)), &d, fast),
               HasError(absl::StatusCode::kInvalidArgument, "options.accumulation: expected kSplit"));
 
   // kGemm scales are read where they are: they must be 16-byte aligned.
-  const GemmOperand a = ToGpu(HostOperand(x1, Copy::kRowwise, false, kGemmLayout));
-  const GemmOperand b = ToGpu(HostOperand(w2, Copy::kRowwise, true, kGemmLayout));
+  const GemmOperand a = testing::OnDevice(HostOperand(x1, Copy::kRowwise, false, kGemmLayout));
+  const GemmOperand b = testing::OnDevice(HostOperand(w2, Copy::kRowwise, true, kGemmLayout));
   Tensor padded = testing::OnDevice(Tensor::Zeros(kF32, {a.scale_inv.numel() + 1}).value());
   GemmOperand misaligned = a;
   misaligned.scale_inv = Tensor::Borrow(static_cast<float*>(padded.raw_data()) + 1, kF32, a.scale_inv.shape(),
@@ -291,8 +284,8 @@ TEST(BlockGemmGpuLinear, ForwardRunsTheNativeGemm) {
   const QuantizedTensor qx = Quantize(x_host, false);
   const QuantizedTensor qw = Quantize(w_host, true);
   Tensor native = Tensor::Zeros(kF32, {tokens, out}, Device::Cuda(0)).value();
-  ASSERT_OK(Gemm(ctx, ToGpu(HostOperand(qx, Copy::kRowwise, false, kQuantizerLayout)),
-                 ToGpu(HostOperand(qw, Copy::kRowwise, true, kQuantizerLayout)), &native));
+  ASSERT_OK(Gemm(ctx, testing::OnDevice(HostOperand(qx, Copy::kRowwise, false, kQuantizerLayout)),
+                 testing::OnDevice(HostOperand(qw, Copy::kRowwise, true, kQuantizerLayout)), &native));
   EXPECT_EQ(testing::Bytes(y->outputs[0]), testing::Bytes(native));
 
   Tensor emulated = Tensor::Zeros(kF32, {tokens, out}, Device::Cuda(0)).value();

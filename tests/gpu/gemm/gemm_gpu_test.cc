@@ -52,11 +52,6 @@ struct Operands {
   GemmOperand a_gpu, b_gpu;        // device copies
 };
 
-GemmOperand ToGpu(const GemmOperand& x) {
-  return GemmOperand{testing::OnDevice(x.data), x.transpose,
-                     x.scale_inv.defined() ? testing::OnDevice(x.scale_inv) : Tensor()};
-}
-
 Operands MakeOperands(DType ta, DType tb, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
                       uint32_t seed) {
   auto make = [&](DType dtype, int64_t rows, int64_t cols, bool fp8_scaled, uint32_t s) {
@@ -70,8 +65,8 @@ Operands MakeOperands(DType ta, DType tb, int64_t m, int64_t n, int64_t k, bool 
   o.a.transpose = trans_a;
   o.b = make(tb, trans_b ? n : k, trans_b ? k : n, IsFloat8(tb), seed + 1);
   o.b.transpose = trans_b;
-  o.a_gpu = ToGpu(o.a);
-  o.b_gpu = ToGpu(o.b);
+  o.a_gpu = testing::OnDevice(o.a);
+  o.b_gpu = testing::OnDevice(o.b);
   return o;
 }
 

@@ -54,13 +54,6 @@ GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, Gem
   return o;
 }
 
-GemmOperand ToGpu(const GemmOperand& x) {
-  GemmOperand o = x;
-  o.data = testing::OnDevice(x.data);
-  o.scale_inv = testing::OnDevice(x.scale_inv);
-  return o;
-}
-
 TEST(Mxfp8GemmGpu, SupportFollowsTheDevice) {
   TESERVE_SKIP_WITHOUT_GPU();
   const DeviceInfo info = QueryDeviceInfo();
@@ -68,8 +61,8 @@ TEST(Mxfp8GemmGpu, SupportFollowsTheDevice) {
   const QuantizedTensor x = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 1));
   const QuantizedTensor w = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 2));
   Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {32, 32}).value());
-  const absl::Status run = Gemm(testing::GpuContext(), ToGpu(HostOperand(x, Copy::kRowwise, false, {})),
-                                ToGpu(HostOperand(w, Copy::kRowwise, true, {})), &d);
+  const absl::Status run = Gemm(testing::GpuContext(), testing::OnDevice(HostOperand(x, Copy::kRowwise, false, {})),
+                                testing::OnDevice(HostOperand(w, Copy::kRowwise, true, {})), &d);
   if (info.cc_major >= 10) {
     EXPECT_TRUE(support.ok()) << support;
     EXPECT_TRUE(run.ok()) << run;
@@ -113,7 +106,7 @@ TEST_P(Mxfp8GemmGpu, MatchesTheCpuReference) {
   Tensor d_cpu = start.Clone().value();
   ASSERT_OK(Gemm(Context::Cpu(), a, b, &d_cpu, options));
   Tensor d_gpu = testing::OnDevice(start);
-  ASSERT_OK(Gemm(testing::GpuContext(), ToGpu(a), ToGpu(b), &d_gpu, options));
+  ASSERT_OK(Gemm(testing::GpuContext(), testing::OnDevice(a), testing::OnDevice(b), &d_gpu, options));
 
   // sum_k |op(A)_ik op(B)_kj| of the decoded operands, plus |beta * start| and 1e-3.
   auto abs_copy = [](const QuantizedTensor& q, Copy copy) {
