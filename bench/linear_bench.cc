@@ -20,6 +20,9 @@
 //                              te.LayerNormMLP's case
 //   layernorm_mlp_bf16_fwd_bwd  the same MLP with BF16 params and no recipe (fc1's GEMM
 //                              applies the gelu in its epilogue)
+//   linear_fp8_current_bf16_fwd_bwd, layernorm_linear_fp8_current_bf16_fwd_bwd,
+//   layernorm_mlp_fp8_current_bf16_fwd_bwd  the same three under FP8 current scaling
+//                              (te_layer_probe.py --recipe current)
 // bench/te_layer_probe.py times the TE modules on the same shapes.
 // Timed with CUDA events around ZeroGrad + Forward + Backward + the end of both scaling
 // regions: what a training step's Linear costs in a session between two optimizer
@@ -254,6 +257,10 @@ void Run(int64_t rows, int64_t cols, const Flags& flags, std::vector<Result>* re
   run("layernorm_mlp_fp8_delayed_bf16_fwd_bwd", delayed, DType::kBFloat16, rows, cols, flags, results,
       Layer::kLayerNormMLP);
   run("layernorm_mlp_bf16_fwd_bwd", v1::RecipeSpec(), DType::kBFloat16, rows, cols, flags, results,
+      Layer::kLayerNormMLP);
+  run("layernorm_linear_fp8_current_bf16_fwd_bwd", current, DType::kBFloat16, rows, cols, flags, results,
+      Layer::kLayerNormLinear);
+  run("layernorm_mlp_fp8_current_bf16_fwd_bwd", current, DType::kBFloat16, rows, cols, flags, results,
       Layer::kLayerNormMLP);
 }
 
