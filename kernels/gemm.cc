@@ -104,7 +104,9 @@ constexpr int64_t kBlockScaledOuterMultiple = 8;
 // Padding of the contiguous dimension of GEMM-layout block scales (as
 // kernels/block_quantize.h's kBlockScalesGemmAlignment).
 constexpr int64_t kBlockScalesGemmAlignment = 4;
-// The swizzled MXFP8 scales' padding (kernels/block_quantize.h's kMxfp8SwizzleTile*).
+// Packed FP4 rows are 16-byte aligned at 32 codes.
+constexpr int64_t kNvfp4LeadingMultiple = 32;
+// The swizzled MXFP8 / NVFP4 scales' padding (kernels/block_quantize.h's kMxfp8SwizzleTile*).
 constexpr int64_t kMxfp8SwizzleRows = 128;
 constexpr int64_t kMxfp8SwizzleCols = 4;
 
@@ -118,9 +120,18 @@ const char* ScaleModeName(GemmScaleMode mode) {
     case GemmScaleMode::kBlock1D: return "kBlock1D";
     case GemmScaleMode::kBlock2D: return "kBlock2D";
     case GemmScaleMode::kMxfp8: return "kMxfp8";
+    case GemmScaleMode::kNvfp4_1D: return "kNvfp4_1D";
+    case GemmScaleMode::kNvfp4_2D: return "kNvfp4_2D";
   }
   return "unknown";
 }
+
+bool IsNvfp4Mode(GemmScaleMode mode) {
+  return mode == GemmScaleMode::kNvfp4_1D || mode == GemmScaleMode::kNvfp4_2D;
+}
+
+// Codes that carry scales: FP8, and NVFP4's packed E2M1.
+bool IsScaledType(DType dtype) { return IsFloat8(dtype) || dtype == DType::kFloat4E2M1; }
 
 // Operands pair within one family: per-tensor, FP8 block scaling (1D / 2D) or MXFP8.
 int ScaleFamily(GemmScaleMode mode) {
@@ -129,6 +140,8 @@ int ScaleFamily(GemmScaleMode mode) {
     case GemmScaleMode::kBlock1D:
     case GemmScaleMode::kBlock2D: return 1;
     case GemmScaleMode::kMxfp8: return 2;
+    case GemmScaleMode::kNvfp4_1D:
+    case GemmScaleMode::kNvfp4_2D: return 3;
   }
   return 0;
 }
@@ -156,6 +169,13 @@ Shape ExpectedScaleShape(const GemmOperand& operand) {
       if (gemm_layout) return {RoundUp(rows, kMxfp8SwizzleRows), RoundUp(mx_blocks, kMxfp8SwizzleCols)};
       return {rows, mx_blocks};
     }
+    case GemmScaleMode::kNvfp4_1D:
+    case GemmScaleMode::kNvfp4_2D: {
+      const int64_t nv_blocks = operand.data.dim(1) / kGemmNvfp4BlockSize;
+      if (gemm_layout) return {RoundUp(rows, kMxfp8SwizzleRows), RoundUp(nv_blocks, kMxfp8SwizzleCols)};
+      if (operand.scale_mode == GemmScaleMode::kNvfp4_2D) return {rows / kGemmNvfp4BlockSize, nv_blocks};
+      return {rows, nv_blocks};
+    }
   }
   return {1};
 }
@@ -166,13 +186,21 @@ absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, co
   RETURN_IF_ERROR(CheckRank(data, operand.data, 2));
   RETURN_IF_ERROR(CheckDevice(data, operand.data, ctx));
   const DType dtype = operand.data.dtype();
-  if (!IsGemmHighPrecision(dtype) && !IsFloat8(dtype)) {
+  if (!IsGemmHighPrecision(dtype) && !IsScaledType(dtype)) {
     return InvalidField(absl::StrCat(data, ".dtype"),
-                        "one of FLOAT32, BFLOAT16, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2", DTypeName(dtype));
+                        "one of FLOAT32, BFLOAT16, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT4_E2M1", DTypeName(dtype));
+  }
+  if (dtype == DType::kFloat4E2M1 && !IsNvfp4Mode(operand.scale_mode)) {
+    return InvalidField(absl::StrCat(name, ".scale_mode"), "kNvfp4_1D or kNvfp4_2D for FLOAT4_E2M1 codes",
+                        ScaleModeName(operand.scale_mode));
+  }
+  if (dtype != DType::kFloat4E2M1 && IsNvfp4Mode(operand.scale_mode)) {
+    return InvalidField(absl::StrCat(data, ".dtype"),
+                        absl::StrCat("FLOAT4_E2M1 for ", ScaleModeName(operand.scale_mode)), DTypeName(dtype));
   }
   const std::string scale = absl::StrCat(name, ".scale_inv");
   const bool block = operand.scale_mode != GemmScaleMode::kPerTensor;
-  if (!IsFloat8(dtype)) {
+  if (!IsScaledType(dtype)) {
     if (operand.scale_inv.defined()) {
       return InvalidField(scale, absl::StrCat("no scale_inv for a ", DTypeName(dtype), " operand"),
                           "a tensor");
@@ -192,7 +220,22 @@ absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, co
                         absl::StrCat("a multiple of ", kGemmMxfp8BlockSize, " (whole 1x32 MXFP8 blocks along k)"),
                         operand.data.dim(1));
   }
-  const DType scale_dtype = operand.scale_mode == GemmScaleMode::kMxfp8 ? DType::kFloat8E8M0 : DType::kFloat32;
+  if (IsNvfp4Mode(operand.scale_mode)) {
+    if (operand.data.dim(1) % kNvfp4LeadingMultiple != 0) {
+      return InvalidField(absl::StrCat(data, ".shape[1]"),
+                          absl::StrCat("a multiple of ", kNvfp4LeadingMultiple,
+                                       " (16-byte rows of packed FP4 codes, whole 1x16 blocks)"),
+                          operand.data.dim(1));
+    }
+    if (operand.scale_mode == GemmScaleMode::kNvfp4_2D && operand.data.dim(0) % kGemmNvfp4BlockSize != 0) {
+      return InvalidField(absl::StrCat(data, ".shape[0]"),
+                          absl::StrCat("a multiple of ", kGemmNvfp4BlockSize, " for kNvfp4_2D (whole 16x16 blocks)"),
+                          operand.data.dim(0));
+    }
+  }
+  const DType scale_dtype = operand.scale_mode == GemmScaleMode::kMxfp8 ? DType::kFloat8E8M0
+                            : IsNvfp4Mode(operand.scale_mode)          ? DType::kFloat8E4M3
+                                                                       : DType::kFloat32;
   RETURN_IF_ERROR(CheckTensorOfShape(scale, operand.scale_inv, scale_dtype, ExpectedScaleShape(operand), ctx));
   if (operand.data.dim(1) % kFloat8LeadingMultiple != 0) {
     return InvalidField(absl::StrCat(data, ".shape[1]"),
@@ -206,15 +249,15 @@ absl::Status CheckOperand(absl::string_view name, const GemmOperand& operand, co
 absl::Status CheckOperandPair(const GemmOperand& a, const GemmOperand& b) {
   const DType ta = a.data.dtype();
   const DType tb = b.data.dtype();
-  if (IsFloat8(ta) != IsFloat8(tb) || (!IsFloat8(ta) && ta != tb)) {
+  if (IsScaledType(ta) != IsScaledType(tb) || (!IsScaledType(ta) && ta != tb)) {
     return InvalidField("b.data.dtype", absl::StrCat("a dtype to pair with a.data's ", DTypeName(ta)),
                         DTypeName(tb));
   }
-  if (!IsFloat8(ta)) return absl::OkStatus();
+  if (!IsScaledType(ta)) return absl::OkStatus();
   if (ScaleFamily(a.scale_mode) != ScaleFamily(b.scale_mode)) {
     const char* expected[] = {"kPerTensor to pair with a per-tensor a (no block-scaled mix)",
                               "kBlock1D or kBlock2D to pair with a block-scaled a (no per-tensor or MXFP8 mix)",
-                              "kMxfp8 to pair with an MXFP8 a"};
+                              "kMxfp8 to pair with an MXFP8 a", "kNvfp4_1D or kNvfp4_2D to pair with an NVFP4 a"};
     return InvalidField("b.scale_mode", expected[ScaleFamily(a.scale_mode)], ScaleModeName(b.scale_mode));
   }
   if (a.scale_mode == GemmScaleMode::kBlock2D && b.scale_mode == GemmScaleMode::kBlock2D) {
@@ -253,7 +296,7 @@ absl::Status CheckGemmOutput(const GemmOperand& a, const GemmOperand& b, const T
   RETURN_IF_ERROR(CheckDefined("d", *d));
   RETURN_IF_ERROR(CheckRank("d", *d, 2));
   RETURN_IF_ERROR(CheckDevice("d", *d, ctx));
-  const bool fp8_inputs = IsFloat8(a.data.dtype());
+  const bool fp8_inputs = IsScaledType(a.data.dtype());
   if (!IsGemmHighPrecision(d->dtype()) && !(fp8_inputs && IsFloat8(d->dtype()))) {
     return InvalidField("d.dtype",
                         fp8_inputs ? "one of FLOAT32, BFLOAT16, FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2"
@@ -339,7 +382,8 @@ absl::Status CheckBlockScaling(const GemmOperand& a, const Tensor& d, const Gemm
                                      " for block-scaled operands (the rows of b and of d)"),
                         n);
   }
-  if ((a.scale_mode == GemmScaleMode::kBlock1D || a.scale_mode == GemmScaleMode::kMxfp8) &&
+  if ((a.scale_mode == GemmScaleMode::kBlock1D || a.scale_mode == GemmScaleMode::kMxfp8 ||
+       IsNvfp4Mode(a.scale_mode)) &&
       m % kBlockScaledOuterMultiple != 0) {
     return InvalidField("d.shape[0]",
                         absl::StrCat("m a multiple of ", kBlockScaledOuterMultiple, " when a is ",

@@ -101,6 +101,20 @@ namespace kernels {
 // Both backends accept: both operands kMxfp8, TN as above, C % 32 == 0 (k in whole
 // blocks), n % 8 == 0 and m % 8 == 0, D FLOAT32 or BFLOAT16, epilogue kNone or kBias,
 // beta allowed, no d_amax, accumulation kSplit.
+//
+// NVFP4 (TE's NVFP4BlockScaling), kNvfp4_1D / kNvfp4_2D: data DType::kFloat4E2M1 (two codes
+// a byte, kernels/nvfp4.h), E4M3 scales per 1x16 block of a stored row (1D) or per 16x16
+// block (2D, weights), decoding as e2m1(code) * e4m3(scale), one FP32 product. The
+// per-tensor decode scales (kernels/nvfp4.h's inv_S) are not part of the operand: callers
+// fold them into alpha, as cuBLASLt does. scale_inv is DType::kFloat8E4M3, given either
+//   kQuantizer: as QuantizeNvfp4 produced that copy, [R, C / 16] (1D) or
+//               [R / 16, C / 16] (2D), swizzled on CUDA per call (2D rows repeated 16
+//               times: cuBLASLt reads per-row scales), or
+//   kGemm:      already swizzled per row, [roundup(R, 128), roundup(C / 16, 4)], either mode.
+// On CUDA this is CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 with CUDA_R_4F_E2M1 operands,
+// under the same device rule as MXFP8. Both backends accept: both operands NVFP4 (1D or
+// 2D in any pair), TN, C % 32 == 0 (16-byte rows), R % 16 == 0 for a 2D operand, and the
+// MXFP8 rules above for m, n, D, epilogue, beta, d_amax and accumulation.
 enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 
 // Fast accumulation lets FP8 tensor cores keep partial sums in reduced precision over
@@ -110,13 +124,14 @@ enum class GemmEpilogue { kNone, kBias, kGeluAuxBias, kDGeluBGrad, kBGradB };
 enum class GemmAccumulation { kSplit, kFast };
 
 // How an FP8 operand's scale_inv applies (see above). kPerTensor: FP32 [1].
-enum class GemmScaleMode { kPerTensor, kBlock1D, kBlock2D, kMxfp8 };
+enum class GemmScaleMode { kPerTensor, kBlock1D, kBlock2D, kMxfp8, kNvfp4_1D, kNvfp4_2D };
 // Which layout a block scale_inv is given in (ignored for kPerTensor, which must leave
 // it kQuantizer).
 enum class GemmScaleLayout { kQuantizer, kGemm };
 
 inline constexpr int64_t kGemmBlockSize = 128;  // FP8 block scaling: 1x128 / 128x128
 inline constexpr int64_t kGemmMxfp8BlockSize = 32;  // MXFP8: 1x32
+inline constexpr int64_t kGemmNvfp4BlockSize = 16;  // NVFP4: 1x16 / 16x16
 
 struct GemmOperand {
   Tensor data;       // rank 2, row-major as stored
@@ -173,23 +188,24 @@ inline absl::Status BlockScaledGemmSupportFor(int cc_major, int cc_minor, int64_
   return absl::OkStatus();
 }
 
-// Whether MXFP8 GEMMs (kMxfp8 operands) can run on ctx's device: OK on the CPU (the
-// reference) and on a CUDA device of compute capability 10.0+ with a cuBLASLt of at least
-// 12.8 at build and at run time, unless TESERVE_NATIVE_MXFP8_GEMM=0 turns the native path
-// off (it has no Blackwell run behind it in this repository's results yet); UNIMPLEMENTED
-// saying which fact is missing otherwise (Linear then dequantizes, as on Hopper).
+// Whether MXFP8 and NVFP4 GEMMs (kMxfp8, kNvfp4_* operands) can run on ctx's device: OK
+// on the CPU (the reference) and on a CUDA device of compute capability 10.0+ with a
+// cuBLASLt of at least 12.8 at build and at run time, unless
+// TESERVE_NATIVE_MICROSCALED_GEMM=0 turns the native path off (it has no Blackwell run
+// behind it in this repository's results yet); UNIMPLEMENTED saying which fact is missing
+// otherwise (Linear then dequantizes, as on Hopper).
 absl::Status MicroScaledGemmSupport(const Context& ctx);
 
 inline constexpr int64_t kMicroScaledGemmMinCublasLt = 120800;
 inline absl::Status MicroScaledGemmSupportFor(int cc_major, int cc_minor, int64_t cublaslt_version) {
   if (cc_major < 10) {
     return absl::UnimplementedError(absl::StrCat(
-        "MXFP8 GEMMs (cuBLASLt VEC32_UE8M0 scale mode) run only on compute capability 10.0+ (Blackwell); "
-        "this device is sm_",
+        "MXFP8 / NVFP4 GEMMs (cuBLASLt VEC32_UE8M0 / VEC16_UE4M3 scale modes) run only on compute capability "
+        "10.0+ (Blackwell); this device is sm_",
         cc_major, cc_minor));
   }
   if (cublaslt_version < kMicroScaledGemmMinCublasLt) {
-    return absl::UnimplementedError(absl::StrCat("MXFP8 GEMMs need cuBLASLt >= 12.8 (version ",
+    return absl::UnimplementedError(absl::StrCat("MXFP8 / NVFP4 GEMMs need cuBLASLt >= 12.8 (version ",
                                                  kMicroScaledGemmMinCublasLt, "); the loaded one is version ",
                                                  cublaslt_version));
   }

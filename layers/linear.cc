@@ -47,9 +47,17 @@ struct SavedOperand {
     if (quantized.mode == ScalingMode::kBlock1D) operand.scale_mode = kernels::GemmScaleMode::kBlock1D;
     if (quantized.mode == ScalingMode::kBlock2D) operand.scale_mode = kernels::GemmScaleMode::kBlock2D;
     if (quantized.mode == ScalingMode::kMxfp8_1D) operand.scale_mode = kernels::GemmScaleMode::kMxfp8;
+    if (quantized.mode == ScalingMode::kNvfp4_1D) operand.scale_mode = kernels::GemmScaleMode::kNvfp4_1D;
+    if (quantized.mode == ScalingMode::kNvfp4_2D) operand.scale_mode = kernels::GemmScaleMode::kNvfp4_2D;
     return operand;
   }
 };
+
+// The product of two NVFP4 operands' per-tensor decode scales (kernels/nvfp4.h's inv_S):
+// the alpha of a GEMM that multiplies their codes times block scales.
+float Nvfp4Alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
+  return (1.0f / a.global_encode_scale) * (1.0f / b.global_encode_scale);
+}
 
 // One GEMM of Linear, d = op(a) op(b) (+ beta d). The GEMM reads the quantized codes
 // and their scales directly when
@@ -60,9 +68,10 @@ struct SavedOperand {
 //     2D x 2D) and the device runs block-scaled GEMMs (BlockScaledGemmSupport: the CPU
 //     reference, Hopper with cuBLASLt >= 12.9). These run split accumulation, the fprop
 //     included: block-scaled kernels have no fast mode;
-//   - both are MXFP8 on a GPU with MXFP8 GEMMs (MicroScaledGemmSupport: Blackwell with
-//     cuBLASLt >= 12.8; the E8M0 scales are swizzled per GEMM) and the GEMM accepts the
-//     shapes (k % 32, n % 8, m % 8; FP32 / BF16 d), also split.
+//   - both are MXFP8, or both NVFP4, on a GPU with those GEMMs (MicroScaledGemmSupport:
+//     Blackwell with cuBLASLt >= 12.8; the block scales are swizzled per GEMM, NVFP4's
+//     per-tensor decode scales go into alpha) and the GEMM accepts the shapes (k % 32,
+//     n % 8, m % 8; FP32 / BF16 d), also split.
 // Natively on a GPU, and on the CPU reference as the decoded values, which equal the
 // dequantized copies bit for bit (so CPU sessions compute exactly what the dequantized
 // path below does). Otherwise the operands are read in high precision (calibration,
@@ -134,17 +143,20 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       return run(ga, gb, d);
     }
   }
-  if (!ctx.device.is_cpu() && a.IsMxfp8() && b.IsMxfp8() && kernels::MicroScaledGemmSupport(ctx).ok()) {
+  const bool nvfp4 = a.IsNvfp4() && b.IsNvfp4();
+  if (!ctx.device.is_cpu() && ((a.IsMxfp8() && b.IsMxfp8()) || nvfp4) && kernels::MicroScaledGemmSupport(ctx).ok()) {
     const kernels::GemmOperand ga = a.Codes(a_copy, transpose_a);
     const kernels::GemmOperand gb = b.Codes(b_copy, transpose_b);
-    kernels::GemmOptions mx_options = options;
-    mx_options.accumulation = kernels::GemmAccumulation::kSplit;
-    if (kernels::CheckGemmArguments(ctx, ga, gb, d, mx_options).ok()) {
-      options.accumulation = kernels::GemmAccumulation::kSplit;
+    kernels::GemmOptions micro_options = options;
+    micro_options.accumulation = kernels::GemmAccumulation::kSplit;
+    if (nvfp4) {
+      micro_options.alpha = Nvfp4Alpha(a.quantized, b.quantized);
+    }
+    if (kernels::CheckGemmArguments(ctx, ga, gb, d, micro_options).ok()) {
+      options = micro_options;
       return run(ga, gb, d);
     }
   }
-  const bool nvfp4 = a.IsNvfp4() && b.IsNvfp4();
   if (!ctx.device.is_cpu() && (nvfp4 || (a.IsMxfp8() && b.IsMxfp8())) && d->dtype() != DType::kFloat16) {
     // MXFP8 and NVFP4 emulated on a GPU without their block-scaled GEMMs (Hopper; NVFP4
     // everywhere, MXFP8 where the above does not apply):
@@ -163,7 +175,7 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
     // (tests/gpu/linear). A BF16 GEMM writes FP32 or BF16; an FP16 d takes the FP32 path.
     QuantizedTensor qa = a.quantized, qb = b.quantized;
     if (nvfp4) {
-      options.alpha = (1.0f / qa.global_encode_scale) * (1.0f / qb.global_encode_scale);
+      options.alpha = Nvfp4Alpha(qa, qb);
       qa.global_encode_scale = 1.0f;
       qb.global_encode_scale = 1.0f;
     }

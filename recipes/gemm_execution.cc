@@ -48,36 +48,31 @@ GemmPlan PerTensorFp8(const char* recipe, const Gpu& gpu) {
                             gpu.sm));
 }
 
-// MXFP8 and NVFP4: hardware block scales exist only on Blackwell. MXFP8 runs there
-// natively through cuBLASLt's VEC32_UE8M0 mode (cuBLASLt >= 12.8; the rule of
-// kernels::MicroScaledGemmSupportFor, which Linear asks at run time, and the same
-// TESERVE_NATIVE_MXFP8_GEMM=0 switch); teserve does not build NVFP4's (VEC16_UE4M3), so
-// NVFP4 and every Hopper run them by dequantizing the operands (numerically the same
-// computation, slower). The claim follows the GEMM that actually runs.
+// MXFP8 and NVFP4: hardware block scales exist only on Blackwell, where both run natively
+// through cuBLASLt's VEC32_UE8M0 / VEC16_UE4M3 modes (cuBLASLt >= 12.8; the rule of
+// kernels::MicroScaledGemmSupportFor, which Linear asks at run time, with the same
+// TESERVE_NATIVE_MICROSCALED_GEMM=0 switch). Hopper runs them by dequantizing the
+// operands (numerically the same computation, slower). The claim follows the GEMM that
+// actually runs.
 GemmPlan MicroBlockScaled(const char* recipe, const char* what, const Gpu& gpu,
                           const std::string& cublaslt_version) {
-  const bool mxfp8 = std::string(recipe) == "mxfp8";
-  if (gpu.blackwell_or_newer() && mxfp8) {
-    const char* off = std::getenv("TESERVE_NATIVE_MXFP8_GEMM");
+  if (gpu.blackwell_or_newer()) {
+    const char* off = std::getenv("TESERVE_NATIVE_MICROSCALED_GEMM");
     if (off != nullptr && std::string(off) == "0") {
       return Entry(recipe, GemmExecution::kEmulated,
-                   "native MXFP8 GEMMs are turned off (TESERVE_NATIVE_MXFP8_GEMM=0); the operands are dequantized "
-                   "and multiplied in BF16/FP32");
+                   absl::StrCat("native ", what,
+                                " GEMMs are turned off (TESERVE_NATIVE_MICROSCALED_GEMM=0); the operands are "
+                                "dequantized and multiplied in BF16/FP32"));
     }
     if (VersionAtLeast(cublaslt_version, 12, 8)) {
       return Entry(recipe, GemmExecution::kNative,
-                   absl::StrCat("MXFP8 GEMMs run natively on ", gpu.sm, " (cuBLASLt ", cublaslt_version,
-                                ", VEC32_UE8M0 scales)"));
+                   absl::StrCat(what, " GEMMs run natively on ", gpu.sm, " (cuBLASLt ", cublaslt_version, ", ",
+                                std::string(recipe) == "mxfp8" ? "VEC32_UE8M0" : "VEC16_UE4M3", " scales)"));
     }
     return Entry(recipe, GemmExecution::kEmulated,
-                 absl::StrCat("native MXFP8 GEMMs need cuBLASLt >= 12.8, got ",
+                 absl::StrCat("native ", what, " GEMMs need cuBLASLt >= 12.8, got ",
                               cublaslt_version.empty() ? "unknown" : cublaslt_version,
                               "; the operands are dequantized and multiplied in BF16/FP32"));
-  }
-  if (gpu.blackwell_or_newer()) {
-    return Entry(recipe, GemmExecution::kEmulated,
-                 absl::StrCat("native ", what, " block-scaled GEMMs on ", gpu.sm,
-                              " are not built yet; the operands are dequantized and multiplied in BF16/FP32"));
   }
   if (gpu.hopper()) {
     return Entry(recipe, GemmExecution::kEmulated,

@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "kernels/activation_math.h"
 #include "kernels/cpu/cast_cpu.h"
+#include "kernels/cpu/nvfp4_cpu.h"
 #include "kernels/quantize_math.h"
 
 namespace teserve {
@@ -71,6 +72,13 @@ float BlockScale(const GemmOperand& operand, int64_t r, int64_t c) {
     const int64_t kb = c / kGemmMxfp8BlockSize;
     return E8M0ToFloat(gemm_layout ? e[Mxfp8SwizzledOffset(r, kb, ld)] : e[r * ld + kb]);
   }
+  if (operand.scale_mode == GemmScaleMode::kNvfp4_1D || operand.scale_mode == GemmScaleMode::kNvfp4_2D) {
+    const uint8_t* e = operand.scale_inv.data<uint8_t>();
+    const int64_t kb = c / kGemmNvfp4BlockSize;
+    if (gemm_layout) return E4M3ToFloat(e[Mxfp8SwizzledOffset(r, kb, ld)]);  // per row in either mode
+    const int64_t row = operand.scale_mode == GemmScaleMode::kNvfp4_2D ? r / kGemmNvfp4BlockSize : r;
+    return E4M3ToFloat(e[row * ld + kb]);
+  }
   const float* s = operand.scale_inv.data<float>();
   if (operand.scale_mode == GemmScaleMode::kBlock1D) {
     return gemm_layout ? s[cb * ld + r] : s[r * ld + cb];
@@ -80,10 +88,12 @@ float BlockScale(const GemmOperand& operand, int64_t r, int64_t c) {
 
 // An operand as the FP32 matrix it stands for: FP8 codes times their scale_inv, one
 // FP32 product per element (per tensor or per block), so a block-scaled operand decodes
-// bit for bit to kernels::DequantizeBlock's copy.
+// bit for bit to kernels::DequantizeBlock's copy; NVFP4 codes times their E4M3 block
+// scales (the per-tensor decode scale is the caller's alpha, kernels/gemm.h).
 absl::StatusOr<Tensor> DecodeOperand(const Context& ctx, const GemmOperand& operand) {
-  ASSIGN_OR_RETURN(Tensor values, ToFloat32(ctx, operand.data));
-  if (!IsFloat8(operand.data.dtype())) return values;
+  const bool fp4 = operand.data.dtype() == DType::kFloat4E2M1;
+  ASSIGN_OR_RETURN(Tensor values, fp4 ? Float4E2M1ToFloat32(ctx, operand.data) : ToFloat32(ctx, operand.data));
+  if (!fp4 && !IsFloat8(operand.data.dtype())) return values;
   if (operand.scale_mode == GemmScaleMode::kPerTensor) {
     const float scale_inv = operand.scale_inv.data<float>()[0];
     for (float& v : values.mutable_floats()) v *= scale_inv;

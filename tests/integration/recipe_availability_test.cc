@@ -90,32 +90,37 @@ TEST(RecipeAvailability, UnknownCublasLtVersionIsNotTrusted) {
   EXPECT_THAT(got[3].reason(), HasSubstr("got unknown"));
 }
 
-// The claim follows the GEMM that runs: MXFP8 natively through cuBLASLt's VEC32_UE8M0
-// mode (>= 12.8), NVFP4's native GEMM is not built yet, and cuBLASLt's VEC128_32F /
-// BLK128x128_32F scale modes are Hopper's (Blackwell's block-scaled tensor cores take
-// E8M0 / E4M3 scales), so FP8 blocks are dequantized.
-TEST(RecipeAvailability, BlackwellRunsMxfp8NativelyAndEmulatesTheOtherBlockRecipes) {
+// The claim follows the GEMM that runs: MXFP8 and NVFP4 natively through cuBLASLt's
+// VEC32_UE8M0 / VEC16_UE4M3 modes (>= 12.8), while cuBLASLt's VEC128_32F / BLK128x128_32F
+// scale modes are Hopper's (Blackwell's block-scaled tensor cores take E8M0 / E4M3
+// scales), so FP8 blocks are dequantized.
+TEST(RecipeAvailability, BlackwellRunsMicroscalingNativelyAndEmulatesFp8Blocks) {
   ExpectAvailabilities(Gpu(10, 0, "12.9.0"),
                        {{"delayed", v1::NATIVE, "sm_100"},
                         {"current", v1::NATIVE, "sm_100"},
-                        {"mxfp8", v1::NATIVE, "MXFP8 GEMMs run natively on sm_100 (cuBLASLt 12.9.0"},
+                        {"mxfp8", v1::NATIVE, "MXFP8 GEMMs run natively on sm_100 (cuBLASLt 12.9.0, VEC32_UE8M0"},
                         {"block", v1::EMULATED, "exist only on sm_90; on sm_100 the operands are dequantized"},
-                        {"nvfp4", v1::EMULATED, "native NVFP4 block-scaled GEMMs on sm_100 are not built yet"}});
+                        {"nvfp4", v1::NATIVE, "NVFP4 GEMMs run natively on sm_100 (cuBLASLt 12.9.0, VEC16_UE4M3"}});
 }
 
-TEST(RecipeAvailability, BlackwellWithAnOldCublasLtEmulatesMxfp8) {
+TEST(RecipeAvailability, BlackwellWithAnOldCublasLtEmulatesMicroscaling) {
   const std::vector<v1::RecipeAvailability> got = RecipeAvailabilities(Gpu(10, 0, "12.6.3"));
-  EXPECT_EQ(got[2].recipe(), "mxfp8");
-  EXPECT_EQ(got[2].availability(), v1::EMULATED);
-  EXPECT_THAT(got[2].reason(), HasSubstr("need cuBLASLt >= 12.8, got 12.6.3"));
+  for (int i : {2, 4}) {
+    SCOPED_TRACE(got[i].recipe());
+    EXPECT_EQ(got[i].availability(), v1::EMULATED);
+    EXPECT_THAT(got[i].reason(), HasSubstr("GEMMs need cuBLASLt >= 12.8, got 12.6.3"));
+  }
 }
 
-TEST(RecipeAvailability, NativeMxfp8CanBeTurnedOff) {
-  ASSERT_EQ(setenv("TESERVE_NATIVE_MXFP8_GEMM", "0", 1), 0);
+TEST(RecipeAvailability, NativeMicroscalingCanBeTurnedOff) {
+  ASSERT_EQ(setenv("TESERVE_NATIVE_MICROSCALED_GEMM", "0", 1), 0);
   const std::vector<v1::RecipeAvailability> got = RecipeAvailabilities(Gpu(10, 0, "13.0.0"));
-  ASSERT_EQ(unsetenv("TESERVE_NATIVE_MXFP8_GEMM"), 0);
-  EXPECT_EQ(got[2].availability(), v1::EMULATED);
-  EXPECT_THAT(got[2].reason(), HasSubstr("TESERVE_NATIVE_MXFP8_GEMM=0"));
+  ASSERT_EQ(unsetenv("TESERVE_NATIVE_MICROSCALED_GEMM"), 0);
+  for (int i : {2, 4}) {
+    SCOPED_TRACE(got[i].recipe());
+    EXPECT_EQ(got[i].availability(), v1::EMULATED);
+    EXPECT_THAT(got[i].reason(), HasSubstr("TESERVE_NATIVE_MICROSCALED_GEMM=0"));
+  }
 }
 
 TEST(RecipeAvailability, DefaultRecipeIsDelayedScaling) { EXPECT_STREQ(kDefaultRecipe, "delayed"); }

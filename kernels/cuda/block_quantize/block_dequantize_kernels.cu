@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) BlockDequantizeKernel(con
 // Grid-stride over the padded [padded_rows, padded_cols] scale matrix: each entry lands
 // at its swizzled offset (a bijection, so every output byte is written once).
 __global__ void __launch_bounds__(kElementwiseThreads)
-    SwizzleKernel(const uint8_t* src, int64_t rows, int64_t cols, int64_t padded_rows,
+    SwizzleKernel(const uint8_t* src, int64_t rows, int64_t cols, int64_t row_repeat, int64_t padded_rows,
                   int64_t padded_cols, uint8_t* dst) {
   const int64_t total = padded_rows * padded_cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
        i += stride) {
     const int64_t r = i / padded_cols;
     const int64_t c = i % padded_cols;
-    dst[Mxfp8SwizzledOffset(r, c, padded_cols)] = r < rows && c < cols ? src[r * cols + c] : 0;
+    dst[Mxfp8SwizzledOffset(r, c, padded_cols)] =
+        r < rows * row_repeat && c < cols ? src[(r / row_repeat) * cols + c] : 0;
   }
 }
 
@@ -144,11 +145,16 @@ cudaError_t LaunchBlockDequantize(const BlockDequantizeLaunchParams& p, cudaStre
 
 cudaError_t LaunchSwizzleMxfp8Scales(const uint8_t* scales, int64_t rows, int64_t cols,
                                      uint8_t* swizzled, cudaStream_t stream) {
-  const int64_t padded_rows = (rows + 127) / 128 * 128;
+  return LaunchSwizzleBlockScales(scales, rows, cols, /*row_repeat=*/1, swizzled, stream);
+}
+
+cudaError_t LaunchSwizzleBlockScales(const uint8_t* scales, int64_t rows, int64_t cols, int64_t row_repeat,
+                                     uint8_t* swizzled, cudaStream_t stream) {
+  const int64_t padded_rows = (rows * row_repeat + 127) / 128 * 128;
   const int64_t padded_cols = (cols + 3) / 4 * 4;
-  if (padded_rows * padded_cols == 0) return cudaSuccess;
+  if (padded_rows * padded_cols == 0 || row_repeat < 1) return row_repeat < 1 ? cudaErrorInvalidValue : cudaSuccess;
   SwizzleKernel<<<GridFor(padded_rows * padded_cols, kElementwiseThreads, 4096),
-                  kElementwiseThreads, 0, stream>>>(scales, rows, cols, padded_rows,
+                  kElementwiseThreads, 0, stream>>>(scales, rows, cols, row_repeat, padded_rows,
                                                     padded_cols, swizzled);
   return cudaGetLastError();
 }

@@ -95,6 +95,12 @@ cudaError_t LaunchBlockDequantize(const BlockDequantizeLaunchParams& params,
 // (padding 0); unswizzle reads only the entries inside [rows, cols].
 cudaError_t LaunchSwizzleMxfp8Scales(const uint8_t* scales, int64_t rows, int64_t cols,
                                      uint8_t* swizzled, cudaStream_t stream);
+// The same tiled order for any one-byte block scales (NVFP4's E4M3 ones too), each source
+// row repeated row_repeat times: [rows * row_repeat, cols] swizzled into
+// [roundup(rows * row_repeat, 128), roundup(cols, 4)] (a 2D NVFP4 weight's 16x16 block
+// scales become the per-row scales cuBLASLt's VEC16 mode reads with row_repeat 16).
+cudaError_t LaunchSwizzleBlockScales(const uint8_t* scales, int64_t rows, int64_t cols, int64_t row_repeat,
+                                     uint8_t* swizzled, cudaStream_t stream);
 cudaError_t LaunchUnswizzleMxfp8Scales(const uint8_t* swizzled, int64_t rows, int64_t cols,
                                        uint8_t* scales, cudaStream_t stream);
 

@@ -28,7 +28,8 @@
 #else
 #define TESERVE_CUBLASLT_BLOCK_SCALING 0
 #endif
-// CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 (MXFP8) appeared in cuBLAS 12.8.
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 (MXFP8), VEC16_UE4M3 and CUDA_R_4F_E2M1 (NVFP4)
+// appeared in cuBLAS 12.8.
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
 #define TESERVE_CUBLASLT_MXFP8 1
 #else
@@ -99,6 +100,10 @@ absl::StatusOr<cudaDataType_t> CudaType(DType dtype) {
       return CUDA_R_8F_E4M3;
     case DType::kFloat8E5M2:
       return CUDA_R_8F_E5M2;
+#if TESERVE_CUBLASLT_MXFP8
+    case DType::kFloat4E2M1:
+      return CUDA_R_4F_E2M1;
+#endif
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("Gemm: no cuBLASLt type for ", DTypeName(dtype)));
@@ -369,9 +374,10 @@ absl::Status QueryBlockScaledGemmSupport(int device) {
 }
 
 absl::Status QueryMicroScaledGemmSupport(int device) {
-  const char* native = std::getenv("TESERVE_NATIVE_MXFP8_GEMM");
+  const char* native = std::getenv("TESERVE_NATIVE_MICROSCALED_GEMM");
   if (native != nullptr && std::string(native) == "0") {
-    return absl::UnimplementedError("native MXFP8 GEMMs are turned off (TESERVE_NATIVE_MXFP8_GEMM=0)");
+    return absl::UnimplementedError(
+        "native MXFP8 / NVFP4 GEMMs are turned off (TESERVE_NATIVE_MICROSCALED_GEMM=0)");
   }
 #if TESERVE_CUBLASLT_MXFP8
   int major = 0;
@@ -381,8 +387,8 @@ absl::Status QueryMicroScaledGemmSupport(int device) {
   return MicroScaledGemmSupportFor(major, minor, static_cast<int64_t>(cublasLtGetVersion()));
 #else
   return absl::UnimplementedError(
-      "MXFP8 GEMMs need cuBLASLt >= 12.8; teserve was built against cuBLAS headers without the VEC32_UE8M0 scale "
-      "mode");
+      "MXFP8 / NVFP4 GEMMs need cuBLASLt >= 12.8; teserve was built against cuBLAS headers without the "
+      "VEC32_UE8M0 / VEC16_UE4M3 scale modes");
 #endif
 }
 
@@ -395,6 +401,8 @@ int32_t LtScaleMode(GemmScaleMode mode) {
 #endif
 #if TESERVE_CUBLASLT_MXFP8
     case GemmScaleMode::kMxfp8: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+    case GemmScaleMode::kNvfp4_1D:
+    case GemmScaleMode::kNvfp4_2D: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
 #endif
     default: break;
   }
@@ -414,14 +422,18 @@ absl::StatusOr<const void*> GemmLayoutScales(const Context& ctx, const GemmOpera
     }
     return operand.scale_inv.raw_data();
   }
-  if (operand.scale_mode == GemmScaleMode::kMxfp8) {
-    // E8M0 [R, C / 32] into the 128x4-tiled VEC32_UE8M0 order (the kernel writes every
-    // byte, padding included).
+  if (operand.scale_mode == GemmScaleMode::kMxfp8 || operand.scale_mode == GemmScaleMode::kNvfp4_1D ||
+      operand.scale_mode == GemmScaleMode::kNvfp4_2D) {
+    // One-byte scales (E8M0 [R, C / 32], E4M3 [R, C / 16], or E4M3 [R / 16, C / 16] with
+    // each row repeated for the 16 rows it covers) into the 128x4-tiled order of the
+    // VEC32 / VEC16 modes (the kernel writes every byte, padding included).
     const int64_t rows = operand.scale_inv.dim(0);
     const int64_t cols = operand.scale_inv.dim(1);
-    ASSIGN_OR_RETURN(*keep, Tensor::Empty(DType::kFloat8E8M0, {(rows + 127) / 128 * 128, (cols + 3) / 4 * 4},
-                                          operand.scale_inv.device(), ctx.stream));
-    TESERVE_CUDA_RETURN_IF_ERROR(LaunchSwizzleMxfp8Scales(operand.scale_inv.data<uint8_t>(), rows, cols,
+    const int64_t repeat = operand.scale_mode == GemmScaleMode::kNvfp4_2D ? kGemmNvfp4BlockSize : 1;
+    const Shape swizzled = {(rows * repeat + 127) / 128 * 128, (cols + 3) / 4 * 4};
+    ASSIGN_OR_RETURN(*keep,
+                     Tensor::Empty(operand.scale_inv.dtype(), swizzled, operand.scale_inv.device(), ctx.stream));
+    TESERVE_CUDA_RETURN_IF_ERROR(LaunchSwizzleBlockScales(operand.scale_inv.data<uint8_t>(), rows, cols, repeat,
                                                           keep->data<uint8_t>(), StreamOf(ctx)));
     return static_cast<const void*>(keep->raw_data());
   }
@@ -468,14 +480,16 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
   if (m == 0 || n == 0) return absl::OkStatus();
   const int device = d->device().index;
   const bool block = a.scale_mode != GemmScaleMode::kPerTensor;
-  if (a.scale_mode == GemmScaleMode::kMxfp8) {
+  if (a.scale_mode == GemmScaleMode::kMxfp8 || a.scale_mode == GemmScaleMode::kNvfp4_1D ||
+      a.scale_mode == GemmScaleMode::kNvfp4_2D) {
     RETURN_IF_ERROR(MicroScaledGemmSupport(device));
   } else if (block) {
     RETURN_IF_ERROR(BlockScaledGemmSupport(device));
   }
   ASSIGN_OR_RETURN(const ScopedDevice scoped, EnterDevice(device));
   const cudaStream_t stream = StreamOf(ctx);
-  const bool fp8 = IsFloat8(a.data.dtype());
+  // Codes with scales: FP8, or NVFP4's packed FP4 (the scale pointers, fast accumulation).
+  const bool fp8 = IsFloat8(a.data.dtype()) || a.data.dtype() == DType::kFloat4E2M1;
   if (k == 0) {
     // cuBLASLt wants k >= 1. D = beta * D: zeros, D itself, or a scaling we do not need.
     if (options.beta == 0.0f) {

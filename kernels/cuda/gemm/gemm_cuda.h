@@ -53,9 +53,9 @@ absl::Status Gemm(const Context& ctx, const GemmOperand& a, const GemmOperand& b
 // (cublasLtGetVersion) and the device's compute capability, each queried once.
 absl::Status BlockScaledGemmSupport(int device);
 
-// kernels::MicroScaledGemmSupport for CUDA device `device` (MXFP8's VEC32_UE8M0 mode:
-// cuBLAS headers and library >= 12.8, compute capability 10.0+, not turned off by
-// TESERVE_NATIVE_MXFP8_GEMM=0), each queried once.
+// kernels::MicroScaledGemmSupport for CUDA device `device` (MXFP8's VEC32_UE8M0 and
+// NVFP4's VEC16_UE4M3 modes: cuBLAS headers and library >= 12.8, compute capability 10.0+,
+// not turned off by TESERVE_NATIVE_MICROSCALED_GEMM=0), each queried once.
 absl::Status MicroScaledGemmSupport(int device);
 
 absl::Status AddBias(const Context& ctx, const Tensor& bias, Tensor* y);

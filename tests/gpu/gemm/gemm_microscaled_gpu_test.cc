@@ -1,11 +1,12 @@
-// The MXFP8 GEMM on cuBLASLt (VEC32_UE8M0 scale mode) against the CPU reference
-// (tests/kernels/gemm_mxfp8_test.cc shows that reference equals the FP32 GEMM of the
-// dequantized copies):
+// The MXFP8 and NVFP4 GEMMs on cuBLASLt (VEC32_UE8M0 / VEC16_UE4M3 scale modes) against the
+// CPU reference (tests/kernels/gemm_microscaled_test.cc relates that reference to the FP32
+// GEMM of the dequantized copies):
 //   - the device rule: UNIMPLEMENTED below compute capability 10.0 (Hopper, where Linear
-//     emulates MXFP8), OK on Blackwell with this toolkit's cuBLASLt;
+//     emulates both), OK on Blackwell with this toolkit's cuBLASLt;
 //   - on Blackwell, Linear's three layouts with FP32 and BF16 D, beta = 1, scales in the
-//     quantizer's layout (swizzled on the device) and already swizzled. These cases skip
-//     on other devices.
+//     quantizer's layout (swizzled on the device; NVFP4 2D weights' rows repeated) and
+//     already swizzled, NVFP4's per-tensor scales in alpha. These cases skip on other
+//     devices.
 // Tolerance as for the FP8 block GEMM (gemm_block_gpu_test.cc): the FP8 row of
 // tests/kernels/tolerances.h relative to sum_k |a_ik b_kj| of the decoded operands; the
 // products are exact on both sides and the sums differ by accumulation order only.
@@ -20,6 +21,7 @@
 #include "kernels/cast.h"
 #include "kernels/device_info.h"
 #include "kernels/gemm.h"
+#include "kernels/nvfp4.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/quantize_gpu_test_util.h"
 #include "tests/kernels/test_util.h"
@@ -54,7 +56,23 @@ GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, Gem
   return o;
 }
 
-TEST(Mxfp8GemmGpu, SupportFollowsTheDevice) {
+QuantizedTensor QuantizeFp4(const Tensor& x, bool two_d) {
+  Nvfp4QuantizeOptions options;
+  options.rowwise = true;
+  options.columnwise = true;
+  options.two_d = two_d;
+  return QuantizeNvfp4(Context::Cpu(), x, options).value();
+}
+
+GemmOperand Fp4Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
+  const bool rowwise = copy == Copy::kRowwise;
+  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
+                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
+  o.scale_mode = q.mode == ScalingMode::kNvfp4_2D ? GemmScaleMode::kNvfp4_2D : GemmScaleMode::kNvfp4_1D;
+  return o;
+}
+
+TEST(MicroscaledGemmGpu, SupportFollowsTheDevice) {
   TESERVE_SKIP_WITHOUT_GPU();
   const DeviceInfo info = QueryDeviceInfo();
   const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
@@ -63,12 +81,19 @@ TEST(Mxfp8GemmGpu, SupportFollowsTheDevice) {
   Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {32, 32}).value());
   const absl::Status run = Gemm(testing::GpuContext(), testing::OnDevice(HostOperand(x, Copy::kRowwise, false, {})),
                                 testing::OnDevice(HostOperand(w, Copy::kRowwise, true, {})), &d);
+  const QuantizedTensor x4 = QuantizeFp4(RandomTensor({32, 64}, -1.0f, 1.0f, 7), false);
+  const QuantizedTensor w4 = QuantizeFp4(RandomTensor({32, 64}, -1.0f, 1.0f, 8), true);
+  Tensor d4 = testing::OnDevice(Tensor::Zeros(kF32, {32, 32}).value());
+  const absl::Status run4 = Gemm(testing::GpuContext(), testing::OnDevice(Fp4Operand(x4, Copy::kRowwise, false)),
+                                 testing::OnDevice(Fp4Operand(w4, Copy::kRowwise, true)), &d4);
   if (info.cc_major >= 10) {
     EXPECT_TRUE(support.ok()) << support;
     EXPECT_TRUE(run.ok()) << run;
+    EXPECT_TRUE(run4.ok()) << run4;
   } else {
-    EXPECT_THAT(support, HasError(absl::StatusCode::kUnimplemented, "run only on compute capability 10.0+"));
-    EXPECT_THAT(run, HasError(absl::StatusCode::kUnimplemented, "run only on compute capability 10.0+"));
+    for (const absl::Status& s : {support, run, run4}) {
+      EXPECT_THAT(s, HasError(absl::StatusCode::kUnimplemented, "run only on compute capability 10.0+"));
+    }
   }
 }
 
@@ -138,6 +163,45 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"fprop_swizzled", 0, 256, 384, 224, kBF16, kGemmLayout, 0.0f},
                       Case{"wgrad_swizzled", 2, 288, 96, 160, kF32, kGemmLayout, 1.0f}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// NVFP4 on Blackwell: x (1D) W^T (2D) and the wgrad dy^T (1D) x^T (1D), the per-tensor decode
+// scales in alpha, against the CPU reference of the same call.
+TEST(Nvfp4GemmGpu, MatchesTheCpuReference) {
+  TESERVE_SKIP_WITHOUT_GPU();
+  const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
+  if (!support.ok()) GTEST_SKIP() << support;
+  const QuantizedTensor x = QuantizeFp4(RandomTensor({256, 384}, -4.0f, 4.0f, 11), false);
+  const QuantizedTensor w = QuantizeFp4(RandomTensor({224, 384}, -0.2f, 0.2f, 12), true);
+  const QuantizedTensor dy = QuantizeFp4(RandomTensor({256, 224}, -1.0f, 1.0f, 13), false);
+  struct Pass {
+    const QuantizedTensor *a, *b;
+    Copy ca, cb;
+    int64_t m, n;
+    DType d;
+  };
+  for (const Pass& p : {Pass{&x, &w, Copy::kRowwise, Copy::kRowwise, 256, 224, kBF16},
+                        Pass{&dy, &x, Copy::kColumnwise, Copy::kColumnwise, 224, 384, kF32}}) {
+    GemmOptions options;
+    options.alpha = (1.0f / p.a->global_encode_scale) * (1.0f / p.b->global_encode_scale);
+    const GemmOperand a = Fp4Operand(*p.a, p.ca, false), b = Fp4Operand(*p.b, p.cb, true);
+    Tensor d_cpu = Tensor::Zeros(p.d, {p.m, p.n}).value();
+    ASSERT_OK(Gemm(Context::Cpu(), a, b, &d_cpu, options));
+    Tensor d_gpu = testing::OnDevice(d_cpu);
+    ASSERT_OK(Gemm(testing::GpuContext(), testing::OnDevice(a), testing::OnDevice(b), &d_gpu, options));
+    Tensor terms = Tensor::Zeros(kF32, {p.m, p.n}).value();
+    auto abs_copy = [](const QuantizedTensor& q, Copy c) {
+      Tensor v = DequantizeNvfp4(Context::Cpu(), q, c).value();
+      for (float& e : v.mutable_floats()) e = std::fabs(e);
+      return v;
+    };
+    ASSERT_OK(Gemm(Context::Cpu(), abs_copy(*p.a, p.ca), false, abs_copy(*p.b, p.cb), true, 1.0f, 0.0f, &terms));
+    std::vector<double> magnitude;
+    for (float v : terms.floats()) magnitude.push_back(v + 1e-3);
+    const std::vector<float> want = testing::Floats(d_cpu);
+    EXPECT_TRUE(AllClose(testing::Floats(d_gpu), std::vector<double>(want.begin(), want.end()), DType::kFloat8E4M3,
+                         magnitude));
+  }
+}
 
 }  // namespace
 }  // namespace kernels

@@ -1,9 +1,14 @@
-// The CPU reference of the MXFP8 GEMM (kernels/gemm.h, GemmScaleMode kMxfp8): operands
-// from QuantizeMxfp8 decode to exactly DequantizeBlock's copies, so the product is bit
-// for bit the FP32 GEMM of the dequantized copies (what an emulated Linear multiplies),
-// in Linear's three layouts; swizzled (kGemm) scales give the same bits as the
-// quantizer's; BF16 output with the bias epilogue; every rejected combination names its
-// field; and the device rule (Blackwell, cuBLASLt >= 12.8).
+// The CPU reference of the MXFP8 and NVFP4 GEMMs (kernels/gemm.h, GemmScaleMode kMxfp8,
+// kNvfp4_1D / kNvfp4_2D): MXFP8 operands from QuantizeMxfp8 decode to exactly
+// DequantizeBlock's copies, so the product is bit for bit the FP32 GEMM of the dequantized
+// copies (what an emulated Linear multiplies), in Linear's three layouts; NVFP4 operands
+// decode to code x block scale, so with the per-tensor decode scales in alpha the product
+// is bit for bit the FP32 GEMM of those values (what the emulated Linear multiplies as
+// BF16) and close to the fully dequantized copies' product; swizzled (kGemm) scales give
+// the same bits as the quantizer's; BF16 output with the bias epilogue; every rejected
+// combination names its field; and the device rule (Blackwell, cuBLASLt >= 12.8).
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -11,12 +16,15 @@
 #include "gtest/gtest.h"
 #include "kernels/block_quantize.h"
 #include "kernels/gemm.h"
+#include "kernels/nvfp4.h"
 #include "tests/kernels/test_util.h"
+#include "tests/kernels/tolerances.h"
 
 namespace teserve {
 namespace kernels {
 namespace {
 
+using ::teserve::testing_kernels::AllClose;
 using ::teserve::testing_kernels::HasError;
 using ::teserve::testing_kernels::RandomTensor;
 
@@ -156,6 +164,126 @@ TEST(Mxfp8GemmCpuErrors, NamesTheField) {
                   Tensor::Zeros(DType::kFloat8E8M0, {60, 2}).value()};
   a60.scale_mode = GemmScaleMode::kMxfp8;
   EXPECT_THAT(Gemm(cpu, a60, b, &y_rows), HasError(kInvalid, "d.shape[0]: expected m a multiple of 8 when a is kMxfp8"));
+}
+
+QuantizedTensor QuantizeFp4(const Tensor& x, bool two_d) {
+  Nvfp4QuantizeOptions options;
+  options.rowwise = true;
+  options.columnwise = true;
+  options.two_d = two_d;
+  return QuantizeNvfp4(Context::Cpu(), x, options).value();
+}
+
+GemmOperand Fp4Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
+  const bool rowwise = copy == Copy::kRowwise;
+  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
+                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
+  o.scale_mode = q.mode == ScalingMode::kNvfp4_2D ? GemmScaleMode::kNvfp4_2D : GemmScaleMode::kNvfp4_1D;
+  return o;
+}
+
+// One copy's values without the per-tensor decode scale: code x block scale (x 1).
+Tensor BlockValues(QuantizedTensor q, Copy copy) {
+  q.global_encode_scale = 1.0f;
+  return DequantizeNvfp4(Context::Cpu(), q, copy).value();
+}
+
+// Per-row swizzled E4M3 scales of an operand (a 2D operand's rows repeated): kGemm layout.
+GemmOperand Fp4Swizzled(GemmOperand o) {
+  Tensor per_row = o.scale_inv;
+  if (o.scale_mode == GemmScaleMode::kNvfp4_2D) {
+    const int64_t rows = o.data.dim(0), cols = o.scale_inv.dim(1);
+    per_row = Tensor::Zeros(DType::kFloat8E4M3, {rows, cols}).value();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        per_row.data<uint8_t>()[r * cols + c] = o.scale_inv.data<uint8_t>()[(r / 16) * cols + c];
+      }
+    }
+  }
+  // The swizzle is a byte permutation: MXFP8's E8M0 routine serves E4M3 bytes as well.
+  const Tensor bytes = Tensor::Borrow(per_row.raw_data(), DType::kFloat8E8M0, per_row.shape());
+  const Tensor swizzled = SwizzleMxfp8Scales(Context::Cpu(), bytes).value();
+  o.scale_inv = Tensor::Zeros(DType::kFloat8E4M3, swizzled.shape()).value();
+  std::memcpy(o.scale_inv.raw_data(), swizzled.raw_data(), swizzled.nbytes());
+  o.scale_layout = GemmScaleLayout::kGemm;
+  return o;
+}
+
+class Nvfp4GemmCpu : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Nvfp4GemmCpu, EqualsTheFp32GemmOfTheBlockValuesWithTheGlobalScalesInAlpha) {
+  const Layout& l = GetParam();
+  const QuantizedTensor x = QuantizeFp4(RandomTensor({l.tokens, l.in}, -3.0f, 3.0f, 21), false);
+  const QuantizedTensor w = QuantizeFp4(RandomTensor({l.out, l.in}, -0.5f, 0.5f, 22), true);
+  const QuantizedTensor dy = QuantizeFp4(RandomTensor({l.tokens, l.out}, -1e-2f, 1e-2f, 23), false);
+  const Context cpu = Context::Cpu();
+  auto alpha = [](const QuantizedTensor& a, const QuantizedTensor& b) {
+    GemmOptions o;
+    o.alpha = (1.0f / a.global_encode_scale) * (1.0f / b.global_encode_scale);
+    return o;
+  };
+  struct Pass {
+    const char* name;
+    const QuantizedTensor *a, *b;
+    Copy ca, cb;
+    int64_t m, n;
+  };
+  const Pass passes[] = {{"fprop", &x, &w, Copy::kRowwise, Copy::kRowwise, l.tokens, l.out},
+                         {"dgrad", &dy, &w, Copy::kRowwise, Copy::kColumnwise, l.tokens, l.in},
+                         {"wgrad", &dy, &x, Copy::kColumnwise, Copy::kColumnwise, l.out, l.in}};
+  for (const Pass& p : passes) {
+    SCOPED_TRACE(p.name);
+    const GemmOptions options = alpha(*p.a, *p.b);
+    Tensor d = Zeros(p.m, p.n), d_ref = Zeros(p.m, p.n), d_swizzled = Zeros(p.m, p.n), d_deq = Zeros(p.m, p.n);
+    ASSERT_OK(Gemm(cpu, Fp4Operand(*p.a, p.ca, false), Fp4Operand(*p.b, p.cb, true), &d, options));
+    ASSERT_OK(Gemm(cpu, BlockValues(*p.a, p.ca), false, BlockValues(*p.b, p.cb), true, options.alpha, 0.0f, &d_ref));
+    EXPECT_TRUE(BitwiseEqual(d, d_ref));
+    ASSERT_OK(Gemm(cpu, Fp4Swizzled(Fp4Operand(*p.a, p.ca, false)), Fp4Swizzled(Fp4Operand(*p.b, p.cb, true)),
+                   &d_swizzled, options));
+    EXPECT_TRUE(BitwiseEqual(d_swizzled, d)) << "swizzled scales";
+    // The fully dequantized copies' FP32 GEMM: the same products, the decode scales
+    // applied per element instead of once.
+    const Tensor deq_a = DequantizeNvfp4(cpu, *p.a, p.ca).value(), deq_b = DequantizeNvfp4(cpu, *p.b, p.cb).value();
+    ASSERT_OK(Gemm(cpu, deq_a, false, deq_b, true, 1.0f, 0.0f, &d_deq));
+    // Within FP32 rounding of sum_k |a_ik b_kj|.
+    Tensor abs_a = deq_a.Clone().value(), abs_b = deq_b.Clone().value(), terms = Zeros(p.m, p.n);
+    for (float& v : abs_a.mutable_floats()) v = std::fabs(v);
+    for (float& v : abs_b.mutable_floats()) v = std::fabs(v);
+    ASSERT_OK(Gemm(cpu, abs_a, false, abs_b, true, 1.0f, 0.0f, &terms));
+    const std::vector<double> want(d_deq.floats().begin(), d_deq.floats().end());
+    const std::vector<double> magnitude(terms.floats().begin(), terms.floats().end());
+    EXPECT_TRUE(AllClose(d.floats(), want, DType::kFloat32, magnitude));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Nvfp4GemmCpu,
+                         ::testing::Values(Layout{"aligned", 128, 256, 128}, Layout{"off_tiles", 96, 160, 224}),
+                         [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+TEST(Nvfp4GemmCpuErrors, NamesTheField) {
+  const Context cpu = Context::Cpu();
+  const QuantizedTensor x = QuantizeFp4(RandomTensor({64, 64}, -1.0f, 1.0f, 31), false);
+  const QuantizedTensor w = QuantizeFp4(RandomTensor({32, 64}, -1.0f, 1.0f, 32), true);
+  const GemmOperand a = Fp4Operand(x, Copy::kRowwise, false);
+  const GemmOperand b = Fp4Operand(w, Copy::kRowwise, true);
+  Tensor y = Zeros(64, 32);
+  ASSERT_OK(Gemm(cpu, a, b, &y));
+
+  GemmOperand wrong_mode = b;
+  wrong_mode.scale_mode = GemmScaleMode::kMxfp8;
+  EXPECT_THAT(Gemm(cpu, a, wrong_mode, &y), HasError(kInvalid, "b.scale_mode: expected kNvfp4_1D or kNvfp4_2D"));
+  GemmOperand fp8_data = b;
+  fp8_data.data = Tensor::Zeros(DType::kFloat8E4M3, b.data.shape()).value();
+  EXPECT_THAT(Gemm(cpu, a, fp8_data, &y), HasError(kInvalid, "b.data.dtype: expected FLOAT4_E2M1 for kNvfp4_2D"));
+  GemmOperand k16{Tensor::Zeros(DType::kFloat4E2M1, {64, 16}).value(), false,
+                  Tensor::Zeros(DType::kFloat8E4M3, {64, 1}).value()};
+  k16.scale_mode = GemmScaleMode::kNvfp4_1D;
+  EXPECT_THAT(Gemm(cpu, k16, b, &y), HasError(kInvalid, "a.data.shape[1]: expected a multiple of 32"));
+  GemmOperand rows24{Tensor::Zeros(DType::kFloat4E2M1, {24, 64}).value(), true,
+                     Tensor::Zeros(DType::kFloat8E4M3, {1, 4}).value()};
+  rows24.scale_mode = GemmScaleMode::kNvfp4_2D;
+  Tensor y24 = Zeros(64, 24);
+  EXPECT_THAT(Gemm(cpu, a, rows24, &y24), HasError(kInvalid, "b.data.shape[0]: expected a multiple of 16"));
 }
 
 TEST(Mxfp8GemmSupport, BlackwellWithCublasLt128OrNewer) {
