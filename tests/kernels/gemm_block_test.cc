@@ -15,6 +15,7 @@
 #include "kernels/block_quantize.h"
 #include "kernels/cast.h"
 #include "kernels/gemm.h"
+#include "tests/kernels/quantized_operands.h"
 #include "tests/kernels/test_util.h"
 #include "tests/kernels/tolerances.h"
 
@@ -39,11 +40,7 @@ QuantizedTensor Quantize(const Tensor& x, bool two_d) {
 
 // One copy of q as a GEMM operand, scales as the quantizer made them.
 GemmOperand Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
-  const bool rowwise = copy == Copy::kRowwise;
-  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
-                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
-  o.scale_mode = q.mode == ScalingMode::kBlock2D ? GemmScaleMode::kBlock2D : GemmScaleMode::kBlock1D;
-  return o;
+  return testing_kernels::OperandOf(q, copy, transpose);
 }
 
 // The same operand with its scales in cuBLASLt's layout.

@@ -17,6 +17,7 @@
 #include "kernels/block_quantize.h"
 #include "kernels/gemm.h"
 #include "kernels/nvfp4.h"
+#include "tests/kernels/quantized_operands.h"
 #include "tests/kernels/test_util.h"
 #include "tests/kernels/tolerances.h"
 
@@ -26,26 +27,13 @@ namespace {
 
 using ::teserve::testing_kernels::AllClose;
 using ::teserve::testing_kernels::HasError;
+using ::teserve::testing_kernels::OperandOf;
+using ::teserve::testing_kernels::QuantizeMxfp8Copies;
+using ::teserve::testing_kernels::QuantizeNvfp4Copies;
 using ::teserve::testing_kernels::RandomTensor;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr absl::StatusCode kUnimplemented = absl::StatusCode::kUnimplemented;
-
-QuantizedTensor Quantize(const Tensor& x, DType format = DType::kFloat8E4M3) {
-  Mxfp8QuantizeOptions options;
-  options.format = format;
-  options.rowwise = true;
-  options.columnwise = true;
-  return QuantizeMxfp8(Context::Cpu(), x, options).value();
-}
-
-GemmOperand Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
-  const bool rowwise = copy == Copy::kRowwise;
-  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
-                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
-  o.scale_mode = GemmScaleMode::kMxfp8;
-  return o;
-}
 
 GemmOperand Swizzled(GemmOperand o) {
   o.scale_inv = SwizzleMxfp8Scales(Context::Cpu(), o.scale_inv).value();
@@ -68,18 +56,18 @@ class Mxfp8GemmCpu : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Mxfp8GemmCpu, EqualsTheFp32GemmOfTheDequantizedCopies) {
   const Layout& l = GetParam();
-  const QuantizedTensor x = Quantize(RandomTensor({l.tokens, l.in}, -3.0f, 3.0f, 1));
-  const QuantizedTensor w = Quantize(RandomTensor({l.out, l.in}, -0.5f, 0.5f, 2));
-  const QuantizedTensor dy = Quantize(RandomTensor({l.tokens, l.out}, -1e-2f, 1e-2f, 3), DType::kFloat8E5M2);
+  const QuantizedTensor x = QuantizeMxfp8Copies(RandomTensor({l.tokens, l.in}, -3.0f, 3.0f, 1));
+  const QuantizedTensor w = QuantizeMxfp8Copies(RandomTensor({l.out, l.in}, -0.5f, 0.5f, 2));
+  const QuantizedTensor dy = QuantizeMxfp8Copies(RandomTensor({l.tokens, l.out}, -1e-2f, 1e-2f, 3), DType::kFloat8E5M2);
   const Context cpu = Context::Cpu();
 
   Tensor y = Zeros(l.tokens, l.out), y_ref = Zeros(l.tokens, l.out);
-  ASSERT_OK(Gemm(cpu, Operand(x, Copy::kRowwise, false), Operand(w, Copy::kRowwise, true), &y));
+  ASSERT_OK(Gemm(cpu, OperandOf(x, Copy::kRowwise, false), OperandOf(w, Copy::kRowwise, true), &y));
   ASSERT_OK(Gemm(cpu, Dequantized(x, Copy::kRowwise), false, Dequantized(w, Copy::kRowwise), true, 1.0f, 0.0f, &y_ref));
   EXPECT_TRUE(BitwiseEqual(y, y_ref)) << "fprop";
 
   Tensor dx = Zeros(l.tokens, l.in), dx_ref = Zeros(l.tokens, l.in);
-  ASSERT_OK(Gemm(cpu, Operand(dy, Copy::kRowwise, false), Operand(w, Copy::kColumnwise, true), &dx));
+  ASSERT_OK(Gemm(cpu, OperandOf(dy, Copy::kRowwise, false), OperandOf(w, Copy::kColumnwise, true), &dx));
   ASSERT_OK(Gemm(cpu, Dequantized(dy, Copy::kRowwise), false, Dequantized(w, Copy::kColumnwise), true, 1.0f, 0.0f,
                  &dx_ref));
   EXPECT_TRUE(BitwiseEqual(dx, dx_ref)) << "dgrad";
@@ -88,17 +76,17 @@ TEST_P(Mxfp8GemmCpu, EqualsTheFp32GemmOfTheDequantizedCopies) {
   Tensor dw = start.Clone().value(), dw_ref = start.Clone().value();
   GemmOptions accumulate;
   accumulate.beta = 1.0f;
-  ASSERT_OK(Gemm(cpu, Operand(dy, Copy::kColumnwise, false), Operand(x, Copy::kColumnwise, true), &dw, accumulate));
+  ASSERT_OK(Gemm(cpu, OperandOf(dy, Copy::kColumnwise, false), OperandOf(x, Copy::kColumnwise, true), &dw, accumulate));
   ASSERT_OK(Gemm(cpu, Dequantized(dy, Copy::kColumnwise), false, Dequantized(x, Copy::kColumnwise), true, 1.0f, 1.0f,
                  &dw_ref));
   EXPECT_TRUE(BitwiseEqual(dw, dw_ref)) << "wgrad";
 
   Tensor y_swizzled = Zeros(l.tokens, l.out);
-  ASSERT_OK(Gemm(cpu, Swizzled(Operand(x, Copy::kRowwise, false)), Swizzled(Operand(w, Copy::kRowwise, true)),
+  ASSERT_OK(Gemm(cpu, Swizzled(OperandOf(x, Copy::kRowwise, false)), Swizzled(OperandOf(w, Copy::kRowwise, true)),
                  &y_swizzled));
   EXPECT_TRUE(BitwiseEqual(y_swizzled, y)) << "fprop, swizzled scales";
   Tensor dw_swizzled = start.Clone().value();
-  ASSERT_OK(Gemm(cpu, Swizzled(Operand(dy, Copy::kColumnwise, false)), Swizzled(Operand(x, Copy::kColumnwise, true)),
+  ASSERT_OK(Gemm(cpu, Swizzled(OperandOf(dy, Copy::kColumnwise, false)), Swizzled(OperandOf(x, Copy::kColumnwise, true)),
                  &dw_swizzled, accumulate));
   EXPECT_TRUE(BitwiseEqual(dw_swizzled, dw)) << "wgrad, swizzled scales";
 }
@@ -110,27 +98,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Mxfp8GemmCpu,
                          [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
 
 TEST(Mxfp8GemmCpuOutput, Bf16WithBiasEqualsTheFp32ProductRoundedOnce) {
-  const QuantizedTensor x = Quantize(RandomTensor({64, 96}, -2.0f, 2.0f, 5));
-  const QuantizedTensor w = Quantize(RandomTensor({96, 96}, -1.0f, 1.0f, 6));
+  const QuantizedTensor x = QuantizeMxfp8Copies(RandomTensor({64, 96}, -2.0f, 2.0f, 5));
+  const QuantizedTensor w = QuantizeMxfp8Copies(RandomTensor({96, 96}, -1.0f, 1.0f, 6));
   const Tensor bias = RandomTensor({96}, -1.0f, 1.0f, 7);
   Tensor y = Zeros(64, 96, DType::kBFloat16);
   GemmOptions options;
   options.epilogue = GemmEpilogue::kBias;
   options.bias = &bias;
-  ASSERT_OK(Gemm(Context::Cpu(), Operand(x, Copy::kRowwise, false), Operand(w, Copy::kRowwise, true), &y, options));
+  ASSERT_OK(Gemm(Context::Cpu(), OperandOf(x, Copy::kRowwise, false), OperandOf(w, Copy::kRowwise, true), &y, options));
   Tensor y32 = Zeros(64, 96);
   GemmOptions fp32_bias = options;
-  ASSERT_OK(Gemm(Context::Cpu(), Operand(x, Copy::kRowwise, false), Operand(w, Copy::kRowwise, true), &y32,
+  ASSERT_OK(Gemm(Context::Cpu(), OperandOf(x, Copy::kRowwise, false), OperandOf(w, Copy::kRowwise, true), &y32,
                  fp32_bias));
   EXPECT_TRUE(BitwiseEqual(y, CastFromFloat32(Context::Cpu(), y32, DType::kBFloat16).value()));
 }
 
 TEST(Mxfp8GemmCpuErrors, NamesTheField) {
   const Context cpu = Context::Cpu();
-  const QuantizedTensor x = Quantize(RandomTensor({64, 64}, -1.0f, 1.0f, 8));
-  const QuantizedTensor w = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 9));
-  const GemmOperand a = Operand(x, Copy::kRowwise, false);
-  const GemmOperand b = Operand(w, Copy::kRowwise, true);
+  const QuantizedTensor x = QuantizeMxfp8Copies(RandomTensor({64, 64}, -1.0f, 1.0f, 8));
+  const QuantizedTensor w = QuantizeMxfp8Copies(RandomTensor({32, 64}, -1.0f, 1.0f, 9));
+  const GemmOperand a = OperandOf(x, Copy::kRowwise, false);
+  const GemmOperand b = OperandOf(w, Copy::kRowwise, true);
   Tensor y = Zeros(64, 32);
 
   GemmOperand per_tensor_b = b;
@@ -166,22 +154,6 @@ TEST(Mxfp8GemmCpuErrors, NamesTheField) {
   EXPECT_THAT(Gemm(cpu, a60, b, &y_rows), HasError(kInvalid, "d.shape[0]: expected m a multiple of 8 when a is kMxfp8"));
 }
 
-QuantizedTensor QuantizeFp4(const Tensor& x, bool two_d) {
-  Nvfp4QuantizeOptions options;
-  options.rowwise = true;
-  options.columnwise = true;
-  options.two_d = two_d;
-  return QuantizeNvfp4(Context::Cpu(), x, options).value();
-}
-
-GemmOperand Fp4Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
-  const bool rowwise = copy == Copy::kRowwise;
-  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
-                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
-  o.scale_mode = q.mode == ScalingMode::kNvfp4_2D ? GemmScaleMode::kNvfp4_2D : GemmScaleMode::kNvfp4_1D;
-  return o;
-}
-
 // One copy's values without the per-tensor decode scale: code x block scale (x 1).
 Tensor BlockValues(QuantizedTensor q, Copy copy) {
   q.global_encode_scale = 1.0f;
@@ -213,9 +185,9 @@ class Nvfp4GemmCpu : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(Nvfp4GemmCpu, EqualsTheFp32GemmOfTheBlockValuesWithTheGlobalScalesInAlpha) {
   const Layout& l = GetParam();
-  const QuantizedTensor x = QuantizeFp4(RandomTensor({l.tokens, l.in}, -3.0f, 3.0f, 21), false);
-  const QuantizedTensor w = QuantizeFp4(RandomTensor({l.out, l.in}, -0.5f, 0.5f, 22), true);
-  const QuantizedTensor dy = QuantizeFp4(RandomTensor({l.tokens, l.out}, -1e-2f, 1e-2f, 23), false);
+  const QuantizedTensor x = QuantizeNvfp4Copies(RandomTensor({l.tokens, l.in}, -3.0f, 3.0f, 21), false);
+  const QuantizedTensor w = QuantizeNvfp4Copies(RandomTensor({l.out, l.in}, -0.5f, 0.5f, 22), true);
+  const QuantizedTensor dy = QuantizeNvfp4Copies(RandomTensor({l.tokens, l.out}, -1e-2f, 1e-2f, 23), false);
   const Context cpu = Context::Cpu();
   auto alpha = [](const QuantizedTensor& a, const QuantizedTensor& b) {
     GemmOptions o;
@@ -235,10 +207,10 @@ TEST_P(Nvfp4GemmCpu, EqualsTheFp32GemmOfTheBlockValuesWithTheGlobalScalesInAlpha
     SCOPED_TRACE(p.name);
     const GemmOptions options = alpha(*p.a, *p.b);
     Tensor d = Zeros(p.m, p.n), d_ref = Zeros(p.m, p.n), d_swizzled = Zeros(p.m, p.n), d_deq = Zeros(p.m, p.n);
-    ASSERT_OK(Gemm(cpu, Fp4Operand(*p.a, p.ca, false), Fp4Operand(*p.b, p.cb, true), &d, options));
+    ASSERT_OK(Gemm(cpu, OperandOf(*p.a, p.ca, false), OperandOf(*p.b, p.cb, true), &d, options));
     ASSERT_OK(Gemm(cpu, BlockValues(*p.a, p.ca), false, BlockValues(*p.b, p.cb), true, options.alpha, 0.0f, &d_ref));
     EXPECT_TRUE(BitwiseEqual(d, d_ref));
-    ASSERT_OK(Gemm(cpu, Fp4Swizzled(Fp4Operand(*p.a, p.ca, false)), Fp4Swizzled(Fp4Operand(*p.b, p.cb, true)),
+    ASSERT_OK(Gemm(cpu, Fp4Swizzled(OperandOf(*p.a, p.ca, false)), Fp4Swizzled(OperandOf(*p.b, p.cb, true)),
                    &d_swizzled, options));
     EXPECT_TRUE(BitwiseEqual(d_swizzled, d)) << "swizzled scales";
     // The fully dequantized copies' FP32 GEMM: the same products, the decode scales
@@ -262,10 +234,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Nvfp4GemmCpu,
 
 TEST(Nvfp4GemmCpuErrors, NamesTheField) {
   const Context cpu = Context::Cpu();
-  const QuantizedTensor x = QuantizeFp4(RandomTensor({64, 64}, -1.0f, 1.0f, 31), false);
-  const QuantizedTensor w = QuantizeFp4(RandomTensor({32, 64}, -1.0f, 1.0f, 32), true);
-  const GemmOperand a = Fp4Operand(x, Copy::kRowwise, false);
-  const GemmOperand b = Fp4Operand(w, Copy::kRowwise, true);
+  const QuantizedTensor x = QuantizeNvfp4Copies(RandomTensor({64, 64}, -1.0f, 1.0f, 31), false);
+  const QuantizedTensor w = QuantizeNvfp4Copies(RandomTensor({32, 64}, -1.0f, 1.0f, 32), true);
+  const GemmOperand a = OperandOf(x, Copy::kRowwise, false);
+  const GemmOperand b = OperandOf(w, Copy::kRowwise, true);
   Tensor y = Zeros(64, 32);
   ASSERT_OK(Gemm(cpu, a, b, &y));
 

@@ -34,6 +34,7 @@
 #include "recipes/recipe.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/quantize_gpu_test_util.h"
+#include "tests/kernels/quantized_operands.h"
 #include "tests/kernels/test_util.h"
 #include "tests/kernels/tolerances.h"
 
@@ -65,10 +66,7 @@ QuantizedTensor Quantize(const Tensor& x, bool two_d) {
 }
 
 GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, GemmScaleLayout layout) {
-  const bool rowwise = copy == Copy::kRowwise;
-  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
-                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
-  o.scale_mode = q.mode == ScalingMode::kBlock2D ? GemmScaleMode::kBlock2D : GemmScaleMode::kBlock1D;
+  GemmOperand o = testing_kernels::OperandOf(q, copy, transpose);
   if (layout == GemmScaleLayout::kGemm) {
     o.scale_inv = BlockScalesGemmLayout(Context::Cpu(), o.scale_inv, o.scale_mode == GemmScaleMode::kBlock2D).value();
     o.scale_layout = GemmScaleLayout::kGemm;

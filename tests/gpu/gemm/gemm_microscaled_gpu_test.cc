@@ -24,6 +24,7 @@
 #include "kernels/nvfp4.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/quantize_gpu_test_util.h"
+#include "tests/kernels/quantized_operands.h"
 #include "tests/kernels/test_util.h"
 #include "tests/kernels/tolerances.h"
 
@@ -33,22 +34,15 @@ namespace {
 
 using ::teserve::testing_kernels::AllClose;
 using ::teserve::testing_kernels::HasError;
+using ::teserve::testing_kernels::OperandOf;
+using ::teserve::testing_kernels::QuantizeMxfp8Copies;
+using ::teserve::testing_kernels::QuantizeNvfp4Copies;
 using ::teserve::testing_kernels::RandomTensor;
 
 constexpr DType kF32 = DType::kFloat32, kBF16 = DType::kBFloat16;
 
-QuantizedTensor Quantize(const Tensor& x) {
-  Mxfp8QuantizeOptions options;
-  options.rowwise = true;
-  options.columnwise = true;
-  return QuantizeMxfp8(Context::Cpu(), x, options).value();
-}
-
 GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, GemmScaleLayout layout) {
-  const bool rowwise = copy == Copy::kRowwise;
-  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
-                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
-  o.scale_mode = GemmScaleMode::kMxfp8;
+  GemmOperand o = OperandOf(q, copy, transpose);
   if (layout == GemmScaleLayout::kGemm) {
     o.scale_inv = SwizzleMxfp8Scales(Context::Cpu(), o.scale_inv).value();
     o.scale_layout = GemmScaleLayout::kGemm;
@@ -56,36 +50,20 @@ GemmOperand HostOperand(const QuantizedTensor& q, Copy copy, bool transpose, Gem
   return o;
 }
 
-QuantizedTensor QuantizeFp4(const Tensor& x, bool two_d) {
-  Nvfp4QuantizeOptions options;
-  options.rowwise = true;
-  options.columnwise = true;
-  options.two_d = two_d;
-  return QuantizeNvfp4(Context::Cpu(), x, options).value();
-}
-
-GemmOperand Fp4Operand(const QuantizedTensor& q, Copy copy, bool transpose) {
-  const bool rowwise = copy == Copy::kRowwise;
-  GemmOperand o{rowwise ? q.rowwise_data : q.columnwise_data, transpose,
-                rowwise ? q.rowwise_scale_inv : q.columnwise_scale_inv};
-  o.scale_mode = q.mode == ScalingMode::kNvfp4_2D ? GemmScaleMode::kNvfp4_2D : GemmScaleMode::kNvfp4_1D;
-  return o;
-}
-
 TEST(MicroscaledGemmGpu, SupportFollowsTheDevice) {
   TESERVE_SKIP_WITHOUT_GPU();
   const DeviceInfo info = QueryDeviceInfo();
   const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
-  const QuantizedTensor x = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 1));
-  const QuantizedTensor w = Quantize(RandomTensor({32, 64}, -1.0f, 1.0f, 2));
+  const QuantizedTensor x = QuantizeMxfp8Copies(RandomTensor({32, 64}, -1.0f, 1.0f, 1));
+  const QuantizedTensor w = QuantizeMxfp8Copies(RandomTensor({32, 64}, -1.0f, 1.0f, 2));
   Tensor d = testing::OnDevice(Tensor::Zeros(kF32, {32, 32}).value());
   const absl::Status run = Gemm(testing::GpuContext(), testing::OnDevice(HostOperand(x, Copy::kRowwise, false, {})),
                                 testing::OnDevice(HostOperand(w, Copy::kRowwise, true, {})), &d);
-  const QuantizedTensor x4 = QuantizeFp4(RandomTensor({32, 64}, -1.0f, 1.0f, 7), false);
-  const QuantizedTensor w4 = QuantizeFp4(RandomTensor({32, 64}, -1.0f, 1.0f, 8), true);
+  const QuantizedTensor x4 = QuantizeNvfp4Copies(RandomTensor({32, 64}, -1.0f, 1.0f, 7), false);
+  const QuantizedTensor w4 = QuantizeNvfp4Copies(RandomTensor({32, 64}, -1.0f, 1.0f, 8), true);
   Tensor d4 = testing::OnDevice(Tensor::Zeros(kF32, {32, 32}).value());
-  const absl::Status run4 = Gemm(testing::GpuContext(), testing::OnDevice(Fp4Operand(x4, Copy::kRowwise, false)),
-                                 testing::OnDevice(Fp4Operand(w4, Copy::kRowwise, true)), &d4);
+  const absl::Status run4 = Gemm(testing::GpuContext(), testing::OnDevice(OperandOf(x4, Copy::kRowwise, false)),
+                                 testing::OnDevice(OperandOf(w4, Copy::kRowwise, true)), &d4);
   if (info.cc_major >= 10) {
     EXPECT_TRUE(support.ok()) << support;
     EXPECT_TRUE(run.ok()) << run;
@@ -113,9 +91,9 @@ TEST_P(Mxfp8GemmGpu, MatchesTheCpuReference) {
   const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
   if (!support.ok()) GTEST_SKIP() << support;
   const Case& c = GetParam();
-  const QuantizedTensor x = Quantize(RandomTensor({c.tokens, c.in}, -4.0f, 4.0f, 3));
-  const QuantizedTensor w = Quantize(RandomTensor({c.out, c.in}, -0.2f, 0.2f, 4));
-  const QuantizedTensor dy = Quantize(RandomTensor({c.tokens, c.out}, -1.0f, 1.0f, 5));
+  const QuantizedTensor x = QuantizeMxfp8Copies(RandomTensor({c.tokens, c.in}, -4.0f, 4.0f, 3));
+  const QuantizedTensor w = QuantizeMxfp8Copies(RandomTensor({c.out, c.in}, -0.2f, 0.2f, 4));
+  const QuantizedTensor dy = QuantizeMxfp8Copies(RandomTensor({c.tokens, c.out}, -1.0f, 1.0f, 5));
   const QuantizedTensor* qa[] = {&x, &dy, &dy};
   const QuantizedTensor* qb[] = {&w, &w, &x};
   const Copy ca = c.pass == 2 ? Copy::kColumnwise : Copy::kRowwise;
@@ -170,9 +148,9 @@ TEST(Nvfp4GemmGpu, MatchesTheCpuReference) {
   TESERVE_SKIP_WITHOUT_GPU();
   const absl::Status support = MicroScaledGemmSupport(testing::GpuContext());
   if (!support.ok()) GTEST_SKIP() << support;
-  const QuantizedTensor x = QuantizeFp4(RandomTensor({256, 384}, -4.0f, 4.0f, 11), false);
-  const QuantizedTensor w = QuantizeFp4(RandomTensor({224, 384}, -0.2f, 0.2f, 12), true);
-  const QuantizedTensor dy = QuantizeFp4(RandomTensor({256, 224}, -1.0f, 1.0f, 13), false);
+  const QuantizedTensor x = QuantizeNvfp4Copies(RandomTensor({256, 384}, -4.0f, 4.0f, 11), false);
+  const QuantizedTensor w = QuantizeNvfp4Copies(RandomTensor({224, 384}, -0.2f, 0.2f, 12), true);
+  const QuantizedTensor dy = QuantizeNvfp4Copies(RandomTensor({256, 224}, -1.0f, 1.0f, 13), false);
   struct Pass {
     const QuantizedTensor *a, *b;
     Copy ca, cb;
@@ -183,7 +161,7 @@ TEST(Nvfp4GemmGpu, MatchesTheCpuReference) {
                         Pass{&dy, &x, Copy::kColumnwise, Copy::kColumnwise, 224, 384, kF32}}) {
     GemmOptions options;
     options.alpha = (1.0f / p.a->global_encode_scale) * (1.0f / p.b->global_encode_scale);
-    const GemmOperand a = Fp4Operand(*p.a, p.ca, false), b = Fp4Operand(*p.b, p.cb, true);
+    const GemmOperand a = OperandOf(*p.a, p.ca, false), b = OperandOf(*p.b, p.cb, true);
     Tensor d_cpu = Tensor::Zeros(p.d, {p.m, p.n}).value();
     ASSERT_OK(Gemm(Context::Cpu(), a, b, &d_cpu, options));
     Tensor d_gpu = testing::OnDevice(d_cpu);
