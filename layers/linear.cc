@@ -153,8 +153,13 @@ absl::Status LinearGemm(const Context& ctx, const SavedOperand& a, Copy a_copy, 
       micro_options.alpha = Nvfp4Alpha(a.quantized, b.quantized);
     }
     if (kernels::CheckGemmArguments(ctx, ga, gb, d, micro_options).ok()) {
+      const kernels::GemmOptions emulated_options = options;
       options = micro_options;
-      return run(ga, gb, d);
+      const absl::Status native = run(ga, gb, d);
+      // cuBLASLt without a kernel for this problem refuses it before writing d
+      // (INVALID_ARGUMENT, "no algorithm"): the emulation below computes the same values.
+      if (native.ok() || !absl::IsInvalidArgument(native)) return native;
+      options = emulated_options;
     }
   }
   if (!ctx.device.is_cpu() && (nvfp4 || (a.IsMxfp8() && b.IsMxfp8())) && d->dtype() != DType::kFloat16) {
