@@ -285,7 +285,9 @@ TEST_P(CastGpuTest, CurrentRuleMatchesCpuBitExact) {
     const Tensor bits = OnHost(lazy.amax_bits);
     float amax;
     std::memcpy(&amax, bits.raw_data(), sizeof(amax));
-    if (!std::isnan(cpu.amax)) EXPECT_EQ(Bits(amax), Bits(cpu.amax)) << where;
+    if (!std::isnan(cpu.amax)) {
+      EXPECT_EQ(Bits(amax), Bits(cpu.amax)) << where;
+    }
     ExpectBitwiseEqual(lazy.rowwise_data, cpu.rowwise_data, where + " deferred rowwise_data");
     ExpectBitwiseEqual(lazy.columnwise_scale_inv, cpu.columnwise_scale_inv, where + " deferred scale_inv");
   }
