@@ -2,8 +2,7 @@
 backward, timed as linear_bench times ours (<op>_pipelined: steps back to back).
 
 BF16 parameters, FP8 delayed scaling (HYBRID, history 16, max; --recipe current: FP8
-current scaling, HYBRID; --recipe none: no FP8
-autocast, BF16 GEMMs), LayerNorm, bias, gelu;
+current scaling, HYBRID; --recipe none: no FP8 autocast, BF16 GEMMs), LayerNorm, bias, gelu;
 tokens x features as linear_bench's --shapes (16384 x 8192 by default), the MLP's ffn
 width --ffn (4 x features by default, as linear_bench's LAYER_BENCH_FFN). Each layer is
 timed --rounds times (median of 30 steps each) so that the spread between rounds shows.
